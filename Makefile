@@ -1,0 +1,40 @@
+# The two commands: `make demo` (the main job) and `make test` (the suite).
+# Both install what is missing first. The virtualenv is cached under
+# ~/.cache/batchtide, keyed by a hash of the dependency spec, so a second run
+# (or CI on a machine with warm caches) skips installation.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+SPEC_HASH := $(shell $(PYTHON) -c "import tomllib,hashlib,json; p=tomllib.load(open('pyproject.toml','rb'))['project']; print(hashlib.sha256(json.dumps([p['requires-python'],p['dependencies'],p['optional-dependencies']]).encode()).hexdigest()[:12])")
+VENV ?= $(HOME)/.cache/batchtide/venv-$(SPEC_HASH)
+PY := $(VENV)/bin/python
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: setup demo test bench clean-venv
+
+$(VENV)/.ready: pyproject.toml
+	@if [ ! -f $(VENV)/.ready ]; then \
+	  echo "==> creating $(VENV) (first run installs torch & co, later runs reuse it)"; \
+	  rm -rf $(VENV) && $(PYTHON) -m venv $(VENV) && \
+	  $(PY) -m pip install -q --upgrade pip && \
+	  $(PY) -m pip install -q -e '.[dev]' && touch $(VENV)/.ready; \
+	fi
+
+setup: $(VENV)/.ready
+	@$(PY) -m pip install -q --no-deps -e . >/dev/null
+	@$(PY) -m pipeline.cli local fetch
+
+demo: setup
+	$(PY) -m pipeline.cli demo
+
+test: setup
+	$(PY) -m pytest -q -ra
+
+bench: setup
+	$(PY) -m pipeline.cli bench suite --json out/bench-suite.json
+
+clean-venv:
+	rm -rf $(VENV)

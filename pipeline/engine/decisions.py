@@ -1,0 +1,99 @@
+"""What goes into the batching engine and what comes out of it.
+
+These types are the whole contract between the pure policy and its drivers
+(the live Kafka consumer, the simulator, the peer policies of the benchmark).
+Times are milliseconds on the driver's clock: the live consumer passes wall
+clock epoch ms (so Kafka CreateTime compares directly), the simulator passes
+virtual ms. The engine never reads a clock itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+DispatchReason = Literal["hard_cap", "target", "idle", "max_wait", "drain"]
+
+
+@dataclass(slots=True, eq=False)
+class PendingRequest:
+    """One request as the engine sees it; `payload` is the driver's, opaque here."""
+
+    request_id: str
+    enqueue_ms: float
+    """Record timestamp (Kafka CreateTime): waiting is measured from here."""
+    cost: int = 1
+    """Size in the profile's cost unit: 1 for `requests`, prompt+output tokens for `tokens`."""
+    priority: int = 0
+    """Client priority level, 0 = most urgent."""
+    deadline_ms: float | None = None
+    """Absolute time after which the request is answered `expired` instead of run."""
+    payload: Any = None
+    marked: bool = False
+    """Set by the engine when the request became a tail (sticky)."""
+    marked_at_ms: float | None = None
+
+
+@dataclass(slots=True)
+class DispatchRecord:
+    """Why a batch left the queue when it did (DESIGN §4.7); one per batch."""
+
+    batch_id: int
+    size: int
+    cost: int
+    reason: DispatchReason
+    window_ms: float
+    """The wait the policy had decided on for this batch (0 when it did not wait)."""
+    hit_target: bool
+    marked_count: int
+    oldest_wait_ms: float
+    queue_depth: int
+    """Requests still pending after this dispatch, plus the caller's known backlog."""
+    effective_cap: int
+    arrival_rate_per_s: float
+    dispatch_ms: float
+    cap_reason: str = "configured"
+    """Where effective_cap came from: configured, knee, budget, or shift (t(b) moved)."""
+
+
+@dataclass(slots=True)
+class Batch:
+    batch_id: int
+    requests: list[PendingRequest]
+    record: DispatchRecord
+
+    @property
+    def size(self) -> int:
+        return len(self.requests)
+
+
+@dataclass(slots=True)
+class Decision:
+    """The engine's answer to one poll.
+
+    `batch`: run this now (None: nothing to run). `expired`: answer these with an
+    `expired` result, do not run them. `wake_at_ms`: poll again no later than
+    this even if nothing arrives (None: only an arrival or a completion can
+    change the decision).
+    """
+
+    batch: Batch | None = None
+    expired: list[PendingRequest] = field(default_factory=list)
+    wake_at_ms: float | None = None
+
+
+class BatchPolicy(Protocol):
+    """The interface every policy implements, batchtide's engine and the peers alike."""
+
+    def offer(self, request: PendingRequest, now_ms: float) -> None: ...
+
+    def poll(self, now_ms: float, device_free: bool = True, backlog: int = 0) -> Decision:
+        """Decide at `now_ms`. `device_free`: the driver's device can take a batch
+        (the engine also enforces max_inflight_batches itself). `backlog`: requests
+        known to be waiting outside the engine (Kafka lag of assigned partitions)."""
+        ...
+
+    def completed(self, batch: Batch, now_ms: float, compute_ms: float) -> None: ...
+
+    @property
+    def pending(self) -> int: ...

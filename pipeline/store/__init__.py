@@ -1,0 +1,1 @@
+"""batchtide: pipeline/store."""

@@ -1,0 +1,150 @@
+"""Wire messages: JSON on Kafka, versioned, with JSON Schema exported beside this file.
+
+Producers in any language write `Request` JSON to `<prefix>.requests.<model>`;
+the record's CreateTime is the enqueue time. Consumers answer with `Result` on
+`<prefix>.results.<model>` (or the request's `reply_topic`) keyed by request
+id, and emit one `LatencyEvent` per request and one `BatchEvent` per batch.
+
+Limits on every field are part of the contract, so hostile input is rejected
+with a precise reason before it can cost memory or compute.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+SCHEMA_VERSION = 1
+
+MAX_ID_LEN = 128
+MAX_TEXT_CHARS = 100_000
+MAX_TOKEN_IDS = 32_768
+MAX_TOPIC_LEN = 249  # Kafka's own limit on topic names
+
+RequestId = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID_LEN)]
+ModelName = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._-]+$")]
+Priority = Annotated[int, msgspec.Meta(ge=0, le=9)]
+Outcome = Literal["ok", "expired", "error", "rejected"]
+
+
+class GenerationParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    max_new_tokens: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 32
+    temperature: Annotated[float, msgspec.Meta(ge=0.0, le=10.0)] = 0.0
+    top_p: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] = 1.0
+
+
+class Request(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """An inference request. Exactly one of `text` and `token_ids` is set."""
+
+    id: RequestId
+    model: ModelName
+    text: Annotated[str, msgspec.Meta(max_length=MAX_TEXT_CHARS)] | None = None
+    token_ids: Annotated[list[Annotated[int, msgspec.Meta(ge=0, lt=2**31)]], msgspec.Meta(max_length=MAX_TOKEN_IDS)] | None = None
+    params: GenerationParams | None = None
+    priority: Priority = 1
+    """0 = most urgent; the default 1 leaves room for a client to jump the queue."""
+    deadline_ms: Annotated[int, msgspec.Meta(gt=0, lt=2**53)] | None = None
+    """Absolute epoch ms after which the answer is `expired` instead of a late result."""
+    timeout_ms: Annotated[int, msgspec.Meta(gt=0, le=86_400_000)] | None = None
+    """Relative deadline from the record timestamp (used when deadline_ms is unset)."""
+    reply_topic: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_TOPIC_LEN, pattern=r"^[A-Za-z0-9._-]+$")] | None = None
+    v: int = SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        if (self.text is None) == (self.token_ids is None):
+            raise msgspec.ValidationError("exactly one of `text` and `token_ids` must be set")
+        if self.v != SCHEMA_VERSION:
+            raise msgspec.ValidationError(f"unsupported schema version v={self.v} (this consumer speaks v={SCHEMA_VERSION})")
+
+
+class Result(msgspec.Struct, omit_defaults=True):
+    id: str
+    model: str
+    outcome: Outcome
+    embedding: list[float] | None = None
+    text: str | None = None
+    token_ids: list[int] | None = None
+    error: str | None = None
+    batch_id: int | None = None
+    consumer_id: str | None = None
+    enqueue_ms: int = 0
+    done_ms: int = 0
+    v: int = SCHEMA_VERSION
+
+
+class LatencyEvent(msgspec.Struct, omit_defaults=False):
+    """One per answered request: the row of ClickHouse `request_latency`."""
+
+    request_id: str
+    model: str
+    consumer_id: str
+    outcome: Outcome
+    enqueue_ms: int
+    fetch_ms: int
+    dispatch_ms: int
+    compute_start_ms: int
+    compute_end_ms: int
+    produce_ms: int
+    wait_ms: float
+    compute_ms: float
+    e2e_ms: float
+    batch_id: int
+    batch_size: int
+    tail_marked: bool
+    priority: int
+    tokens_in: int
+    tokens_out: int
+    device_mem_bytes: int
+    device_mem_kind: Literal["cuda_max_allocated", "process_rss", "none"]
+    partition: int
+    offset: int
+    forwarded: bool = False
+    v: int = SCHEMA_VERSION
+
+
+class BatchEvent(msgspec.Struct, omit_defaults=False):
+    """One per dispatched batch: the row of ClickHouse `batches` (DESIGN §4.7)."""
+
+    batch_id: int
+    model: str
+    consumer_id: str
+    dispatch_ms: int
+    size: int
+    cost: int
+    reason: str
+    window_ms: float
+    hit_target: bool
+    target_size: int
+    marked_count: int
+    oldest_wait_ms: float
+    queue_depth: int
+    effective_cap: int
+    cap_reason: str
+    arrival_rate_per_s: float
+    compute_ms: float
+    tokens_in: int
+    tokens_out: int
+    device_mem_bytes: int
+    device_mem_kind: str
+    v: int = SCHEMA_VERSION
+
+
+class DeadLetter(msgspec.Struct):
+    """A message the consumer could not serve, with the reason and the original bytes."""
+
+    reason: str
+    detail: str
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+    consumer_id: str
+    original_b64: str
+    request_id: str | None = None
+    v: int = SCHEMA_VERSION
+
+
+def batch_event_id(consumer_id: str, batch_id: int) -> str:
+    """Batch ids are per consumer; this pair is globally unique (ClickHouse dedupe key)."""
+    return f"{consumer_id}:{batch_id}"

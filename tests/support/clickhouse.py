@@ -1,0 +1,1 @@
+"""Fixtures: clickhouse (filled in by its issue)."""

@@ -1,0 +1,1 @@
+"""Fixtures: kafka (filled in by its issue)."""

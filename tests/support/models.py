@@ -1,0 +1,1 @@
+"""Fixtures: models (filled in by its issue)."""
