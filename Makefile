@@ -8,6 +8,7 @@ PYTHON ?= python3
 SPEC_HASH := $(shell $(PYTHON) -c "import tomllib,hashlib,json; p=tomllib.load(open('pyproject.toml','rb'))['project']; print(hashlib.sha256(json.dumps([p['requires-python'],p['dependencies'],p['optional-dependencies']]).encode()).hexdigest()[:12])")
 VENV ?= $(HOME)/.cache/batchtide/venv-$(SPEC_HASH)
 PY := $(VENV)/bin/python
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
@@ -26,6 +27,8 @@ $(VENV)/.ready: pyproject.toml
 setup: $(VENV)/.ready
 	@$(PY) -m pip install -q --no-deps -e . >/dev/null
 	@$(PY) -m pipeline.cli local fetch
+	@command -v chromium >/dev/null || { echo "==> installing Debian chromium (headless board tests)"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium >/dev/null; }
 
 demo: setup
 	$(PY) -m pipeline.cli demo

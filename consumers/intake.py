@@ -17,7 +17,10 @@ Reason codes:
                      fields, out-of-range priority/deadline, both or neither
                      of text/token_ids, unknown fields, unknown version)
 - ``model_mismatch`` request.model is not the model this topic serves
-- ``input_too_long`` the runner's `check()` refused it (set by the loop)
+- ``input_too_long`` the runner's `check()` refused it (set by the loop): over
+                     the token limit (the usual case), empty after
+                     tokenization, or token ids outside the vocabulary;
+                     the detail says which
 - ``runner_error``   the runner raised on it alone (set by the loop after
                      bisection, see `consumers.runners.base.run_isolating`)
 - ``duplicate``      request id already answered by this consumer recently
@@ -53,8 +56,8 @@ REASONS: Final = (
 ORIG_TS_HEADER: Final = "batchtide-orig-ts"
 """Header a tail-forwarded request carries: its original record timestamp (epoch ms)."""
 
-_TOPIC_RE: Final = re.compile(r"^[A-Za-z0-9._-]+$")
-_DIGITS_RE: Final = re.compile(rb"^[0-9]{1,16}$")
+_TOPIC_RE: Final = re.compile(r"[A-Za-z0-9._-]+")
+_DIGITS_RE: Final = re.compile(rb"[0-9]{1,16}")
 _SANE_EPOCH_MS: Final = (946_684_800_000, 4_102_444_800_000)  # 2000-01-01 .. 2100-01-01
 _FIELD_PREVIEW: Final = 40
 
@@ -69,15 +72,9 @@ class Rejection:
     reply_topic: str | None = None
 
 
-class _Envelope(msgspec.Struct):
-    """Lenient view of a rejected payload: just enough to address an error Result."""
-
-    id: Any = None
-    reply_topic: Any = None
-
-
 _decoder: Final = msgspec.json.Decoder(Request)
-_envelope_decoder: Final = msgspec.json.Decoder(_Envelope)
+_ERROR_PATH_RE: Final = re.compile(r"^(?P<message>.*) - at `\$(?P<path>[^`]*)`$", re.DOTALL)
+_PATH_STEP_RE: Final = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[(\d+)\]")
 
 
 def bounded(text: str, limit: int = MAX_DETAIL_CHARS) -> str:
@@ -94,16 +91,54 @@ def _preview(value: str) -> str:
     return repr(value[:_FIELD_PREVIEW]) + f"... ({len(value)} chars)"
 
 
-def _address(value: bytes) -> tuple[str | None, str | None]:
-    """Best-effort id and reply topic of a payload that failed validation."""
+def _parsed(value: bytes) -> Any:
+    """The payload as plain JSON values (error path only), or None if that fails too."""
     try:
-        env = _envelope_decoder.decode(value)
-    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, ValueError):
+        return msgspec.json.decode(value)
+    except Exception:  # noqa: BLE001 - best effort: no detail is a valid answer
+        return None
+
+
+def _address(doc: Any) -> tuple[str | None, str | None]:
+    """Id and reply topic of a payload that failed validation, when they look valid."""
+    if not isinstance(doc, dict):
         return None, None
-    request_id = env.id if isinstance(env.id, str) and 0 < len(env.id) <= MAX_ID_LEN else None
-    topic = env.reply_topic
-    reply = topic if isinstance(topic, str) and len(topic) <= MAX_TOPIC_LEN and _TOPIC_RE.match(topic) else None
+    rid, topic = doc.get("id"), doc.get("reply_topic")
+    request_id = rid if isinstance(rid, str) and 0 < len(rid) <= MAX_ID_LEN else None
+    reply = topic if isinstance(topic, str) and len(topic) <= MAX_TOPIC_LEN and _TOPIC_RE.fullmatch(topic) else None
     return request_id, reply
+
+
+def _schema_detail(error: msgspec.ValidationError, doc: Any) -> str:
+    """msgspec's message rewritten as `field: problem, got <value>` when the value is at hand."""
+    try:
+        return _located(str(error), doc)
+    except Exception:  # noqa: BLE001 - e.g. repr of a 5000-digit int; fall back to msgspec's words
+        return bounded(str(error))
+
+
+def _located(text: str, doc: Any) -> str:
+    match = _ERROR_PATH_RE.match(text)
+    if match is None:
+        return bounded(text)
+    path, message = match["path"], match["message"]
+    node: Any = doc
+    for name, index in _PATH_STEP_RE.findall(path):
+        if name and isinstance(node, dict) and name in node:
+            node = node[name]
+        elif index and isinstance(node, list) and int(index) < len(node):
+            node = node[int(index)]
+        else:
+            return bounded(f"{path.lstrip('.')}: {message}")
+    if isinstance(node, str):
+        got = _preview(node)
+    elif isinstance(node, (dict, list)):
+        got = f"{type(node).__name__} of {len(node)} items"
+    else:
+        got = repr(node)
+    if ", got `" in message:
+        return bounded(f"{path.lstrip('.')}: {message} ({got})")
+    return bounded(f"{path.lstrip('.')}: {message}, got {got}")
 
 
 def decode_request(value: bytes | None, *, model: str, max_bytes: int) -> Request | Rejection:
@@ -115,12 +150,24 @@ def decode_request(value: bytes | None, *, model: str, max_bytes: int) -> Reques
     try:
         req = _decoder.decode(value)
     except msgspec.ValidationError as e:
-        request_id, reply = _address(value)
-        return Rejection("schema", bounded(str(e)), request_id, reply)
+        doc = _parsed(value)
+        request_id, reply = _address(doc)
+        return Rejection("schema", _schema_detail(e, doc), request_id, reply)
     except msgspec.DecodeError as e:
         return _undecodable(value, e)
     except UnicodeDecodeError as e:
         return Rejection("not_utf8", bounded(f"invalid UTF-8 at byte {e.start}: {e.reason}"))
+    except RecursionError:
+        return Rejection("invalid_json", "JSON nesting is too deep")
+    except Exception as e:  # noqa: BLE001 - hostile bytes must never stop the consumer
+        return Rejection("invalid_json", bounded(f"undecodable ({type(e).__name__}): {e}"))
+    if req.reply_topic is not None and not _TOPIC_RE.fullmatch(req.reply_topic):
+        # msgspec's `$` also matches before a trailing newline; Kafka would refuse the topic
+        return Rejection(
+            "schema",
+            f"reply_topic: must be letters, digits, '.', '_' or '-' only, got {_preview(req.reply_topic)}",
+            req.id,
+        )
     if req.model != model:
         return Rejection(
             "model_mismatch",
@@ -140,6 +187,11 @@ def _undecodable(value: bytes, error: msgspec.DecodeError) -> Rejection:
     return Rejection("invalid_json", bounded(str(error)))
 
 
+def refused(req: Request, reason: str, detail: str) -> Rejection:
+    """A Rejection for a request that decoded fine but cannot be served (loop-side reasons)."""
+    return Rejection(reason, bounded(detail) or reason, req.id, req.reply_topic)
+
+
 def parse_forward_headers(headers: Iterable[tuple[str, bytes | None]] | None) -> int | None:
     """Original enqueue time (epoch ms) of a tail-forwarded request, or None.
 
@@ -152,7 +204,7 @@ def parse_forward_headers(headers: Iterable[tuple[str, bytes | None]] | None) ->
         for key, raw in headers:
             if key != ORIG_TS_HEADER or not isinstance(raw, (bytes, bytearray)):
                 continue
-            if not _DIGITS_RE.match(raw):
+            if not _DIGITS_RE.fullmatch(raw):
                 return None
             ms = int(raw)
             return ms if _SANE_EPOCH_MS[0] <= ms < _SANE_EPOCH_MS[1] else None

@@ -56,6 +56,9 @@ class BatchProfile:
     """Largest batch ever dispatched, in cost units (requests, or tokens)."""
     tail_mark_ratio: float = 2.0
     """Mark a request whose wait exceeds this x rolling p50 wait; 0 turns marking off."""
+    tail_mark_floor_ms: float | None = None
+    """Never mark below this wait (None: max_wait_ms), so a p50 near zero (idle
+    dispatch) does not mark everything; a wait the window itself allows is no tail."""
     tail_min_samples: int = 32
     """Waits observed before marking starts (a p50 of three samples means nothing)."""
     wait_sample_window: int = 2048
@@ -109,6 +112,8 @@ class BatchProfile:
                 f"tail_mark_ratio ({self.tail_mark_ratio}) must be > 1 "
                 "(or 0 to turn marking off): at <= 1 half of all requests are marked"
             )
+        if self.tail_mark_floor_ms is not None and self.tail_mark_floor_ms < 0:
+            p.append(f"tail_mark_floor_ms must be >= 0 (got {self.tail_mark_floor_ms})")
         if self.priority_levels < 1:
             p.append(f"priority_levels must be >= 1 (got {self.priority_levels})")
         if self.max_inflight_batches < 1:
@@ -163,6 +168,9 @@ class ModelConfig:
     """cost-model runner: fixed per-batch cost when no points are given."""
     cost_c_ms: float = 0.5
     """cost-model runner: per-request (or per-token) cost when no points are given."""
+    poison_marker: str | None = None
+    """Test hook (cost-model/zero-cost runners only): a batch holding a request whose
+    text contains this string raises, to exercise poison isolation. Off when unset."""
     partitions: int = 4
     """Partitions of this model's request topic."""
     profile: BatchProfile = field(default_factory=BatchProfile)
@@ -208,7 +216,11 @@ class ClickHouseSettings:
     insert_interval_ms: float = 1000.0
     """...or when the oldest buffered event is this old, whichever first."""
     max_buffer_events: int = 200_000
-    """Sink: stop consuming (backpressure) past this many un-inserted events."""
+    """Sink: stop consuming (backpressure) past this many un-inserted events per events topic."""
+    rollup_ttl_days: int = 400
+    """Per-minute rollup rows (latency_minute, batches_minute) older than this are dropped."""
+    insert_retry_max_s: float = 30.0
+    """Sink: longest pause between insert retries while ClickHouse is down (backoff cap)."""
 
 
 @dataclass(frozen=True)

@@ -1,1 +1,29 @@
-"""batchtide: consumers/runners."""
+"""Runners: what computes a batch. `make_runner` picks one from a model's config.
+
+- `transformers`: a real model (see `transformers_runner`).
+- `cost-model`: sleeps t(b) from the config's cost curve; simulated.
+- `zero-cost`: returns at once, to measure the pipeline itself; simulated.
+"""
+
+from __future__ import annotations
+
+from pipeline.config import ModelConfig
+
+from .base import Output, Runner, run_isolating
+from .cost_model import CostModelRunner, ZeroCostRunner
+
+
+def make_runner(model: ModelConfig) -> Runner:
+    """The runner `model.runner` names, not yet loaded (call `load()`)."""
+    if model.runner == "transformers":
+        from .transformers_runner import TransformersRunner
+
+        return TransformersRunner(model)
+    if model.runner == "cost-model":
+        return CostModelRunner(model, poison_marker=model.poison_marker)
+    if model.runner == "zero-cost":
+        return ZeroCostRunner(model, poison_marker=model.poison_marker)
+    raise ValueError(f"model {model.name!r}: unknown runner {model.runner!r}")
+
+
+__all__ = ["CostModelRunner", "Output", "Runner", "ZeroCostRunner", "make_runner", "run_isolating"]

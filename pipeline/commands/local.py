@@ -1,28 +1,178 @@
-"""CLI commands: `batchtide local ...` (a local Kafka broker) and `batchtide topics ...`."""
+"""CLI commands: `batchtide local ...` (a local Kafka broker) and `batchtide topics create`."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import json
+import os
 import time
+from pathlib import Path
+from typing import Annotated, Optional
 
 import typer
 
+from pipeline.config import ConfigError, KafkaSettings, load_config
+
+DEFAULT_DATA_DIR = Path("var/kafka")
+DEFAULT_PORT = 9092
+STATE_FILE = "state.json"
+
 local_app = typer.Typer(help="Run a local single-node Kafka broker (KRaft) for development.", no_args_is_help=True)
+topics_app = typer.Typer(help="Kafka topics of the pipeline.", no_args_is_help=True)
+
+DataDirOption = Annotated[Path, typer.Option("--data-dir", help="Broker data directory (topics, offsets, logs).")]
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(1)
 
 
 @local_app.command("fetch")
 def fetch() -> None:
-    """Resolve Apache Kafka's jars into ~/.cache/batchtide (once; later runs are no-ops)."""
-    from consumers.localkafka import KafkaSetupError, ensure_kafka_jars
+    """Resolve Apache Kafka's jars into ~/.cache/batchtide and record the JVM class archive (once)."""
+    from consumers.localkafka import KafkaSetupError, ensure_class_archive, ensure_kafka_jars
 
     started = time.monotonic()
     try:
         libs = ensure_kafka_jars()
+        typer.echo(f"kafka jars: {libs} ({time.monotonic() - started:.1f} s)")
+        started = time.monotonic()
+        archive = ensure_class_archive()
     except KafkaSetupError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(1) from None
-    typer.echo(f"kafka jars: {libs} ({time.monotonic() - started:.1f} s)")
+        raise _fail(str(e)) from None
+    typer.echo(f"class archive: {archive or 'off'} ({time.monotonic() - started:.1f} s)")
+
+
+@local_app.command("bench")
+def bench(runs: Annotated[int, typer.Option(help="Fresh brokers to start.")] = 3) -> None:
+    """Measure broker start time: cold (format + first start) and warm (restart on the same dir)."""
+    import statistics
+    import tempfile
+
+    from consumers.localkafka import LocalKafka, cds_archive
+
+    cold: list[float] = []
+    warm: list[float] = []
+    stop: list[float] = []
+    for _ in range(runs):
+        with tempfile.TemporaryDirectory(prefix="kafka-bench-") as scratch:
+            broker = LocalKafka(Path(scratch))
+            broker.start()
+            cold.append(broker.last_start_s or 0.0)
+            began = time.monotonic()
+            broker.stop()
+            stop.append(time.monotonic() - began)
+            broker.start()
+            warm.append(broker.last_start_s or 0.0)
+            broker.stop()
+    sharing = os.environ.get("BATCHTIDE_KAFKA_CDS", "1") != "0" and cds_archive().is_file()
+    typer.echo(f"class archive: {'on' if sharing else 'off'}; load average {os.getloadavg()[0]:.1f}")
+    for name, values in (("cold start (format + start)", cold), ("warm restart", warm), ("clean stop", stop)):
+        typer.echo(
+            f"{name:28s} median {statistics.median(values):5.2f} s  "
+            f"min {min(values):5.2f} s  max {max(values):5.2f} s  (n={len(values)})"
+        )
+
+
+@local_app.command("up")
+def up(
+    data_dir: DataDirOption = DEFAULT_DATA_DIR,
+    port: Annotated[
+        Optional[int],
+        typer.Option(help="Client port; default: the data dir's previous port, else 9092 if free, else any free port."),
+    ] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the broker to answer.")] = 90.0,
+) -> None:
+    """Start the broker in the background; it keeps running after this command exits."""
+    from consumers.localkafka import KafkaSetupError, LocalKafka, port_is_free
+
+    broker = LocalKafka(data_dir)
+    if broker.is_running:
+        typer.echo(f"already running: pid {broker.pid}, bootstrap {broker.bootstrap}")
+        return
+    if port is None and not (data_dir / "cluster.json").is_file() and port_is_free(DEFAULT_PORT):
+        port = DEFAULT_PORT
+    broker = LocalKafka(data_dir, port=port)
+    try:
+        broker.start(timeout_s=timeout, detached=True)
+    except KafkaSetupError as e:
+        raise _fail(str(e)) from None
+    state = {"pid": broker.pid, "bootstrap": broker.bootstrap, "data_dir": str(broker.data_dir)}
+    (broker.data_dir / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
+    typer.echo(f"kafka up in {broker.last_start_s:.1f} s: pid {broker.pid}, logs {broker.log_file}")
+    typer.echo(f"export BATCHTIDE_KAFKA_BOOTSTRAP={broker.bootstrap}")
+
+
+@local_app.command("down")
+def down(data_dir: DataDirOption = DEFAULT_DATA_DIR) -> None:
+    """Stop the broker cleanly (SIGTERM, wait); its data stays for the next `up`."""
+    from consumers.localkafka import LocalKafka
+
+    broker = LocalKafka(data_dir)
+    if not broker.is_running:
+        typer.echo("not running")
+        return
+    pid = broker.pid
+    broker.stop()
+    (broker.data_dir / STATE_FILE).unlink(missing_ok=True)
+    typer.echo(f"stopped pid {pid}")
+
+
+@local_app.command("status")
+def status(data_dir: DataDirOption = DEFAULT_DATA_DIR) -> None:
+    """Is the broker running, where, and which topics does it hold."""
+    from consumers.kafka import list_topics
+    from consumers.localkafka import LocalKafka
+
+    broker = LocalKafka(data_dir)
+    if not broker.is_running:
+        typer.echo(f"not running (data dir {broker.data_dir})")
+        raise typer.Exit(3)
+    typer.echo(f"running: pid {broker.pid}, bootstrap {broker.bootstrap}, data dir {broker.data_dir}")
+    counts = asyncio.run(list_topics(KafkaSettings(bootstrap_servers=broker.bootstrap)))
+    typer.echo(f"topics ({len(counts)}):")
+    for name, partitions in sorted(counts.items()):
+        typer.echo(f"  {name}  partitions={partitions}")
+
+
+@topics_app.command("create")
+def create(
+    config: Annotated[Optional[Path], typer.Option("--config", help="batchtide TOML config.")] = None,
+    model: Annotated[Optional[list[str]], typer.Option("--model", help="Model name (repeatable).")] = None,
+    partitions: Annotated[
+        Optional[list[int]], typer.Option("--partitions", help="Partitions of the --model at the same position.")
+    ] = None,
+    bootstrap: Annotated[Optional[str], typer.Option(help="Override kafka.bootstrap_servers.")] = None,
+) -> None:
+    """Create the request, priority and result topics of every model, plus events and DLQ topics."""
+    from consumers.kafka import ensure_topics
+
+    try:
+        cfg = load_config(config)
+    except ConfigError as e:
+        raise _fail(str(e)) from None
+    models = {name: m.partitions for name, m in cfg.models.items()}
+    names, counts = model or [], partitions or []
+    if counts and len(counts) != len(names):
+        raise _fail("give one --partitions per --model (or none to use 4 each)")
+    for i, name in enumerate(names):
+        models[name] = counts[i] if counts else models.get(name, 4)
+    if not models:
+        raise _fail("no models: pass --config FILE with [models.*] tables, or --model NAME")
+    settings = cfg.kafka if bootstrap is None else dataclasses.replace(cfg.kafka, bootstrap_servers=bootstrap)
+    try:
+        created = asyncio.run(ensure_topics(settings, models))
+    except ConfigError as e:
+        raise _fail(str(e)) from None
+    except Exception as e:  # noqa: BLE001 - shown to the user, not swallowed
+        raise _fail(f"could not create topics on {settings.bootstrap_servers}: {e!r}") from None
+    for name, count in sorted(created.items()):
+        typer.echo(f"{name}  partitions={count}")
 
 
 def register(app: typer.Typer) -> None:
     """Attach this module's commands to the root app."""
     app.add_typer(local_app, name="local")
+    app.add_typer(topics_app, name="topics")

@@ -1,7 +1,239 @@
-"""CLI commands: serve (placeholder until its issue lands)."""
+"""CLI commands: `consume` (a GPU consumer), `produce` (open-loop load), `results` (tail answers)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+from pathlib import Path
+from typing import Optional
 
 import typer
 
+from pipeline.config import Config, ConfigError, load_config
+
+
+def _config(path: Optional[Path]) -> Config:
+    try:
+        return load_config(path)
+    except ConfigError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _stop_on_signals(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+
+
+def consume(
+    model: str = typer.Option(..., "--model", help="Model to serve (a [models.NAME] table of the config)."),
+    config: Optional[Path] = typer.Option(None, "--config", help="TOML config file."),
+    consumer_id: Optional[str] = typer.Option(None, "--consumer-id", help="Name in events and results (default host-pid-model)."),
+    create_topics: bool = typer.Option(True, help="Create the model's topics if missing."),
+) -> None:
+    """Serve one model: join its consumer group, batch, run, answer. SIGTERM/SIGINT stop cleanly."""
+    import logging
+
+    from consumers.worker import Consumer, serve
+
+    cfg = _config(config)
+    try:
+        cfg.model(model)
+    except ConfigError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def show(c: Consumer) -> None:
+        s = c.stats
+        typer.echo(
+            f"[{c.consumer_id}] fetched={s.fetched} ok={s.answered['ok']} expired={s.answered['expired']} "
+            f"error={s.answered['error']} rejected={s.answered['rejected']} dlq={s.dead_letters} "
+            f"batches={s.batches} forwarded={s.forwarded} queue={s.queue} backlog={s.backlog} pauses={s.pauses}"
+        )
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        _stop_on_signals(stop)
+        consumer = await serve(cfg, model, stop, consumer_id=consumer_id, create_topics=create_topics, on_stats=show)
+        show(consumer)
+
+    asyncio.run(main())
+
+
+def produce(
+    model: str = typer.Option("minilm", "--model", help="Model whose request topic receives the load."),
+    scenario: Optional[Path] = typer.Option(None, "--scenario", help="Scenario TOML: replay its arrival process in real time."),
+    rate: Optional[float] = typer.Option(None, "--rate", help="Poisson rate (req/s), instead of a scenario."),
+    duration: float = typer.Option(10.0, "--duration", help="Seconds of Poisson load (with --rate)."),
+    multiplier: float = typer.Option(1.0, "--multiplier", help="Scale the scenario's rates."),
+    tokens: int = typer.Option(24, "--tokens", help="Approximate tokens per request (with --rate)."),
+    seed: int = typer.Option(1, "--seed"),
+    config: Optional[Path] = typer.Option(None, "--config", help="TOML config file (Kafka settings)."),
+) -> None:
+    """Open-loop load generator: sends at the scheduled times regardless of responses."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from consumers.kafka import ensure_topics
+    from consumers.producer import LoadProducer, poisson_load, scenario_load
+
+    cfg = _config(config)
+    if (scenario is None) == (rate is None):
+        typer.echo("error: give exactly one of --scenario FILE and --rate R", err=True)
+        raise typer.Exit(2)
+    partitions = cfg.models[model].partitions if model in cfg.models else 4
+    if scenario is not None:
+        load = scenario_load(str(scenario), multiplier, partitions)
+    else:
+        assert rate is not None
+        load = poisson_load(rate, duration, seed, tokens=tokens)
+
+    async def main() -> None:
+        await ensure_topics(cfg.kafka, {model: partitions})
+        columns = (TextColumn("sending"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns) as progress:
+            task = progress.add_task("send", total=len(load))
+            async with LoadProducer(cfg.kafka, model, seed=seed) as producer:
+                report = await producer.send(load, lambda n: progress.update(task, completed=n))
+        offered = len(load) / load.duration_s if load.duration_s else 0.0
+        typer.echo(
+            f"sent {report.sent} requests in {report.elapsed_s:.1f} s: achieved {report.achieved_rate:.1f} req/s "
+            f"(offered {offered:.1f} req/s; p99 send lateness {report.late_ms_p99:.1f} ms)"
+        )
+
+    asyncio.run(main())
+
+
+def results(
+    model: str = typer.Option(..., "--model", help="Model whose result topic to read."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep waiting for new results."),
+    from_beginning: bool = typer.Option(True, help="Start at the oldest result (else only new ones)."),
+    config: Optional[Path] = typer.Option(None, "--config", help="TOML config file (Kafka settings)."),
+) -> None:
+    """Print results as JSON lines (id, outcome, end-to-end ms, ...)."""
+    from aiokafka import AIOKafkaConsumer
+
+    from consumers.kafka import Topics, client_options
+
+    cfg = _config(config)
+    topic = Topics(cfg.kafka.topic_prefix).results(model)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        _stop_on_signals(stop)
+        consumer = AIOKafkaConsumer(
+            topic,
+            **client_options(cfg.kafka),
+            auto_offset_reset="earliest" if from_beginning else "latest",
+            enable_auto_commit=False,
+            isolation_level="read_committed",
+        )
+        await consumer.start()
+        quiet = 0
+        try:
+            while not stop.is_set():
+                batch = await consumer.getmany(timeout_ms=1000)
+                if not batch:
+                    quiet += 1
+                    if not follow and quiet >= 2:
+                        break
+                    continue
+                quiet = 0
+                for records in batch.values():
+                    for record in records:
+                        typer.echo(_result_line(record.value, record.timestamp))
+        finally:
+            await consumer.stop()
+
+    asyncio.run(main())
+
+
+def _result_line(value: bytes | None, timestamp: int) -> str:
+    try:
+        result = json.loads(value or b"")
+    except ValueError:
+        return json.dumps({"undecodable": (value or b"")[:80].decode("utf-8", "replace")})
+    if isinstance(result, dict) and result.get("enqueue_ms"):
+        result["e2e_ms"] = timestamp - result["enqueue_ms"]
+    return json.dumps(result)
+
+
+def bench_pipeline(
+    find_max: bool = typer.Option(False, "--find-max", help="Zero-cost runner: ramp the rate to the max sustained req/s."),
+    rates: Optional[str] = typer.Option(None, "--rates", help="Comma-separated offered rates (req/s) for --runner."),
+    runner: str = typer.Option("minilm", "--runner", help="Runner for --rates: minilm, zero-cost or cost-model."),
+    duration: float = typer.Option(30.0, "--duration", help="Seconds per offered rate."),
+    seed: int = typer.Option(1, "--seed"),
+    torch_threads: int = typer.Option(1, "--torch-threads", help="torch threads of each consumer (minilm)."),
+    bootstrap: Optional[str] = typer.Option(None, "--bootstrap", help="Use this broker instead of starting a local one."),
+    consumers: int = typer.Option(1, "--consumers", help="Consumer processes in the group."),
+    partitions: int = typer.Option(4, "--partitions", help="Partitions of the request topic."),
+    hot_share: float = typer.Option(0.0, "--hot-share", help="Share of requests sent to partition 0 (skewed load)."),
+    forwarding: bool = typer.Option(True, "--forwarding/--no-forwarding", help="Tail forwarding in the consumers."),
+    tokens: int = typer.Option(24, "--tokens", help="Approximate tokens per request text."),
+    cost_a_ms: float = typer.Option(5.0, "--cost-a-ms", help="cost-model runner: fixed ms per batch."),
+    cost_c_ms: float = typer.Option(0.5, "--cost-c-ms", help="cost-model runner: ms per request."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the figures as JSON here."),
+) -> None:
+    """Real pipeline bench: open-loop producer -> Kafka -> consumer process(es) -> results, end to end."""
+    import logging
+
+    from consumers.pipeline_bench import BenchOptions, run_bench
+
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # new topics log transient leader errors
+    if runner not in ("minilm", "zero-cost", "cost-model"):
+        typer.echo(f"error: --runner must be minilm, zero-cost or cost-model (got {runner!r})", err=True)
+        raise typer.Exit(2)
+    if not find_max and rates is None:
+        typer.echo("error: give --find-max and/or --rates R1,R2,...", err=True)
+        raise typer.Exit(2)
+    try:
+        offered = tuple(float(r) for r in rates.split(",")) if rates else ()
+    except ValueError:
+        typer.echo(f"error: --rates must be numbers separated by commas (got {rates!r})", err=True)
+        raise typer.Exit(2) from None
+    options = BenchOptions(
+        runner=runner,  # type: ignore[arg-type]
+        rates=offered,
+        duration_s=duration if rates else min(duration, 10.0),
+        seed=seed,
+        torch_threads=torch_threads,
+        bootstrap=bootstrap,
+        partitions=partitions,
+        consumers=consumers,
+        tokens=tokens,
+        hot_share=hot_share,
+        tail_forwarding=forwarding,
+        cost_a_ms=cost_a_ms,
+        cost_c_ms=cost_c_ms,
+    )
+    figures = asyncio.run(run_bench(options, find_max_mode=find_max, rates_mode=bool(offered), say=typer.echo))
+    if find_max:
+        typer.echo(
+            f"zero-cost: max sustained {figures['zero_cost_max_rps']:.0f} req/s; "
+            f"added latency at half: p50 {figures.get('zero_cost_added_p50_ms', float('nan')):.1f} ms, "
+            f"p99 {figures.get('zero_cost_added_p99_ms', float('nan')):.1f} ms"
+        )
+    if offered:
+        for rate in figures["model_p99_ms"]:
+            typer.echo(
+                f"{runner} @ {rate} req/s: p50 {figures['model_p50_ms'][rate]:.1f} ms, p99 {figures['model_p99_ms'][rate]:.1f} ms, "
+                f"p999 {figures['model_p999_ms'][rate]:.1f} ms, {figures['model_rps_by_rate'][rate]:.1f} req/s, "
+                f"{figures['model_tokens_per_s_by_rate'][rate]:.0f} tokens/s"
+            )
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(figures, indent=2))
+        typer.echo(f"wrote {json_out}")
+
 
 def register(app: typer.Typer) -> None:
-    """Attach this module's commands to the root app."""
+    """Attach this module's commands to the root app, and `pipeline` to the bench group."""
+    from pipeline.commands.bench import bench_app
+
+    app.command("consume")(consume)
+    app.command("produce")(produce)
+    app.command("results")(results)
+    bench_app.command("pipeline")(bench_pipeline)

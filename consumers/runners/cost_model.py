@@ -1,0 +1,136 @@
+"""Simulated runners for load tests: a device that costs t(b), and one that costs nothing.
+
+`CostModelRunner` sleeps the batch's compute time taken from the model's
+`cost_points` (measured (batch size, ms) pairs, linearly interpolated and
+extrapolated from the last two points) or from `cost_a_ms + cost_c_ms * b`.
+`ZeroCostRunner` returns at once, so a pipeline run with it measures the
+pipeline's own overhead. Both are `simulated=True`; their outputs are
+deterministic placeholders (an empty embedding, `text` = ``"[simulated]"``)
+so a client can never mistake them for a model's answer.
+
+Test hook: with `poison_marker` set, a request whose text contains the marker
+makes `run()` raise, as a real model would on an input it cannot handle. It is
+off unless a test or `batchtide chaos` turns it on.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from typing import Final
+
+from pipeline.config import ModelConfig
+from schemas.messages import Request
+
+from .base import MemoryKind, Output, process_rss
+
+SIMULATED_TEXT: Final = "[simulated]"
+POISON_MARKER: Final = "__poison__"
+"""The marker tests put into a request's text when the hook is on."""
+
+
+class PoisonError(RuntimeError):
+    """Raised by the simulated runners' test hook on a marked request."""
+
+
+def estimate_tokens(req: Request) -> int:
+    """Token count without a tokenizer: ids as given, ~4 characters per token of text."""
+    if req.token_ids is not None:
+        return len(req.token_ids)
+    return max(1, (len(req.text or "") + 3) // 4)
+
+
+def _requested_new_tokens(req: Request, cap: int) -> int:
+    return min(req.params.max_new_tokens, cap) if req.params is not None else 0
+
+
+class CostCurve:
+    """t(b) in ms: interpolated measured points, or the linear fallback a + c*b."""
+
+    def __init__(self, points: tuple[tuple[int, float], ...], a_ms: float, c_ms: float) -> None:
+        clean = sorted((int(b), float(ms)) for b, ms in points)
+        if any(b < 1 or ms < 0 for b, ms in clean):
+            raise ValueError(f"cost_points need batch >= 1 and ms >= 0 (got {points})")
+        if len({b for b, _ in clean}) != len(clean):
+            raise ValueError(f"cost_points have repeated batch sizes (got {points})")
+        self._sizes = [b for b, _ in clean]
+        self._ms = [ms for _, ms in clean]
+        self._a_ms = a_ms
+        self._c_ms = c_ms
+
+    def ms(self, size: float) -> float:
+        sizes, ms = self._sizes, self._ms
+        if not sizes:
+            return max(0.0, self._a_ms + self._c_ms * size)
+        if len(sizes) == 1:
+            return ms[0] * size / sizes[0]
+        i = bisect.bisect_left(sizes, size)
+        lo = min(max(i - 1, 0), len(sizes) - 2)
+        b0, b1, t0, t1 = sizes[lo], sizes[lo + 1], ms[lo], ms[lo + 1]
+        return max(0.0, t0 + (t1 - t0) * (size - b0) / (b1 - b0))
+
+
+class ZeroCostRunner:
+    """Returns placeholders at once: measures the pipeline, not a model."""
+
+    simulated = True
+
+    def __init__(self, model: ModelConfig, *, poison_marker: str | None = None) -> None:
+        self.name = model.name
+        self._config = model
+        self._poison_marker = poison_marker
+
+    def load(self) -> None:
+        return None
+
+    def measure(self, req: Request) -> tuple[int, int]:
+        return estimate_tokens(req), _requested_new_tokens(req, self._config.max_new_tokens)
+
+    def check(self, req: Request) -> str | None:
+        tokens = estimate_tokens(req)
+        if tokens > self._config.max_input_tokens:
+            return f"input is ~{tokens} tokens; max_input_tokens is {self._config.max_input_tokens}"
+        return None
+
+    def run(self, reqs: list[Request]) -> list[Output]:
+        self._raise_on_poison(reqs)
+        return [self._placeholder(r) for r in reqs]
+
+    def device_memory(self) -> tuple[int, MemoryKind]:
+        return process_rss()
+
+    def _raise_on_poison(self, reqs: list[Request]) -> None:
+        marker = self._poison_marker
+        if marker is None:
+            return
+        for r in reqs:
+            if r.text is not None and marker in r.text:
+                raise PoisonError(f"simulated runner refused request {r.id!r} (test hook: text contains {marker!r})")
+
+    def _placeholder(self, req: Request) -> Output:
+        new_tokens = _requested_new_tokens(req, self._config.max_new_tokens)
+        return Output(embedding=[], text=SIMULATED_TEXT, tokens_out=new_tokens)
+
+
+class CostModelRunner(ZeroCostRunner):
+    """Sleeps t(b) per batch, b in the profile's cost unit: a device that is busy but computes nothing."""
+
+    def __init__(self, model: ModelConfig, *, poison_marker: str | None = None) -> None:
+        super().__init__(model, poison_marker=poison_marker)
+        self.curve = CostCurve(model.cost_points, model.cost_a_ms, model.cost_c_ms)
+        self._tokens = model.profile.cost_unit == "tokens"
+
+    def batch_cost(self, reqs: list[Request]) -> float:
+        """Batch size in the profile's cost unit (requests, or tokens in + out)."""
+        if not self._tokens:
+            return float(len(reqs))
+        return float(sum(sum(self.measure(r)) for r in reqs))
+
+    def run(self, reqs: list[Request]) -> list[Output]:
+        deadline = time.perf_counter() + self.curve.ms(self.batch_cost(reqs)) / 1000.0
+        self._raise_on_poison(reqs)
+        outputs = [self._placeholder(r) for r in reqs]
+        remaining = deadline - time.perf_counter()
+        if remaining > 0:
+            time.sleep(remaining)
+        return outputs

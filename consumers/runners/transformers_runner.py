@@ -1,0 +1,281 @@
+"""A real model: transformers on cuda or cpu, embedding or generation.
+
+- embed: AutoModel, mean pooling over the attention mask, L2 normalised
+  (the sentence-transformers recipe MiniLM was trained for).
+- generate: AutoModelForCausalLM, greedy decoding, left padding,
+  `max_new_tokens` from the request's params (default 32) capped by the
+  model's `max_new_tokens`. Sampling parameters are accepted on the wire but
+  decoding is greedy, so results are reproducible.
+
+Inputs are never truncated: `check()` refuses an input longer than
+`max_input_tokens` (or than the model's position table), and token ids
+outside the vocabulary. Texts are tokenized once: the ids `check()`/`measure()`
+computed are kept and reused by `run()`; texts not seen before are tokenized
+in one batch call. Client-supplied `token_ids` are used as given (add any
+special tokens yourself).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+from pipeline.config import ModelConfig
+from schemas.messages import Request
+
+from .base import MemoryKind, Output, process_rss
+from .gguf_cache import convert_once
+from .model_source import ModelSource, resolve_model_source
+
+if TYPE_CHECKING:
+    import torch
+
+Task = Literal["embed", "generate"]
+_DEFAULT_NEW_TOKENS: Final = 32
+
+
+class EncodingCache:
+    """Token ids computed by check()/measure(), kept until run() takes them.
+
+    Keyed by request id and validated by the text's length and hash (the text
+    itself is not kept alive). Bounded by entries and by total tokens, so
+    requests that are checked but never run (expired, forwarded) cannot grow it.
+    """
+
+    def __init__(self, max_entries: int = 65_536, max_tokens: int = 2_000_000) -> None:
+        self._entries: OrderedDict[str, tuple[int, int, list[int]]] = OrderedDict()
+        self._tokens = 0
+        self._max_entries = max_entries
+        self._max_tokens = max_tokens
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def put(self, request_id: str, text: str, ids: list[int]) -> None:
+        with self._lock:
+            old = self._entries.pop(request_id, None)
+            if old is not None:
+                self._tokens -= len(old[2])
+            self._entries[request_id] = (len(text), hash(text), ids)
+            self._tokens += len(ids)
+            while self._entries and (len(self._entries) > self._max_entries or self._tokens > self._max_tokens):
+                self._tokens -= len(self._entries.popitem(last=False)[1][2])
+
+    def get(self, request_id: str, text: str, *, take: bool = False) -> list[int] | None:
+        with self._lock:
+            hit = self._entries.pop(request_id, None) if take else self._entries.get(request_id)
+            if hit is not None and take:
+                self._tokens -= len(hit[2])
+        if hit is None or hit[0] != len(text) or hit[1] != hash(text):
+            return None
+        return hit[2]
+
+
+def detect_task(config: Any) -> Task:
+    """Generation for causal LMs, embeddings for encoders, decided from the HF config."""
+    architectures = getattr(config, "architectures", None) or []
+    if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in architectures):
+        return "generate"
+    if architectures:
+        return "embed"
+    if getattr(config, "is_decoder", False):
+        return "generate"
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+    return "embed" if config.model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES else "generate"
+
+
+def pick_device(setting: str) -> str:
+    import torch
+
+    if setting == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return setting
+
+
+class TransformersRunner:
+    """Runs a transformers model; not simulated."""
+
+    simulated = False
+
+    def __init__(self, model: ModelConfig) -> None:
+        self.name = model.name
+        self.config = model
+        self.task: Task | None = None if model.task == "auto" else model.task
+        self.device: str | None = None
+        self.source: ModelSource | None = None
+        self.max_input_tokens = model.max_input_tokens
+        self._model: Any = None
+        self._tokenizer: Any = None
+        self._vocab_size = 0
+        self._pad_id = 0
+        self._eos_id: int | None = None
+        self._encoded = EncodingCache()
+        self._lock = threading.Lock()
+        self._tokenizer_lock = threading.Lock()
+        """HF fast tokenizers reset truncation/padding state per call: not safe from two threads."""
+
+    def load(self) -> None:
+        if self._model is not None:
+            return
+        with self._lock:
+            if self._model is not None:
+                return
+            self._load()
+
+    def _load(self) -> None:
+        import torch
+        from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # a consumer's log is not a terminal
+        if self.config.torch_threads > 0:
+            torch.set_num_threads(self.config.torch_threads)
+        source = resolve_model_source(self.config.model_path)
+        if source.gguf_file:
+            source = convert_once(source, AutoModel if self.task == "embed" else AutoModelForCausalLM)
+        hf_config = AutoConfig.from_pretrained(source.directory)
+        task = self.task or detect_task(hf_config)
+        tokenizer = AutoTokenizer.from_pretrained(source.directory)
+        tokenizer.model_max_length = 1 << 30  # check() enforces the real limit; no per-call warning
+        if task == "generate":
+            tokenizer.padding_side = "left"
+            model = AutoModelForCausalLM.from_pretrained(source.directory, config=hf_config)
+        else:
+            model = AutoModel.from_pretrained(source.directory, config=hf_config)
+        device = pick_device(self.config.device)
+        model.to(device).eval()
+        self._eos_id = tokenizer.eos_token_id
+        pad = tokenizer.pad_token_id
+        self._pad_id = pad if pad is not None else (self._eos_id if self._eos_id is not None else 0)
+        self._vocab_size = model.get_input_embeddings().num_embeddings
+        positions = getattr(hf_config, "max_position_embeddings", None) or getattr(hf_config, "n_positions", None)
+        limit = self.config.max_input_tokens
+        if positions:
+            room = positions - (self.config.max_new_tokens if task == "generate" else 0)
+            limit = min(limit, max(1, room))
+        self.max_input_tokens = limit
+        self.source, self.task, self.device = source, task, device
+        self._tokenizer = tokenizer
+        self._model = model
+
+    def _ids(self, req: Request) -> list[int]:
+        """Input ids of one request, tokenizing a text at most once."""
+        if req.token_ids is not None:
+            return req.token_ids
+        text = req.text or ""
+        ids = self._encoded.get(req.id, text)
+        if ids is None:
+            ids = self._tokenize([text])[0]
+            self._encoded.put(req.id, text, ids)
+        return ids
+
+    def _tokenize(self, texts: list[str]) -> list[list[int]]:
+        with self._tokenizer_lock:
+            return self._tokenizer(texts, add_special_tokens=True)["input_ids"]
+
+    def _new_tokens(self, req: Request) -> int:
+        asked = req.params.max_new_tokens if req.params is not None else _DEFAULT_NEW_TOKENS
+        return min(asked, self.config.max_new_tokens)
+
+    def measure(self, req: Request) -> tuple[int, int]:
+        self.load()
+        tokens_in = len(self._ids(req))
+        return tokens_in, (self._new_tokens(req) if self.task == "generate" else 0)
+
+    def check(self, req: Request) -> str | None:
+        self.load()
+        ids = self._ids(req)
+        if len(ids) > self.max_input_tokens:
+            return f"input is {len(ids)} tokens; this model accepts at most {self.max_input_tokens}"
+        if not ids:
+            return "input is empty after tokenization"
+        if req.token_ids is not None:
+            top = max(ids)
+            if top >= self._vocab_size:
+                return f"token id {top} is outside the vocabulary (size {self._vocab_size})"
+        return None
+
+    def _batch_ids(self, reqs: list[Request]) -> list[list[int]]:
+        """Ids for every request: cached ones taken, the rest tokenized in one call."""
+        ids: list[list[int]] = []
+        missing: list[int] = []
+        for i, r in enumerate(reqs):
+            if r.token_ids is not None:
+                ids.append(r.token_ids)
+                continue
+            cached = self._encoded.get(r.id, r.text or "", take=True)
+            if cached is None:
+                missing.append(i)
+            ids.append(cached or [])
+        if missing:
+            for i, encoded in zip(missing, self._tokenize([reqs[i].text or "" for i in missing])):
+                ids[i] = encoded
+        return ids
+
+    def _padded(self, ids: list[list[int]], left: bool) -> tuple["torch.Tensor", "torch.Tensor"]:
+        import torch
+
+        width = max(len(x) for x in ids)
+        input_ids = torch.full((len(ids), width), self._pad_id, dtype=torch.long)
+        mask = torch.zeros((len(ids), width), dtype=torch.long)
+        for row, seq in enumerate(ids):
+            start = width - len(seq) if left else 0
+            input_ids[row, start : start + len(seq)] = torch.tensor(seq, dtype=torch.long)
+            mask[row, start : start + len(seq)] = 1
+        return input_ids.to(self.device), mask.to(self.device)
+
+    def run(self, reqs: list[Request]) -> list[Output]:
+        if not reqs:
+            return []
+        self.load()
+        import torch
+
+        if self.device and self.device.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats(self.device)
+        ids = self._batch_ids(reqs)
+        with torch.inference_mode():
+            if self.task == "generate":
+                return self._generate(reqs, ids)
+            return self._embed(ids)
+
+    def _embed(self, ids: list[list[int]]) -> list[Output]:
+        import torch
+
+        input_ids, mask = self._padded(ids, left=False)
+        hidden = self._model(input_ids=input_ids, attention_mask=mask).last_hidden_state
+        weights = mask.unsqueeze(-1).to(hidden.dtype)
+        pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
+        pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
+        return [Output(embedding=row) for row in pooled.float().cpu().tolist()]
+
+    def _generate(self, reqs: list[Request], ids: list[list[int]]) -> list[Output]:
+        input_ids, mask = self._padded(ids, left=True)
+        wanted = [self._new_tokens(r) for r in reqs]
+        generated = self._model.generate(
+            input_ids=input_ids,
+            attention_mask=mask,
+            max_new_tokens=max(wanted),
+            do_sample=False,
+            pad_token_id=self._pad_id,
+            eos_token_id=self._eos_id,
+        )
+        new = generated[:, input_ids.shape[1] :].cpu().tolist()
+        outputs: list[Output] = []
+        for tokens, limit in zip(new, wanted):
+            tokens = tokens[:limit]
+            if self._eos_id is not None and self._eos_id in tokens:
+                tokens = tokens[: tokens.index(self._eos_id)]
+            with self._tokenizer_lock:
+                text = self._tokenizer.decode(tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+            outputs.append(Output(text=text, token_ids=tokens, tokens_out=len(tokens)))
+        return outputs
+
+    def device_memory(self) -> tuple[int, MemoryKind]:
+        if self.device and self.device.startswith("cuda"):
+            import torch
+
+            return int(torch.cuda.max_memory_allocated(self.device)), "cuda_max_allocated"
+        return process_rss()

@@ -1,0 +1,60 @@
+"""Rolling p50 of queue waits, and the tail-marking threshold derived from it.
+
+The p50 is taken over the last `wait_sample_window` dispatched requests: a
+sorted list updated with bisect (insert the new wait, delete the one leaving
+the window), so the median is one index away and each sample costs a short
+memmove inside C, not a sort.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from collections import deque
+
+
+class WaitTracker:
+    """Recent queue waits of dispatched requests and the marking threshold."""
+
+    def __init__(
+        self, window: int, min_samples: int, mark_ratio: float, floor_ms: float
+    ) -> None:
+        self._window = window
+        self._min_samples = min_samples
+        self._ratio = mark_ratio
+        self._floor_ms = floor_ms
+        self._arrival: deque[float] = deque()
+        self._sorted: list[float] = []
+        self.dispatched = 0
+        self.marked = 0
+        """Dispatched requests that had been marked (for the marked share)."""
+
+    def record(self, waits_ms: list[float], marked: int) -> None:
+        """Add the queue waits of one dispatched batch, `marked` of them tails."""
+        arrival = self._arrival
+        ordered = self._sorted
+        window = self._window
+        for wait_ms in waits_ms:
+            if len(arrival) == window:
+                del ordered[bisect_left(ordered, arrival.popleft())]
+            arrival.append(wait_ms)
+            insort(ordered, wait_ms)
+        self.dispatched += len(waits_ms)
+        self.marked += marked
+
+    @property
+    def p50_ms(self) -> float | None:
+        ordered = self._sorted
+        if not ordered:
+            return None
+        return ordered[len(ordered) // 2]
+
+    def threshold_ms(self) -> float | None:
+        """Wait past which a pending request is a tail; None while marking is off
+        or fewer than `tail_min_samples` waits were seen (a p50 of three means nothing)."""
+        if self._ratio <= 0 or len(self._sorted) < self._min_samples:
+            return None
+        return max(self._ratio * self._sorted[len(self._sorted) // 2], self._floor_ms)
+
+    @property
+    def marked_share(self) -> float:
+        return self.marked / self.dispatched if self.dispatched else 0.0

@@ -1,0 +1,189 @@
+"""`batchtide report`: the board's numbers in a terminal (rich tables) or as JSON.
+
+It runs the very SQL texts the Grafana panels run (pipeline/store/queries.py),
+expanded with the plugin's macro rules for the chosen range; the model name
+is bound as a ClickHouse query parameter, never spliced into the SQL.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from clickhouse_connect.driver.client import Client
+from rich.console import Console
+from rich.table import Table
+
+from pipeline.store.macros import ALL_VALUE, Bound, expand_macros
+from pipeline.store.queries import QUERIES, REPORT_QUERIES
+
+NICE_INTERVALS_S = (1, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400)
+DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
+UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def parse_duration_ms(text: str) -> int:
+    """'15m' -> 900000; units ms, s, m, h, d."""
+    match = DURATION.match(text)
+    if not match:
+        raise ValueError(f"duration {text!r}: expected a number and a unit (ms, s, m, h, d), e.g. 15m")
+    value = int(float(match.group(1)) * UNIT_MS[match.group(2)])
+    if value <= 0:
+        raise ValueError(f"duration {text!r} must be > 0")
+    return value
+
+
+def pick_interval_ms(span_ms: int, buckets: int = 12) -> int:
+    """The smallest round bucket giving at most about `buckets` rows per model."""
+    for seconds in NICE_INTERVALS_S:
+        if span_ms / (seconds * 1000) <= buckets:
+            return seconds * 1000
+    return NICE_INTERVALS_S[-1] * 1000
+
+
+@dataclass
+class Report:
+    time_from_ms: int
+    time_to_ms: int
+    interval_ms: int
+    model: str | None
+    sections: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    query_ms: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        def plain(value: Any) -> Any:
+            if isinstance(value, float) and not math.isfinite(value):
+                return None
+            if isinstance(value, datetime):
+                return value.replace(tzinfo=timezone.utc).isoformat()
+            return value
+
+        body = {
+            "time_from": plain(datetime.fromtimestamp(self.time_from_ms / 1000, tz=timezone.utc)),
+            "time_to": plain(datetime.fromtimestamp(self.time_to_ms / 1000, tz=timezone.utc)),
+            "interval_s": self.interval_ms / 1000,
+            "model": self.model,
+            "sections": {
+                name: [{k: plain(v) for k, v in row.items()} for row in rows] for name, rows in self.sections.items()
+            },
+        }
+        return json.dumps(body, indent=2)
+
+
+def run_query(
+    client: Client, name: str, *, time_from_ms: int, time_to_ms: int, interval_ms: int, model: str | None
+) -> list[dict[str, Any]]:
+    """One named analysis query for a range; `model` None means all models."""
+    sql = expand_macros(
+        QUERIES[name].sql,
+        time_from_ms=time_from_ms,
+        time_to_ms=time_to_ms,
+        interval_ms=interval_ms,
+        variables={"model": Bound("model") if model is not None else ALL_VALUE},
+    )
+    parameters = {"model": model} if model is not None else None
+    return list(client.query(sql, parameters=parameters).named_results())
+
+
+def run_report(
+    client: Client,
+    *,
+    time_from_ms: int,
+    time_to_ms: int,
+    model: str | None = None,
+    interval_ms: int | None = None,
+    names: tuple[str, ...] = REPORT_QUERIES,
+) -> Report:
+    interval = interval_ms or pick_interval_ms(time_to_ms - time_from_ms)
+    report = Report(time_from_ms, time_to_ms, interval, model)
+    for name in names:
+        started = time.perf_counter()
+        report.sections[name] = run_query(
+            client, name, time_from_ms=time_from_ms, time_to_ms=time_to_ms, interval_ms=interval, model=model
+        )
+        report.query_ms[name] = (time.perf_counter() - started) * 1000
+    return report
+
+
+def _num(value: Any, digits: int = 1) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return f"{value:,}"
+
+
+def _pct(value: Any) -> str:
+    return "-" if value is None or (isinstance(value, float) and not math.isfinite(value)) else f"{value * 100:.2f}%"
+
+
+def _mib(value: Any) -> str:
+    return "-" if value is None else f"{float(value) / 2**20:,.0f} MiB"
+
+
+def _table(title: str, columns: list[str], rows: list[list[str]]) -> Table:
+    table = Table(title=title, title_justify="left", header_style="bold")
+    for i, column in enumerate(columns):
+        table.add_column(column, justify="left" if i == 0 else "right")
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def render(report: Report, console: Console) -> None:
+    """Rich tables, most telling first: summary, latency over time, batches, memory, cost curve."""
+    span = f"{datetime.fromtimestamp(report.time_from_ms / 1000, tz=timezone.utc):%Y-%m-%d %H:%M:%S} .. " \
+        f"{datetime.fromtimestamp(report.time_to_ms / 1000, tz=timezone.utc):%H:%M:%S} UTC"  # fmt: skip
+    s = report.sections
+    if not s.get("summary"):
+        console.print(f"no latency rows in {span} (is the sink running? try a longer --since)")
+        return
+    console.print(f"[bold]batchtide report[/bold]  {span}, buckets of {report.interval_ms / 1000:g} s")
+    console.print(_table("Per model (ms)", [
+        "model", "requests", "req/s", "tokens/s", "e2e p50", "e2e p99", "e2e p999", "wait p50", "wait p99", "wait p999",
+    ], [[
+        r["model"], _num(r["requests"]), _num(r["requests_per_s"]), _num(r["tokens_per_s"], 0),
+        _num(r["e2e_p50_ms"]), _num(r["e2e_p99_ms"]), _num(r["e2e_p999_ms"]),
+        _num(r["wait_p50_ms"]), _num(r["wait_p99_ms"]), _num(r["wait_p999_ms"]),
+    ] for r in s["summary"]]))  # fmt: skip
+    console.print(_table("Tails", [
+        "model", "waited > 1 s", "tail-marked", "marked wait p99 ms", "unmarked wait p99 ms", "not ok",
+    ], [[
+        r["model"], _pct(r["share_wait_over_1s"]), _pct(r["marked_share"]),
+        _num(r["marked_wait_p99_ms"]), _num(r["unmarked_wait_p99_ms"]), _pct(r["not_ok_share"]),
+    ] for r in s["summary"]]))  # fmt: skip
+    throughput = {(r["time"], r["model"]): r for r in s.get("throughput", [])}
+    console.print(_table("Latency per bucket (ms)", [
+        "time", "model", "req/s", "tokens/s", "e2e p50", "e2e p99", "e2e p999", "wait p50", "wait p99", "wait p999",
+    ], [[
+        f"{r['time']:%H:%M:%S}", r["model"],
+        _num(throughput.get((r["time"], r["model"]), {}).get("requests_per_s")),
+        _num((lambda t: t and t["tokens_in_per_s"] + t["tokens_out_per_s"])(throughput.get((r["time"], r["model"]))), 0),
+        _num(r["e2e_p50_ms"]), _num(r["e2e_p99_ms"]), _num(r["e2e_p999_ms"]),
+        _num(r["wait_p50_ms"]), _num(r["wait_p99_ms"]), _num(r["wait_p999_ms"]),
+    ] for r in s.get("latency_quantiles", [])]))  # fmt: skip
+    console.print(_table("Target hit ratio (busy: one device cycle brings a full target)", [
+        "model", "load", "batches", "hit ratio", "mean size",
+    ], [[r["model"], r["load"], _num(r["batches"]), _pct(r["hit_ratio"]), _num(r["mean_size"])]
+        for r in s.get("target_hit_ratio", [])]))  # fmt: skip
+    console.print(_table("Dispatch reasons", ["model", "reason", "batches", "share"], [
+        [r["model"], r["reason"], _num(r["batches"]), _pct(r["share"])] for r in s.get("dispatch_reasons", [])
+    ]))  # fmt: skip
+    console.print(_table("Batch size distribution (sizes with >= 2% of batches; --json for all)", [
+        "model", "size", "batches", "share", "",
+    ], [[r["model"], str(r["size"]), _num(r["batches"]), _pct(r["share"]), "#" * round(r["share"] * 100)]
+        for r in s.get("batch_sizes", []) if r["share"] >= 0.02]))  # fmt: skip
+    console.print(_table("Device memory per batch", ["model", "kind", "p50", "max"], [
+        [r["model"], r["device_mem_kind"], _mib(r["mem_p50_bytes"]), _mib(r["mem_max_bytes"])]
+        for r in s.get("device_memory", [])
+    ]))  # fmt: skip
+    console.print(_table("Compute time by batch size (every 8th size; --json for all)", [
+        "model", "size", "batches", "p50 ms", "p99 ms", "ms/request",
+    ], [[r["model"], str(r["size"]), _num(r["batches"]), _num(r["compute_p50_ms"]), _num(r["compute_p99_ms"]),
+         _num(r["ms_per_request_p50"], 2)]
+        for r in s.get("compute_by_batch_size", []) if r["size"] == 1 or r["size"] % 8 == 0]))  # fmt: skip

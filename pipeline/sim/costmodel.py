@@ -1,0 +1,78 @@
+"""Device compute time t(b) of a scenario: affine or interpolated from measured points.
+
+The simulator charges every dispatched batch t(size) (cost unit `requests`) or
+t(total tokens) (cost unit `tokens`), optionally switching to a second, heavier
+curve at `shift_at_ms` ("a heavier model shipped").
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import Literal
+
+CostUnit = Literal["requests", "tokens"]
+
+
+@dataclass(frozen=True)
+class CostCurve:
+    """One t(x) curve: `a_ms + c_ms * x`, or linear interpolation of `points`.
+
+    Beyond the last measured point the last segment's slope continues; below
+    the first point the first segment's slope is used (never below 1% of t at
+    the first point, so t stays positive).
+    """
+
+    a_ms: float = 0.0
+    c_ms: float = 0.0
+    points: tuple[tuple[float, float], ...] = ()
+
+    def ms(self, x: float) -> float:
+        if not self.points:
+            return self.a_ms + self.c_ms * x
+        xs = [p[0] for p in self.points]
+        pts = self.points
+        if len(pts) == 1:
+            return pts[0][1] * x / pts[0][0]
+        i = bisect.bisect_left(xs, x)
+        if i < len(pts) and xs[i] == x:
+            return pts[i][1]
+        lo, hi = (0, 1) if i == 0 else (len(pts) - 2, len(pts) - 1) if i >= len(pts) else (i - 1, i)
+        (x0, y0), (x1, y1) = pts[lo], pts[hi]
+        y = y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+        return max(y, 0.01 * pts[0][1])
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """What a batch costs on the device, in the scenario's cost unit."""
+
+    unit: CostUnit
+    base: CostCurve
+    shifted: CostCurve | None = None
+    shift_at_ms: float | None = None
+    max_batch: int | None = None
+    """Device memory limit in requests: larger batches do not fit (applies to every policy)."""
+
+    def curve_at(self, now_ms: float) -> CostCurve:
+        if self.shifted is not None and self.shift_at_ms is not None and now_ms >= self.shift_at_ms:
+            return self.shifted
+        return self.base
+
+    def batch_ms(self, size: int, tokens: int, now_ms: float, scale: float = 1.0) -> float:
+        x = tokens if self.unit == "tokens" else size
+        return scale * self.curve_at(now_ms).ms(x)
+
+    def physical_limit_rps(self, cap: int, mean_tokens: float = 1.0, scale: float = 1.0) -> float:
+        """max over b <= cap of b / t(b), on the base and (if any) the shifted curve (the lower)."""
+        if self.max_batch is not None:
+            cap = min(cap, self.max_batch)
+        curves = [self.base] + ([self.shifted] if self.shifted is not None else [])
+        per_curve = []
+        for curve in curves:
+            best = 0.0
+            for b in range(1, cap + 1):
+                x = b * mean_tokens if self.unit == "tokens" else b
+                best = max(best, b / (scale * curve.ms(x)) * 1000.0)
+            per_curve.append(best)
+        return min(per_curve)

@@ -1,0 +1,77 @@
+"""PNG plots of a policy bench: latency CDF per policy, batch size histogram, window over time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from pipeline.sim.bench import PolicyBench  # noqa: E402
+
+
+def _served_latency(row) -> np.ndarray:  # type: ignore[no-untyped-def]
+    o = row.outcome
+    served = ~o.expired & ~np.isnan(o.done_ms)
+    return (o.done_ms - o.arrivals.create_ms)[served]
+
+
+def write_plots(bench: PolicyBench, directory: str | Path) -> list[Path]:
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    name = bench.scenario.name
+    written: list[Path] = []
+
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    for row in bench.rows:
+        lat = np.sort(_served_latency(row))
+        if lat.size:
+            ax.plot(lat, np.arange(1, lat.size + 1) / lat.size, label=row.candidate.family, linewidth=1.2)
+    ax.axvline(bench.scenario.slo_p99_ms, color="grey", linestyle=":", label="SLO")
+    ax.set_xscale("log")
+    ax.set_ylim(0.5, 1.001)
+    ax.set_xlabel("end-to-end latency (ms, log)")
+    ax.set_ylabel("share of requests")
+    ax.set_title(f"{name}: latency CDF at nominal load (upper half)")
+    ax.legend(fontsize=7, ncol=2)
+    written.append(out / f"{name}-latency-cdf.png")
+    fig.savefig(written[-1], dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    sizes = [np.asarray(r.outcome.batches.size) for r in bench.rows]
+    top = max((int(s.max()) for s in sizes if s.size), default=1)
+    bins = np.arange(0.5, top + 1.5, max(1, top // 40))
+    for row, s in zip(bench.rows, sizes):
+        if s.size:
+            ax.hist(s, bins=bins, histtype="step", label=row.candidate.family, density=True)
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("share of batches")
+    ax.set_title(f"{name}: batch size distribution at nominal load")
+    ax.legend(fontsize=7, ncol=2)
+    written.append(out / f"{name}-batch-sizes.png")
+    fig.savefig(written[-1], dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    for row in bench.rows:
+        log = row.outcome.batches
+        if not log.dispatch_ms:
+            continue
+        t = np.asarray(log.dispatch_ms) / 1000.0
+        w = np.asarray(log.window_ms)
+        bucket = np.floor(t * 4) / 4
+        keys, idx = np.unique(bucket, return_inverse=True)
+        mean = np.bincount(idx, weights=w) / np.bincount(idx)
+        ax.plot(keys, mean, label=row.candidate.family, linewidth=1.0)
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("window (ms, mean per 250 ms)")
+    ax.set_title(f"{name}: batching window over time (DispatchRecord.window_ms)")
+    ax.legend(fontsize=7, ncol=2)
+    written.append(out / f"{name}-window.png")
+    fig.savefig(written[-1], dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return written

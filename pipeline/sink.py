@@ -1,0 +1,214 @@
+"""The sink: a faust-streaming app that loads latency and batch events into ClickHouse.
+
+Two agents, one per events topic (`<prefix>.events.latency`,
+`<prefix>.events.batches`), run with faust's automatic acks turned off. Each
+event is decoded (msgspec, the wire contract in schemas/messages.py) and
+handed with its ack to a `Loader` (pipeline/store/loader.py), which inserts
+in batches and acks an event only after its batch is stored. faust commits
+only acked offsets, so a crash or a ClickHouse outage replays events rather
+than losing them, and the writer (pipeline/store/writer.py) drops replays
+that are already stored. Undecodable records are logged, counted and acked:
+they can never be stored, and must not stall the partition.
+
+ClickHouse is reached through `pipeline.store.client.connect` (embedded chDB
+when no URL is configured, HTTP otherwise). A failed insert drops the client;
+the next attempt reconnects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import faust
+import msgspec
+from clickhouse_connect.driver.client import Client
+
+from consumers.kafka import Topics
+from pipeline.config import Config, KafkaSettings
+from pipeline.store.client import connect as connect_clickhouse
+from pipeline.store.loader import Loader
+from pipeline.store.writer import insert_batch_events, insert_latency_events
+from schemas.messages import BatchEvent, LatencyEvent
+
+log = logging.getLogger("batchtide.sink")
+STATS_INTERVAL_S = 10.0
+
+
+class StoreConnection:
+    """The sink's one ClickHouse client, opened lazily and dropped after a failure."""
+
+    def __init__(self, connect: Callable[[], Client]) -> None:
+        self._connect = connect
+        self._client: Client | None = None
+        self._lock = threading.Lock()
+
+    def run(self, work: Callable[[Client], int]) -> int:
+        with self._lock:
+            if self._client is None:
+                self._client = self._connect()
+            try:
+                return work(self._client)
+            except Exception:
+                self._drop()
+                raise
+
+    def _drop(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            try:
+                client.close()
+            except Exception:  # noqa: BLE001 - closing a broken client may fail too
+                pass
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
+
+
+def broker_credentials(settings: KafkaSettings) -> faust.types.auth.CredentialsT | None:
+    """faust credentials from the same KafkaSettings the rest of the pipeline uses."""
+    from consumers.kafka import client_options
+
+    options = client_options(settings)
+    protocol = options["security_protocol"]
+    if protocol.startswith("SASL"):
+        return faust.SASLCredentials(
+            username=options["sasl_plain_username"],
+            password=options["sasl_plain_password"],
+            mechanism=options["sasl_mechanism"],
+            ssl_context=options.get("ssl_context"),
+        )
+    if protocol == "SSL":
+        return faust.SSLCredentials(options["ssl_context"])
+    return None
+
+
+@dataclass
+class Sink:
+    """The faust app plus its two loaders; `app.main()` runs it as a worker."""
+
+    app: faust.App
+    latency: Loader[LatencyEvent]
+    batches: Loader[BatchEvent]
+    store: StoreConnection
+    topics: Topics
+    rejected: int = 0
+
+    def lag(self) -> dict[str, int]:
+        """Records not yet read, and not yet committed (i.e. not yet stored), on assigned partitions."""
+        consumer = self.app.consumer
+        unread = uncommitted = 0
+        for tp in consumer.assignment():
+            high = consumer.highwater(tp)
+            if high is None:
+                continue
+            read = consumer._read_offset.get(tp)  # noqa: SLF001 - faust exposes no public accessor
+            committed = consumer._committed_offset.get(tp)  # noqa: SLF001
+            unread += max(high - (read + 1 if read is not None else 0), 0)
+            uncommitted += max(high - (committed if committed is not None else 0), 0)
+        return {"unread": unread, "uncommitted": uncommitted}
+
+    def status_line(self) -> str:
+        lat, bat = self.latency.stats, self.batches.stats
+        lag = self.lag()
+        state = "ClickHouse DOWN, retrying" if lat.failing_since or bat.failing_since else "ok"
+        return (
+            f"sink {state}: latency inserted {lat.inserted} (dupes {lat.duplicates}), buffered {self.latency.buffered}; "
+            f"batches inserted {bat.inserted} (dupes {bat.duplicates}), buffered {self.batches.buffered}; "
+            f"rejected {self.rejected}; lag unread {lag['unread']}, uncommitted {lag['uncommitted']}"
+        )
+
+
+def build_sink(
+    config: Config,
+    *,
+    connect: Callable[[], Client] | None = None,
+    app_id: str | None = None,
+    datadir: str | None = None,
+) -> Sink:
+    """Wire the faust app. `connect` opens a ClickHouse client (default: from config.clickhouse)."""
+    kafka, ch = config.kafka, config.clickhouse
+    topics = Topics(kafka.topic_prefix)
+    app_id = app_id or f"{kafka.topic_prefix}-sink"
+    app = faust.App(
+        app_id,
+        broker=[f"kafka://{server.strip()}" for server in kafka.bootstrap_servers.split(",")],
+        broker_credentials=broker_credentials(kafka),
+        value_serializer="raw",
+        key_serializer="raw",
+        store="memory://",
+        web_enabled=False,
+        autodiscover=False,
+        datadir=datadir or str(Path(tempfile.gettempdir()) / f"batchtide-faust-{app_id}"),
+        topic_partitions=kafka.events_partitions,
+        topic_replication_factor=kafka.replication_factor,
+        consumer_auto_offset_reset="earliest",
+        broker_commit_interval=1.0,
+        stream_buffer_maxsize=max(ch.insert_batch_size, 1000),
+    )
+    store = StoreConnection(connect or (lambda: connect_clickhouse(ch)))
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clickhouse-insert")
+    database = ch.database
+    common: dict[str, Any] = {
+        "executor": executor,
+        "batch_size": ch.insert_batch_size,
+        "interval_s": ch.insert_interval_ms / 1000,
+        "max_buffer": max(ch.max_buffer_events, ch.insert_batch_size),
+        "backoff_max_s": ch.insert_retry_max_s,
+    }
+    latency: Loader[LatencyEvent] = Loader(
+        "request_latency", lambda b: store.run(lambda c: insert_latency_events(c, database, b)), **common
+    )
+    batches: Loader[BatchEvent] = Loader(
+        "batches", lambda b: store.run(lambda c: insert_batch_events(c, database, b)), **common
+    )
+    sink = Sink(app=app, latency=latency, batches=batches, store=store, topics=topics)
+
+    def agent_for(loader: Loader[Any], kind: type) -> Callable[[Any], Any]:
+        decoder = msgspec.json.Decoder(kind)
+
+        async def consume(stream: Any) -> None:
+            stream.enable_acks = False
+            async for event in stream.events():
+                try:
+                    value = decoder.decode(event.value)
+                except (msgspec.DecodeError, msgspec.ValidationError, TypeError) as e:
+                    sink.rejected += 1
+                    log.error("%s: dropping undecodable record at %s@%s: %s",
+                              loader.name, event.message.tp, event.message.offset, e)  # fmt: skip
+                    await stream.ack(event)
+                    continue
+                await loader.put(value, lambda s=stream, e=event: s.ack(e))
+
+        consume.__name__ = f"load_{loader.name}"
+        return consume
+
+    latency_topic = app.topic(topics.latency_events, value_type=bytes, value_serializer="raw")
+    batch_topic = app.topic(topics.batch_events, value_type=bytes, value_serializer="raw")
+    app.agent(latency_topic, name=f"{app_id}.load_request_latency")(agent_for(latency, LatencyEvent))
+    app.agent(batch_topic, name=f"{app_id}.load_batches")(agent_for(batches, BatchEvent))
+
+    @app.task
+    async def run_loaders() -> None:
+        await asyncio.gather(latency.run(), batches.run())
+
+    @app.timer(interval=STATS_INTERVAL_S)
+    async def report_progress() -> None:
+        log.info(sink.status_line())
+
+    return sink
+
+
+def insert_rate_line(sink: Sink, started: float) -> str:
+    elapsed = max(time.monotonic() - started, 1e-9)
+    total = sink.latency.stats.inserted + sink.batches.stats.inserted
+    return f"{total} rows in {elapsed:.1f} s = {total / elapsed:,.0f} rows/s"

@@ -1,0 +1,288 @@
+"""The analysis SQL, in one place: Grafana panels and `batchtide report` run these texts.
+
+Every query is written for the Grafana ClickHouse plugin (macros
+`$__timeFilter`, `$__timeInterval`, `$__interval_s`, `$__fromTime`,
+`$__toTime`, and the `model` template variable through
+`$__conditionalAll(model IN (${model:sqlstring}), $model)`), and expanded for
+`report` by `pipeline.store.macros.expand_macros` with the model bound as a
+query parameter. Table names are unqualified: the Grafana datasource's and
+the report client's default database decides where they run, and on a
+cluster they name the Distributed tables, so the text is the same everywhere.
+
+Exact figures read the raw tables with FINAL (collapses any duplicate a
+racing second sink slipped in) and `quantileExactInclusive` (the R-7 /
+numpy-default interpolation), so they can be checked independently. The
+`*_rollup` queries read the per-minute AggregatingMergeTree tables: cheap at
+any range, t-digest approximate, for long-range board panels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+MODEL_FILTER = "$__conditionalAll(model IN (${model:sqlstring}), $model)"
+BUSY = "arrival_rate_per_s * (compute_ms + window_ms) / 1000 >= target_size"
+"""A batch dispatched while busy: at the arrival rate of the moment, one device
+cycle (compute plus window) brings at least a full target batch."""
+
+
+@dataclass(frozen=True)
+class AnalysisQuery:
+    name: str
+    title: str
+    sql: str
+    format: Literal["time_series", "table"]
+    """Grafana target format: time_series (0) or table (1)."""
+    description: str
+
+    @property
+    def grafana_format(self) -> int:
+        return 0 if self.format == "time_series" else 1
+
+
+def _q(name: str, title: str, fmt: Literal["time_series", "table"], description: str, sql: str) -> AnalysisQuery:
+    return AnalysisQuery(name=name, title=title, sql=sql.strip(), format=fmt, description=description)
+
+
+_ALL = [
+    _q("models", "Models seen in the range", "table",
+       "The `model` template variable's options (not filtered by the variable itself).",
+       """
+SELECT DISTINCT model
+FROM request_latency
+WHERE $__timeFilter(enqueue_time)
+ORDER BY model
+"""),
+    _q("summary", "Per-model summary", "table",
+       "Requests, throughput, exact e2e and queue-wait quantiles, long waits and tail marking over the range.",
+       f"""
+SELECT
+    model,
+    count() AS requests,
+    count() / greatest(dateDiff('second', $__fromTime, $__toTime), 1) AS requests_per_s,
+    sum(tokens_in + tokens_out) / greatest(dateDiff('second', $__fromTime, $__toTime), 1) AS tokens_per_s,
+    quantileExactInclusive(0.5)(e2e_ms) AS e2e_p50_ms,
+    quantileExactInclusive(0.99)(e2e_ms) AS e2e_p99_ms,
+    quantileExactInclusive(0.999)(e2e_ms) AS e2e_p999_ms,
+    quantileExactInclusive(0.5)(wait_ms) AS wait_p50_ms,
+    quantileExactInclusive(0.99)(wait_ms) AS wait_p99_ms,
+    quantileExactInclusive(0.999)(wait_ms) AS wait_p999_ms,
+    countIf(wait_ms > 1000) / count() AS share_wait_over_1s,
+    countIf(tail_marked) / count() AS marked_share,
+    quantileExactInclusiveIf(0.99)(wait_ms, tail_marked) AS marked_wait_p99_ms,
+    quantileExactInclusiveIf(0.99)(wait_ms, NOT tail_marked) AS unmarked_wait_p99_ms,
+    countIf(outcome != 'ok') / count() AS not_ok_share
+FROM request_latency FINAL
+WHERE $__timeFilter(enqueue_time) AND {MODEL_FILTER}
+GROUP BY model
+ORDER BY model
+"""),
+    _q("latency_quantiles", "End-to-end and queue-wait p50 / p99 / p999", "time_series",
+       "Exact quantiles per model and time bucket, from the raw rows.",
+       f"""
+SELECT
+    $__timeInterval(enqueue_time) AS time,
+    model,
+    count() AS requests,
+    quantileExactInclusive(0.5)(e2e_ms) AS e2e_p50_ms,
+    quantileExactInclusive(0.99)(e2e_ms) AS e2e_p99_ms,
+    quantileExactInclusive(0.999)(e2e_ms) AS e2e_p999_ms,
+    quantileExactInclusive(0.5)(wait_ms) AS wait_p50_ms,
+    quantileExactInclusive(0.99)(wait_ms) AS wait_p99_ms,
+    quantileExactInclusive(0.999)(wait_ms) AS wait_p999_ms
+FROM request_latency FINAL
+WHERE $__timeFilter(enqueue_time) AND {MODEL_FILTER}
+GROUP BY time, model
+ORDER BY time, model
+"""),
+    _q("throughput", "Throughput: requests/s and tokens/s", "time_series",
+       "Answered requests and tokens per second per bucket (edge buckets may be partial).",
+       f"""
+SELECT
+    $__timeInterval(enqueue_time) AS time,
+    model,
+    count() / $__interval_s AS requests_per_s,
+    sum(tokens_in) / $__interval_s AS tokens_in_per_s,
+    sum(tokens_out) / $__interval_s AS tokens_out_per_s
+FROM request_latency FINAL
+WHERE $__timeFilter(enqueue_time) AND {MODEL_FILTER}
+GROUP BY time, model
+ORDER BY time, model
+"""),
+    _q("long_waits", "Share of requests waiting > 1 s", "time_series",
+       "Per bucket: share of requests whose queue wait exceeded one second.",
+       f"""
+SELECT
+    $__timeInterval(enqueue_time) AS time,
+    model,
+    countIf(wait_ms > 1000) / count() AS share_wait_over_1s
+FROM request_latency FINAL
+WHERE $__timeFilter(enqueue_time) AND {MODEL_FILTER}
+GROUP BY time, model
+ORDER BY time, model
+"""),
+    _q("tail_marking", "Tail marking: marked share, marked vs unmarked p99 wait", "time_series",
+       "A large marked share means tail_mark_ratio is too low (everything is marked, so nothing is).",
+       f"""
+SELECT
+    $__timeInterval(enqueue_time) AS time,
+    model,
+    countIf(tail_marked) / count() AS marked_share,
+    quantileExactInclusiveIf(0.99)(wait_ms, tail_marked) AS marked_wait_p99_ms,
+    quantileExactInclusiveIf(0.99)(wait_ms, NOT tail_marked) AS unmarked_wait_p99_ms
+FROM request_latency FINAL
+WHERE $__timeFilter(enqueue_time) AND {MODEL_FILTER}
+GROUP BY time, model
+ORDER BY time, model
+"""),
+    _q("wait_histogram", "Queue-wait distribution", "table",
+       "Requests per wait bucket (upper bound in ms; inf for the rest).",
+       f"""
+SELECT
+    model,
+    arrayFirst(b -> wait_ms <= b, [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, inf]) AS wait_le_ms,
+    count() AS requests
+FROM request_latency FINAL
+WHERE $__timeFilter(enqueue_time) AND {MODEL_FILTER}
+GROUP BY model, wait_le_ms
+ORDER BY model, wait_le_ms
+"""),
+    _q("batch_sizes", "Batch size distribution", "table",
+       "Batches per size and their share of the model's batches.",
+       f"""
+SELECT
+    model,
+    size,
+    count() AS batches,
+    count() / sum(count()) OVER (PARTITION BY model) AS share
+FROM batches FINAL
+WHERE $__timeFilter(dispatch_time) AND {MODEL_FILTER}
+GROUP BY model, size
+ORDER BY model, size
+"""),
+    _q("target_hit_ratio", "Target hit ratio, busy vs idle", "table",
+       "Share of batches that reached target_size; busy = one device cycle at the arrival rate "
+       "(compute + window) brings at least a target batch.",
+       f"""
+SELECT
+    model,
+    if({BUSY}, 'busy', 'idle') AS load,
+    count() AS batches,
+    avg(hit_target) AS hit_ratio,
+    avg(size) AS mean_size
+FROM batches FINAL
+WHERE $__timeFilter(dispatch_time) AND {MODEL_FILTER}
+GROUP BY model, load
+ORDER BY model, load
+"""),
+    _q("dispatch_reasons", "Dispatch reasons", "table",
+       "Why batches left: hard_cap, target, max_wait, idle (and any other reason the engine reports).",
+       f"""
+SELECT
+    model,
+    reason,
+    count() AS batches,
+    count() / sum(count()) OVER (PARTITION BY model) AS share
+FROM batches FINAL
+WHERE $__timeFilter(dispatch_time) AND {MODEL_FILTER}
+GROUP BY model, reason
+ORDER BY model, batches DESC
+"""),
+    _q("device_memory", "Device memory p50 / max", "table",
+       "Per-batch device memory (cuda max allocated, or process RSS on CPU).",
+       f"""
+SELECT
+    model,
+    device_mem_kind,
+    quantileExactInclusive(0.5)(device_mem_bytes) AS mem_p50_bytes,
+    max(device_mem_bytes) AS mem_max_bytes
+FROM batches FINAL
+WHERE $__timeFilter(dispatch_time) AND {MODEL_FILTER}
+GROUP BY model, device_mem_kind
+ORDER BY model, device_mem_kind
+"""),
+    _q("window_over_time", "Batching window, arrival rate and cap over time", "time_series",
+       "How the adaptive window followed load: mean window, arrival rate, batch size and effective cap.",
+       f"""
+SELECT
+    $__timeInterval(dispatch_time) AS time,
+    model,
+    avg(window_ms) AS window_ms,
+    avg(arrival_rate_per_s) AS arrival_rate_per_s,
+    avg(size) AS mean_batch_size,
+    avg(effective_cap) AS effective_cap
+FROM batches FINAL
+WHERE $__timeFilter(dispatch_time) AND {MODEL_FILTER}
+GROUP BY time, model
+ORDER BY time, model
+"""),
+    _q("compute_by_batch_size", "Per-batch compute time by batch size", "table",
+       "t(b): compute p50/p99 per batch size and per request; the cost curve the engine learns.",
+       f"""
+SELECT
+    model,
+    size,
+    count() AS batches,
+    quantileExactInclusive(0.5)(compute_ms) AS compute_p50_ms,
+    quantileExactInclusive(0.99)(compute_ms) AS compute_p99_ms,
+    quantileExactInclusive(0.5)(compute_ms / size) AS ms_per_request_p50
+FROM batches FINAL
+WHERE $__timeFilter(dispatch_time) AND {MODEL_FILTER}
+GROUP BY model, size
+ORDER BY model, size
+"""),
+    _q("compute_over_time", "Compute per request over time (a heavier model shows here)", "time_series",
+       "Batch sizes flat while ms per request rises = the backend got slower, not the window.",
+       f"""
+SELECT
+    $__timeInterval(dispatch_time) AS time,
+    model,
+    avg(size) AS mean_batch_size,
+    quantileExactInclusive(0.5)(compute_ms) AS compute_p50_ms,
+    quantileExactInclusive(0.5)(compute_ms / size) AS ms_per_request_p50
+FROM batches FINAL
+WHERE $__timeFilter(dispatch_time) AND {MODEL_FILTER}
+GROUP BY time, model
+ORDER BY time, model
+"""),
+    _q("latency_quantiles_rollup", "p50 / p99 / p999 from the per-minute rollup", "time_series",
+       "Long ranges at low cost: merged t-digest states, approximate (a few % at p99).",
+       f"""
+SELECT
+    time, model, requests,
+    e2e[1] AS e2e_p50_ms, e2e[2] AS e2e_p99_ms, e2e[3] AS e2e_p999_ms,
+    wait[1] AS wait_p50_ms, wait[2] AS wait_p99_ms, wait[3] AS wait_p999_ms
+FROM (
+    SELECT
+        $__timeInterval(minute) AS time,
+        model,
+        sum(requests) AS requests,
+        quantilesTDigestMerge(0.5, 0.99, 0.999)(e2e_ms_q) AS e2e,
+        quantilesTDigestMerge(0.5, 0.99, 0.999)(wait_ms_q) AS wait
+    FROM latency_minute
+    WHERE $__timeFilter(minute) AND {MODEL_FILTER}
+    GROUP BY time, model
+)
+ORDER BY time, model
+"""),
+    _q("batch_sizes_rollup", "Batch size distribution from the per-minute rollup", "table",
+       "Exact counts (sums of per-minute counts) at any range.",
+       f"""
+SELECT
+    model,
+    size,
+    sum(batches) AS batch_count,
+    batch_count / sum(batch_count) OVER (PARTITION BY model) AS share
+FROM batches_minute
+WHERE $__timeFilter(minute) AND {MODEL_FILTER}
+GROUP BY model, size
+ORDER BY model, size
+"""),
+]  # fmt: skip
+
+QUERIES: dict[str, AnalysisQuery] = {q.name: q for q in _ALL}
+REPORT_QUERIES = (
+    "summary", "latency_quantiles", "throughput", "batch_sizes", "target_hit_ratio",
+    "dispatch_reasons", "device_memory", "compute_by_batch_size", "window_over_time",
+)  # fmt: skip

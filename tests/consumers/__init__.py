@@ -1,0 +1,1 @@
+"""Tests of the GPU consumer against a real broker."""

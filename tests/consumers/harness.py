@@ -1,0 +1,172 @@
+"""Running consumers inside a test's event loop, and reading their answers back.
+
+Everything talks to the session's real broker; nothing here fakes Kafka.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from consumers.kafka import Topics, client_options, ensure_topics
+from consumers.runners import make_runner
+from consumers.worker import Consumer
+from pipeline.config import BatchProfile, ConsumerSettings, KafkaSettings, ModelConfig
+from pipeline.engine import BatchingEngine
+
+MODEL = "m"
+
+
+def cost_model(
+    *, a_ms: float = 1.0, c_ms: float = 0.05, partitions: int = 4, poison: str | None = None, **profile: Any
+) -> ModelConfig:
+    """A simulated device that costs a + c*b ms per batch."""
+    return ModelConfig(
+        name=MODEL,
+        runner="cost-model",
+        cost_a_ms=a_ms,
+        cost_c_ms=c_ms,
+        partitions=partitions,
+        poison_marker=poison,
+        profile=BatchProfile(**profile),
+    )
+
+
+def make_consumer(
+    model: ModelConfig, kafka: KafkaSettings, settings: ConsumerSettings | None = None, name: str = "c1"
+) -> Consumer:
+    return Consumer(
+        model,
+        kafka,
+        settings or ConsumerSettings(commit_interval_ms=50),
+        runner=make_runner(model),
+        engine=BatchingEngine(model.profile),
+        consumer_id=name,
+    )
+
+
+async def create_topics(kafka: KafkaSettings, model: ModelConfig) -> None:
+    await ensure_topics(kafka, {model.name: model.partitions})
+
+
+@asynccontextmanager
+async def running(consumer: Consumer) -> AsyncIterator[Consumer]:
+    """The consumer serving in the background; stopped cleanly (drain, commit) on exit."""
+    await consumer.start()
+    stop = asyncio.Event()
+    task = asyncio.create_task(consumer.run(stop))
+    try:
+        yield consumer
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 60)
+
+
+def request(i: int, prefix: str = "r", **fields: Any) -> dict[str, Any]:
+    return {"id": f"{prefix}{i}", "model": MODEL, "text": f"hello number {i}", **fields}
+
+
+async def send(
+    kafka: KafkaSettings,
+    topic: str,
+    values: Iterable[dict[str, Any] | bytes | None],
+    *,
+    partition: int | None = None,
+    headers: list[tuple[str, bytes]] | None = None,
+) -> None:
+    """Produce records keyed by request id (raw bytes and None are sent as they are)."""
+    producer = AIOKafkaProducer(**client_options(kafka), linger_ms=2)
+    await producer.start()
+    try:
+        futures = []
+        for value in values:
+            if isinstance(value, dict):
+                key, raw = value["id"].encode(), json.dumps(value).encode()
+            else:
+                key, raw = None, value
+            futures.append(await producer.send(topic, raw, key=key, partition=partition, headers=headers))
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+
+
+class Answers:
+    """Everything a topic received, grouped by request id, with arrival times."""
+
+    def __init__(self) -> None:
+        self.by_id: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        self.received_ms: dict[str, float] = {}
+        self.order: list[str] = []
+
+    def add(self, value: dict[str, Any], key: str) -> None:
+        self.by_id[key].append(value)
+        if key not in self.received_ms:
+            self.received_ms[key] = time.time() * 1000.0
+            self.order.append(key)
+
+    @property
+    def duplicates(self) -> dict[str, int]:
+        return {k: len(v) for k, v in self.by_id.items() if len(v) > 1}
+
+
+async def collect(
+    kafka: KafkaSettings,
+    topic: str,
+    ids: set[str],
+    *,
+    timeout_s: float = 60.0,
+    grace_s: float = 0.5,
+    key_field: str = "id",
+    isolation_level: str = "read_committed",
+) -> Answers:
+    """Read `topic` from the start until every id in `ids` arrived (plus `grace_s` for duplicates)."""
+    reader = AIOKafkaConsumer(
+        topic,
+        **client_options(kafka),
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        isolation_level=isolation_level,
+    )
+    await reader.start()
+    answers = Answers()
+    deadline = time.monotonic() + timeout_s
+    done_at: float | None = None
+    try:
+        while time.monotonic() < deadline:
+            if done_at is None and ids <= answers.by_id.keys():
+                done_at = time.monotonic()
+            if done_at is not None and time.monotonic() - done_at >= grace_s:
+                break
+            batch = await reader.getmany(timeout_ms=100)
+            for records in batch.values():
+                for record in records:
+                    value = json.loads(record.value)
+                    answers.add(value, value.get(key_field) or "")
+    finally:
+        await reader.stop()
+    return answers
+
+
+async def committed_offsets(kafka: KafkaSettings, topic: str, partitions: int, group: str) -> dict[int, int]:
+    from aiokafka import TopicPartition
+
+    reader = AIOKafkaConsumer(**client_options(kafka), group_id=group, enable_auto_commit=False)
+    await reader.start()
+    try:
+        out = {}
+        for p in range(partitions):
+            out[p] = await reader.committed(TopicPartition(topic, p)) or 0
+        return out
+    finally:
+        await reader.stop()
+
+
+def topics(kafka: KafkaSettings) -> Topics:
+    return Topics(kafka.topic_prefix)

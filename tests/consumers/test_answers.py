@@ -1,0 +1,95 @@
+"""N requests in, N answers out: results, events, expiry, offsets."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from consumers.runners import make_runner
+from consumers.worker import Consumer
+from pipeline.config import BatchProfile, ConsumerSettings, KafkaSettings, ModelConfig
+from pipeline.engine import BatchingEngine
+from tests.consumers.harness import (
+    MODEL,
+    collect,
+    committed_offsets,
+    cost_model,
+    create_topics,
+    make_consumer,
+    request,
+    running,
+    send,
+    topics,
+)
+
+
+def test_every_request_answered_once_by_a_real_model(kafka_settings: KafkaSettings, tiny_bert_dir: Path) -> None:
+    model = ModelConfig(
+        name=MODEL, runner="transformers", model_path=str(tiny_bert_dir), task="embed", device="cpu", partitions=3
+    )
+    n = 150
+
+    async def scenario() -> None:
+        await create_topics(kafka_settings, model)
+        consumer = Consumer(
+            model,
+            kafka_settings,
+            ConsumerSettings(commit_interval_ms=50),
+            runner=make_runner(model),
+            engine=BatchingEngine(model.profile),
+            consumer_id="bert-1",
+        )
+        ids = {f"r{i}" for i in range(n)}
+        async with running(consumer):
+            await send(kafka_settings, topics(kafka_settings).requests(MODEL), [request(i) for i in range(n)])
+            results = await collect(kafka_settings, topics(kafka_settings).results(MODEL), ids)
+            latency = await collect(
+                kafka_settings, topics(kafka_settings).latency_events, ids, key_field="request_id"
+            )
+            batches = await collect(kafka_settings, topics(kafka_settings).batch_events, set(), grace_s=1.0, key_field="batch_id")
+        assert set(results.by_id) == ids
+        assert not results.duplicates
+        for answers in results.by_id.values():
+            (result,) = answers
+            assert result["outcome"] == "ok"
+            assert len(result["embedding"]) > 0
+            assert result["consumer_id"] == "bert-1"
+        assert set(latency.by_id) == ids and not latency.duplicates
+        for (event,) in latency.by_id.values():
+            assert event["enqueue_ms"] <= event["fetch_ms"] <= event["dispatch_ms"] + 1
+            assert event["dispatch_ms"] <= event["compute_start_ms"] <= event["compute_end_ms"] <= event["produce_ms"]
+            assert event["wait_ms"] == event["dispatch_ms"] - event["enqueue_ms"]
+            assert event["e2e_ms"] == event["produce_ms"] - event["enqueue_ms"]
+            assert event["tokens_in"] > 0 and event["batch_size"] >= 1
+            assert event["device_mem_kind"] == "process_rss" and event["device_mem_bytes"] > 0
+        sizes = [b[0]["size"] for b in batches.by_id.values()]
+        assert sum(sizes) == n
+        assert all(b[0]["compute_ms"] > 0 and b[0]["effective_cap"] >= 1 for b in batches.by_id.values())
+        group = f"{kafka_settings.topic_prefix}.consumers.{MODEL}"
+        committed = await committed_offsets(kafka_settings, topics(kafka_settings).requests(MODEL), 3, group)
+        assert sum(committed.values()) == n
+
+    asyncio.run(scenario())
+
+
+def test_requests_past_their_deadline_are_answered_expired(kafka_settings: KafkaSettings) -> None:
+    model = cost_model(a_ms=200.0, c_ms=0.0, partitions=1, hard_cap=4, target_size=4)
+
+    async def scenario() -> None:
+        await create_topics(kafka_settings, model)
+        now = int(time.time() * 1000)
+        late = [request(i, "late", deadline_ms=now - 1000) for i in range(5)]
+        short = [request(i, "short", timeout_ms=50) for i in range(12)]
+        ids = {r["id"] for r in late + short}
+        async with running(make_consumer(model, kafka_settings)) as consumer:
+            await send(kafka_settings, topics(kafka_settings).requests(MODEL), late + short)
+            results = await collect(kafka_settings, topics(kafka_settings).results(MODEL), ids)
+        outcomes = {k: v[0]["outcome"] for k, v in results.by_id.items()}
+        assert set(outcomes) == ids and not results.duplicates
+        assert all(outcomes[r["id"]] == "expired" for r in late)
+        # 12 requests, batches of 4 taking 200 ms each, 50 ms timeout: most expire while waiting
+        assert sum(outcomes[r["id"]] == "expired" for r in short) >= 4
+        assert consumer.stats.answered["expired"] == sum(o == "expired" for o in outcomes.values())
+
+    asyncio.run(scenario())

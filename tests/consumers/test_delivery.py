@@ -1,0 +1,138 @@
+"""Delivery guarantees: a crash loses nothing, transactions answer exactly once, tails forwarded once."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from pipeline.config import ConsumerSettings, KafkaSettings
+from tests.consumers.harness import (
+    MODEL,
+    collect,
+    committed_offsets,
+    cost_model,
+    create_topics,
+    make_consumer,
+    request,
+    running,
+    send,
+    topics,
+)
+from tests.support.kafka import produce_json
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _config_file(path: Path, kafka: KafkaSettings) -> Path:
+    path.write_text(
+        f"""
+[models.{MODEL}]
+runner = "cost-model"
+cost_a_ms = 8.0
+cost_c_ms = 0.2
+partitions = 3
+hard_cap = 16
+target_size = 8
+
+[kafka]
+bootstrap_servers = "{kafka.bootstrap_servers}"
+topic_prefix = "{kafka.topic_prefix}"
+
+[consumer]
+commit_interval_ms = 20
+"""
+    )
+    return path
+
+
+def test_a_killed_consumer_never_committed_past_an_unanswered_request(kafka_settings: KafkaSettings, tmp_path: Path) -> None:
+    n = 3000
+    config = _config_file(tmp_path / "batchtide.toml", kafka_settings)
+
+    async def scenario() -> None:
+        model = cost_model(partitions=3)
+        await create_topics(kafka_settings, model)
+        names = topics(kafka_settings)
+        values = [request(i) for i in range(n)]
+        placed = await produce_json(kafka_settings, names.requests(MODEL), values, key=lambda v: v["id"])
+        where = {v["id"]: (m.partition, m.offset) for v, m in zip(values, placed)}
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        child = subprocess.Popen(
+            [sys.executable, "-m", "pipeline.cli", "consume", "--model", MODEL, "--config", str(config), "--consumer-id", "doomed"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=open(tmp_path / "consumer.log", "wb"),
+        )
+        try:
+            first = await collect(kafka_settings, names.results(MODEL), {f"r{i}" for i in range(n // 4)}, timeout_s=90, grace_s=0)
+        finally:
+            child.send_signal(signal.SIGKILL)
+            child.wait()
+        group = f"{kafka_settings.topic_prefix}.consumers.{MODEL}"
+        committed = await committed_offsets(kafka_settings, names.requests(MODEL), 3, group)
+        answered_before = await collect(kafka_settings, names.results(MODEL), set(), grace_s=1.0)
+        assert sum(committed.values()) > 0, (tmp_path / "consumer.log").read_text()[-3000:]
+        for rid, (partition, offset) in where.items():
+            if offset < committed[partition]:
+                assert rid in answered_before.by_id, f"{rid} committed (offset {offset} < {committed[partition]}) but never answered"
+        assert len(answered_before.by_id) < n, "the consumer finished before it was killed; the test proves nothing"
+        async with running(make_consumer(model, kafka_settings, name="survivor")):
+            after = await collect(kafka_settings, names.results(MODEL), {f"r{i}" for i in range(n)}, timeout_s=90)
+        assert len(after.by_id) == n
+        assert len(first.by_id) >= n // 4
+
+    asyncio.run(scenario())
+
+
+def test_transactions_answer_every_request_exactly_once(kafka_settings: KafkaSettings) -> None:
+    kafka = dataclasses.replace(kafka_settings, transactional=True)
+    model = cost_model(partitions=2)
+    n = 400
+
+    async def scenario() -> None:
+        await create_topics(kafka, model)
+        names = topics(kafka)
+        async with running(make_consumer(model, kafka, ConsumerSettings(commit_interval_ms=50))) as consumer:
+            await send(kafka, names.requests(MODEL), [request(i) for i in range(n)])
+            results = await collect(kafka, names.results(MODEL), {f"r{i}" for i in range(n)}, grace_s=1.0)
+        assert len(results.by_id) == n and not results.duplicates
+        assert consumer.stats.commits > 0
+        group = f"{kafka.topic_prefix}.consumers.{MODEL}"
+        committed = await committed_offsets(kafka, names.requests(MODEL), 2, group)
+        assert sum(committed.values()) == n
+
+    asyncio.run(scenario())
+
+
+def test_forwarded_tails_are_answered_exactly_once_on_a_skewed_load(kafka_settings: KafkaSettings) -> None:
+    # all traffic on partition 0: one consumer drowns, the other idles unless tails are forwarded
+    model = cost_model(a_ms=10.0, c_ms=0.5, partitions=2, hard_cap=8, target_size=8, tail_min_samples=8, tail_mark_floor_ms=1.0)
+    settings = ConsumerSettings(commit_interval_ms=50, tail_forwarding=True, max_queue=2000)
+    n = 1200
+
+    async def scenario() -> None:
+        await create_topics(kafka_settings, model)
+        names = topics(kafka_settings)
+        first = make_consumer(model, kafka_settings, settings, "c1")
+        second = make_consumer(model, kafka_settings, settings, "c2")
+        async with running(first), running(second):
+            while not (first._consumer.assignment() and second._consumer.assignment()):
+                await asyncio.sleep(0.05)
+            for start in range(0, n, 100):
+                await send(kafka_settings, names.requests(MODEL), [request(i) for i in range(start, start + 100)], partition=0)
+                await asyncio.sleep(0.05)
+            results = await collect(kafka_settings, names.results(MODEL), {f"r{i}" for i in range(n)}, timeout_s=90, grace_s=1.0)
+        assert len(results.by_id) == n
+        assert not results.duplicates
+        forwarded = first.stats.forwarded + second.stats.forwarded
+        assert forwarded > 0
+        served = {c: sum(1 for a in results.by_id.values() if a[0]["consumer_id"] == c) for c in ("c1", "c2")}
+        assert min(served.values()) > 0, served
+
+    asyncio.run(scenario())

@@ -1,0 +1,44 @@
+"""Faults of the observability path: the sink killed, ClickHouse away.
+
+Inference never waits on ClickHouse; events wait in Kafka until the sink has
+inserted them, so neither fault may lose an event or count one twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from pipeline.chaos import ChaosSizes, Stage, clickhouse_outage, sink_kill
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+SIZES = ChaosSizes.quick()
+
+
+@pytest.mark.timeout(240)
+def test_sink_sigkill_loses_and_doubles_no_event(stage: Stage) -> None:
+    report = asyncio.run(sink_kill(stage, SIZES))
+    assert report.failures == []
+    assert report.lost == 0 and report.duplicated == 0
+    assert report.results_out == report.requests_in > 0
+    d = report.details
+    assert d["events_lost"] == 0 and d["events_double_counted"] == 0
+    assert d["rows"] == d["events_expected"] >= report.requests_in
+    assert report.recovery_s is not None
+
+
+@pytest.mark.timeout(240)
+def test_clickhouse_outage_stalls_only_the_sink(stage: Stage) -> None:
+    report = asyncio.run(clickhouse_outage(stage, SIZES))
+    assert report.failures == []
+    assert report.lost == 0 and report.duplicated == 0
+    assert report.results_out == report.requests_in > 0
+    d = report.details
+    served, during = (int(x) for x in d["served_during_outage"].split("/"))
+    assert during > 0 and served >= 0.95 * during
+    assert d["outage_s"] >= SIZES.outage_s
+    assert d["events_lost"] == 0 and d["events_double_counted"] == 0
+    assert d["rows"] == d["events_expected"] >= report.requests_in
+    assert report.recovery_s is not None

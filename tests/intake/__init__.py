@@ -1,0 +1,1 @@
+"""Tests: request intake and the bad-input fuzz corpus."""

@@ -1,0 +1,78 @@
+"""`batchtide local up|status|down` and `batchtide topics create` against real brokers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from typer.testing import CliRunner
+
+from consumers.localkafka import LocalKafka, free_port, port_is_free
+from pipeline.commands import local
+from pipeline.config import KafkaSettings
+
+
+def _app() -> typer.Typer:
+    app = typer.Typer()
+    local.register(app)
+    return app
+
+
+def test_local_up_status_down_with_a_detached_broker(tmp_path: Path) -> None:
+    runner, app, data_dir, port = CliRunner(), _app(), tmp_path / "kafka", free_port()
+    try:
+        up = runner.invoke(app, ["local", "up", "--data-dir", str(data_dir), "--port", str(port)])
+        assert up.exit_code == 0, up.output
+        assert f"BATCHTIDE_KAFKA_BOOTSTRAP=127.0.0.1:{port}" in up.output
+        state = json.loads((data_dir / "state.json").read_text())
+        assert state["bootstrap"] == f"127.0.0.1:{port}"
+
+        again = runner.invoke(app, ["local", "up", "--data-dir", str(data_dir)])
+        assert again.exit_code == 0 and "already running" in again.output
+
+        created = runner.invoke(
+            app, ["topics", "create", "--bootstrap", f"127.0.0.1:{port}", "--model", "demo", "--partitions", "2"]
+        )
+        assert created.exit_code == 0, created.output
+        status = runner.invoke(app, ["local", "status", "--data-dir", str(data_dir)])
+        assert status.exit_code == 0, status.output
+        assert "batchtide.requests.demo  partitions=2" in status.output
+        assert "batchtide.dlq  partitions=4" in status.output
+
+        down = runner.invoke(app, ["local", "down", "--data-dir", str(data_dir)])
+        assert down.exit_code == 0 and "stopped pid" in down.output
+        assert port_is_free(port)
+        stopped = runner.invoke(app, ["local", "status", "--data-dir", str(data_dir)])
+        assert stopped.exit_code == 3 and "not running" in stopped.output
+    finally:
+        LocalKafka(data_dir).stop()
+
+
+def test_topics_create_reads_models_and_partitions_from_config(
+    tmp_path: Path, kafka_settings: KafkaSettings
+) -> None:
+    config = tmp_path / "batchtide.toml"
+    config.write_text(
+        f'[models.alpha]\nrunner = "zero-cost"\npartitions = 3\n\n'
+        f'[kafka]\nbootstrap_servers = "{kafka_settings.bootstrap_servers}"\n'
+        f'topic_prefix = "{kafka_settings.topic_prefix}"\nevents_partitions = 1\n'
+    )
+    result = CliRunner().invoke(_app(), ["topics", "create", "--config", str(config)])
+    assert result.exit_code == 0, result.output
+    p = kafka_settings.topic_prefix
+    for line in (
+        f"{p}.requests.alpha  partitions=3",
+        f"{p}.requests.alpha.priority  partitions=3",
+        f"{p}.results.alpha  partitions=3",
+        f"{p}.events.latency  partitions=1",
+        f"{p}.events.batches  partitions=1",
+        f"{p}.dlq  partitions=1",
+    ):
+        assert line in result.output
+
+
+def test_topics_create_without_models_is_an_error() -> None:
+    result = CliRunner().invoke(_app(), ["topics", "create"])
+    assert result.exit_code == 1
+    assert "no models" in result.output

@@ -1,0 +1,87 @@
+"""Topic layout and `ensure_topics`: names, partition counts, idempotence."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+
+from consumers.kafka import Topics, client_options, create_topics, ensure_topics, partition_lag
+from pipeline.config import KafkaSettings
+from tests.support.kafka import produce_json
+
+
+def test_topic_names_follow_the_documented_layout() -> None:
+    topics = Topics("bt")
+    assert topics.requests("minilm") == "bt.requests.minilm"
+    assert topics.priority("minilm") == "bt.requests.minilm.priority"
+    assert topics.results("minilm") == "bt.results.minilm"
+    assert topics.latency_events == "bt.events.latency"
+    assert topics.batch_events == "bt.events.batches"
+    assert topics.dlq == "bt.dlq"
+
+
+async def _described(settings: KafkaSettings) -> dict[str, int]:
+    admin = AIOKafkaAdminClient(**client_options(settings))
+    await admin.start()
+    try:
+        names = [n for n in await admin.list_topics() if n.startswith(settings.topic_prefix + ".")]
+        return {t["topic"]: len(t["partitions"]) for t in await admin.describe_topics(names)}
+    finally:
+        await admin.close()
+
+
+def test_ensure_topics_is_idempotent_and_grows_partitions(kafka_settings: KafkaSettings) -> None:
+    settings = dataclasses.replace(kafka_settings, events_partitions=2)
+    p = settings.topic_prefix
+    expected = {
+        f"{p}.requests.minilm": 3,
+        f"{p}.requests.minilm.priority": 3,
+        f"{p}.results.minilm": 3,
+        f"{p}.requests.smollm": 1,
+        f"{p}.requests.smollm.priority": 1,
+        f"{p}.results.smollm": 1,
+        f"{p}.events.latency": 2,
+        f"{p}.events.batches": 2,
+        f"{p}.dlq": 2,
+    }
+
+    async def scenario() -> None:
+        first = await ensure_topics(settings, {"minilm": 3, "smollm": 1})
+        second = await ensure_topics(settings, {"minilm": 3, "smollm": 1})
+        assert first == second == expected
+        assert await _described(settings) == expected
+        grown = await ensure_topics(settings, {"minilm": 5})
+        assert grown[f"{p}.requests.minilm"] == 5
+        assert grown[f"{p}.results.minilm"] == 5
+        shrunk = await ensure_topics(settings, {"minilm": 2})
+        assert shrunk[f"{p}.requests.minilm"] == 5, "an existing topic is never shrunk"
+
+    asyncio.run(scenario())
+
+
+def test_partition_lag_counts_records_not_yet_fetched(kafka_settings: KafkaSettings) -> None:
+    topic = f"{kafka_settings.topic_prefix}.lag"
+
+    async def scenario() -> tuple[int, int, int]:
+        await create_topics(kafka_settings, {topic: 2})
+        await produce_json(kafka_settings, topic, [{"n": n} for n in range(7)], partition=0)
+        await produce_json(kafka_settings, topic, [{"n": n} for n in range(3)], partition=1)
+        consumer = AIOKafkaConsumer(**client_options(kafka_settings), auto_offset_reset="earliest")
+        await consumer.start()
+        try:
+            empty = await partition_lag(consumer)
+            consumer.assign([TopicPartition(topic, 0), TopicPartition(topic, 1)])
+            before = await partition_lag(consumer)
+            fetched = 0
+            while fetched < 4:
+                batch = await consumer.getmany(TopicPartition(topic, 0), timeout_ms=1000, max_records=4 - fetched)
+                fetched += sum(len(records) for records in batch.values())
+            return empty, before, await partition_lag(consumer)
+        finally:
+            await consumer.stop()
+
+    empty, before, after = asyncio.run(scenario())
+    assert (empty, before, after) == (0, 10, 6)

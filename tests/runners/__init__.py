@@ -1,0 +1,1 @@
+"""Tests: runners (tiny real models, MiniLM, simulated runners, poison isolation)."""

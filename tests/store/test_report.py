@@ -1,0 +1,150 @@
+"""`report` figures equal the same figures computed independently (numpy) from the generated rows."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from datetime import timezone
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from pipeline.report import Report, pick_interval_ms, run_query, run_report
+from tests.support.clickhouse import SeededClickHouse
+
+QUANTILES = [0.5, 0.99, 0.999]
+
+
+def _column(seeded: SeededClickHouse, table: str, model: str, name: str) -> np.ndarray:
+    parts = [np.asarray(getattr(c, table)[name]) for c in seeded.chunks if getattr(c, table)["model"][0] == model]
+    return np.concatenate(parts)
+
+
+@pytest.fixture(scope="module")
+def report(seeded_clickhouse: SeededClickHouse) -> Report:
+    s = seeded_clickhouse
+    return run_report(s.client, time_from_ms=s.time_from_ms, time_to_ms=s.time_to_ms, interval_ms=120_000)
+
+
+def test_summary_matches_numpy(seeded_clickhouse: SeededClickHouse, report: Report) -> None:
+    s = seeded_clickhouse
+    rows = {r["model"]: r for r in report.sections["summary"]}
+    assert sorted(rows) == sorted(s.summary.models)
+    seconds = s.time_to_ms // 1000 - s.time_from_ms // 1000
+    for model, row in rows.items():
+        e2e = _column(s, "latency", model, "e2e_ms")
+        wait = _column(s, "latency", model, "wait_ms")
+        marked = _column(s, "latency", model, "tail_marked")
+        tokens = _column(s, "latency", model, "tokens_in") + _column(s, "latency", model, "tokens_out")
+        assert row["requests"] == len(e2e)
+        assert row["requests_per_s"] == pytest.approx(len(e2e) / seconds, rel=1e-12)
+        assert row["tokens_per_s"] == pytest.approx(tokens.sum() / seconds, rel=1e-12)
+        assert [row["e2e_p50_ms"], row["e2e_p99_ms"], row["e2e_p999_ms"]] == pytest.approx(
+            np.quantile(e2e, QUANTILES), rel=1e-12
+        )
+        assert [row["wait_p50_ms"], row["wait_p99_ms"], row["wait_p999_ms"]] == pytest.approx(
+            np.quantile(wait, QUANTILES), rel=1e-12
+        )
+        assert row["share_wait_over_1s"] == pytest.approx(np.mean(wait > 1000), rel=1e-12)
+        assert row["marked_share"] == pytest.approx(np.mean(marked), rel=1e-12)
+        assert row["marked_wait_p99_ms"] == pytest.approx(np.quantile(wait[marked], 0.99), rel=1e-12)
+        assert row["unmarked_wait_p99_ms"] == pytest.approx(np.quantile(wait[~marked], 0.99), rel=1e-12)
+
+
+def test_quantiles_per_bucket_match_numpy(seeded_clickhouse: SeededClickHouse, report: Report) -> None:
+    s = seeded_clickhouse
+    interval_s = report.interval_ms // 1000
+    checked = 0
+    for row in report.sections["latency_quantiles"]:
+        enqueue = _column(s, "latency", row["model"], "enqueue_time")
+        bucket = (enqueue // 1000) // interval_s * interval_s
+        start = int(row["time"].replace(tzinfo=timezone.utc).timestamp())
+        chosen = bucket == start
+        assert row["requests"] == int(chosen.sum())
+        e2e, wait = _column(s, "latency", row["model"], "e2e_ms")[chosen], _column(s, "latency", row["model"], "wait_ms")[chosen]
+        assert [row["e2e_p50_ms"], row["e2e_p99_ms"], row["e2e_p999_ms"]] == pytest.approx(np.quantile(e2e, QUANTILES), rel=1e-12)
+        assert [row["wait_p50_ms"], row["wait_p99_ms"], row["wait_p999_ms"]] == pytest.approx(np.quantile(wait, QUANTILES), rel=1e-12)
+        checked += 1
+    assert checked >= 2 * 5, "10 minutes in 2-minute buckets, two models"
+    throughput = report.sections["throughput"]
+    assert sum(r["requests_per_s"] * interval_s for r in throughput) == pytest.approx(s.summary.rows, rel=1e-12)
+
+
+def test_batch_figures_match_numpy(seeded_clickhouse: SeededClickHouse, report: Report) -> None:
+    s = seeded_clickhouse
+    loads_seen: set[str] = set()
+    for model in s.summary.models:
+        size = _column(s, "batches", model, "size")
+        sizes = {r["size"]: r["batches"] for r in report.sections["batch_sizes"] if r["model"] == model}
+        assert sizes == {int(k): int(v) for k, v in zip(*np.unique(size, return_counts=True))}
+        reasons = {r["reason"]: r["batches"] for r in report.sections["dispatch_reasons"] if r["model"] == model}
+        assert reasons == Counter(_column(s, "batches", model, "reason").tolist())
+        rate, compute = _column(s, "batches", model, "arrival_rate_per_s"), _column(s, "batches", model, "compute_ms")
+        window, target = _column(s, "batches", model, "window_ms"), _column(s, "batches", model, "target_size")
+        busy = rate * (compute + window) / 1000 >= target
+        hit = _column(s, "batches", model, "hit_target")
+        hits = {r["load"]: r for r in report.sections["target_hit_ratio"] if r["model"] == model}
+        expected = {load: mask for load, mask in (("busy", busy), ("idle", ~busy)) if mask.any()}
+        assert hits.keys() == expected.keys()
+        for load, mask in expected.items():
+            assert hits[load]["batches"] == mask.sum()
+            assert hits[load]["hit_ratio"] == pytest.approx(hit[mask].mean(), rel=1e-12)
+        loads_seen.update(hits)
+        mem = _column(s, "batches", model, "device_mem_bytes")
+        (memory,) = [r for r in report.sections["device_memory"] if r["model"] == model]
+        assert memory["mem_p50_bytes"] == pytest.approx(np.quantile(mem, 0.5), rel=1e-12)
+        assert memory["mem_max_bytes"] == mem.max()
+        by_size = {r["size"]: r for r in report.sections["compute_by_batch_size"] if r["model"] == model}
+        for b, row in by_size.items():
+            assert row["compute_p50_ms"] == pytest.approx(np.quantile(compute[size == b], 0.5), rel=1e-12)
+    assert loads_seen == {"busy", "idle"}, "the seeded load swings between busy and idle"
+
+
+def test_rollups_agree_with_raw_rows(seeded_clickhouse: SeededClickHouse) -> None:
+    s = seeded_clickhouse
+    common = dict(time_from_ms=s.time_from_ms, time_to_ms=s.time_to_ms, interval_ms=300_000, model=None)
+    raw = {(r["time"], r["model"]): r for r in run_query(s.client, "latency_quantiles", **common)}
+    rolled = {(r["time"], r["model"]): r for r in run_query(s.client, "latency_quantiles_rollup", **common)}
+    assert rolled.keys() == raw.keys()
+    for key, row in rolled.items():
+        assert row["requests"] == raw[key]["requests"], "rollup counts are exact"
+        assert row["e2e_p50_ms"] == pytest.approx(raw[key]["e2e_p50_ms"], rel=0.05)
+        assert row["e2e_p99_ms"] == pytest.approx(raw[key]["e2e_p99_ms"], rel=0.10), "t-digest: approximate"
+    sizes = {(r["model"], r["size"]): r["batches"] for r in run_query(s.client, "batch_sizes", **common)}
+    rolled_sizes = {(r["model"], r["size"]): r["batch_count"] for r in run_query(s.client, "batch_sizes_rollup", **common)}
+    assert rolled_sizes == sizes
+
+
+def test_model_filter_is_bound_and_injection_finds_nothing(seeded_clickhouse: SeededClickHouse) -> None:
+    s = seeded_clickhouse
+    before = s.client.command("SELECT count() FROM request_latency")
+    one = run_report(s.client, time_from_ms=s.time_from_ms, time_to_ms=s.time_to_ms, model="smollm")
+    assert [r["model"] for r in one.sections["summary"]] == ["smollm"]
+    for hostile in ("smollm' OR '1'='1", "x') OR 1=1 --", "x'); DROP TABLE request_latency; --", "{model:String}"):
+        attempt = run_report(s.client, time_from_ms=s.time_from_ms, time_to_ms=s.time_to_ms, model=hostile)
+        assert all(rows == [] for rows in attempt.sections.values()), hostile
+    assert s.client.command("SELECT count() FROM request_latency") == before
+
+
+def test_cli_json(seeded_clickhouse: SeededClickHouse, tmp_path: Path) -> None:
+    import typer
+
+    from pipeline.commands import db
+
+    s = seeded_clickhouse
+    config = tmp_path / "batchtide.toml"
+    config.write_text(f'[clickhouse]\ndata_dir = "{s.settings.data_dir}"\ndatabase = "{s.database}"\n')
+    app = typer.Typer()
+    db.register(app)
+    result = CliRunner().invoke(app, ["report", "--config", str(config), "--since", "2h", "--model", "minilm", "--json"])
+    assert result.exit_code == 0, result.output
+    body = json.loads(result.output)
+    (summary,) = body["sections"]["summary"]
+    wait = _column(s, "latency", "minilm", "wait_ms")
+    assert summary["requests"] == len(wait)
+    assert summary["wait_p99_ms"] == pytest.approx(np.quantile(wait, 0.99), rel=1e-12)
+    assert body["model"] == "minilm" and body["interval_s"] == pick_interval_ms(2 * 3_600_000) / 1000
+    text = CliRunner().invoke(app, ["report", "--config", str(config), "--since", "2h"])
+    assert text.exit_code == 0 and "smollm" in text.output and "Dispatch reasons" in text.output

@@ -1,0 +1,226 @@
+"""The faust sink against a real Kafka broker and the real engine (chDB), in this process."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import pytest
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
+from clickhouse_connect.driver.client import Client
+
+from consumers.kafka import Topics, client_options, create_topics
+from pipeline.config import ClickHouseSettings, Config, KafkaSettings
+from pipeline.sink import Sink, build_sink
+from pipeline.store.client import ClickHouseUnavailable, connect
+from pipeline.store.seed import batch_events, generate, latency_events, recent_start_ms
+from schemas.messages import BatchEvent, LatencyEvent
+
+pytestmark = pytest.mark.kafka
+ENCODE = msgspec.json.Encoder().encode
+
+
+class Outage:
+    """Test hook: while down, opening a ClickHouse client fails as an unreachable server would."""
+
+    def __init__(self, settings: ClickHouseSettings, database: str) -> None:
+        self.down = threading.Event()
+        self._settings, self._database = settings, database
+
+    def connect(self) -> Client:
+        if self.down.is_set():
+            raise ClickHouseUnavailable("test outage: ClickHouse unreachable")
+        return connect(self._settings, database=self._database)
+
+
+def _events(rows: int, seed: int) -> tuple[list[LatencyEvent], list[BatchEvent]]:
+    chunks = list(generate(rows, seed=seed, start_ms=recent_start_ms(120_000), duration_ms=120_000))
+    return [e for c in chunks for e in latency_events(c)], [b for c in chunks for b in batch_events(c)]
+
+
+async def _produce(kafka: KafkaSettings, topic: str, values: list[bytes]) -> None:
+    producer = AIOKafkaProducer(**client_options(kafka), linger_ms=10, acks="all")
+    await producer.start()
+    try:
+        for value in values:
+            await producer.send(topic, value)
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+async def _until(check: Callable[[], bool], timeout_s: float = 60.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not reached in {timeout_s} s")
+        await asyncio.sleep(0.1)
+
+
+async def _committed(kafka: KafkaSettings, group: str) -> int:
+    """Sum of the group's committed offsets over all partitions (0 when nothing is committed)."""
+    admin = AIOKafkaAdminClient(**client_options(kafka))
+    await admin.start()
+    try:
+        offsets = await admin.list_consumer_group_offsets(group)
+        return sum(max(meta.offset, 0) for meta in offsets.values())
+    finally:
+        await admin.close()
+
+
+@pytest.fixture
+def sink_config(kafka_settings: KafkaSettings, clickhouse_settings: ClickHouseSettings, ch_database: str) -> Config:
+    kafka = dataclasses.replace(kafka_settings, events_partitions=2)
+    topics = Topics(kafka.topic_prefix)
+    asyncio.run(create_topics(kafka, {topics.latency_events: 2, topics.batch_events: 2}))
+    clickhouse = dataclasses.replace(
+        clickhouse_settings, database=ch_database, insert_batch_size=400, insert_interval_ms=200,
+        max_buffer_events=100_000, insert_retry_max_s=0.5,
+    )  # fmt: skip
+    return Config(kafka=kafka, clickhouse=clickhouse)
+
+
+def _counts(client: Client, database: str) -> tuple[int, int, int]:
+    return (
+        int(client.command(f"SELECT count() FROM {database}.request_latency")),
+        int(client.command(f"SELECT count() FROM {database}.batches")),
+        int(client.command(f"SELECT sum(requests) FROM {database}.latency_minute")),
+    )
+
+
+async def _running(sink: Sink, body: Callable[[], Awaitable[None]]) -> None:
+    await sink.app.start()
+    try:
+        await body()
+    finally:
+        await sink.app.stop()
+        sink.store.close()
+
+
+def test_sink_loads_events_from_the_broker(sink_config: Config, clickhouse_client: Client, tmp_path: Path) -> None:
+    db, topics = sink_config.clickhouse.database, Topics(sink_config.kafka.topic_prefix)
+    latency, batches = _events(3_000, seed=21)
+    outage = Outage(sink_config.clickhouse, db)
+    sink = build_sink(sink_config, connect=outage.connect, datadir=str(tmp_path))
+
+    async def scenario() -> None:
+        await _produce(sink_config.kafka, topics.latency_events, [ENCODE(e) for e in latency] + [b"{not json"])
+        await _produce(sink_config.kafka, topics.batch_events, [ENCODE(b) for b in batches])
+
+        async def body() -> None:
+            await _until(lambda: _counts(clickhouse_client, db)[:2] == (len(latency), len(batches)), what="all rows")
+            await _until(lambda: sink.rejected == 1, what="garbage rejected")
+            total = len(latency) + 1 + len(batches)
+            deadline = time.monotonic() + 30
+            while await _committed(sink_config.kafka, sink.app.conf.id) < total and time.monotonic() < deadline:
+                await asyncio.sleep(0.3)
+            assert await _committed(sink_config.kafka, sink.app.conf.id) == total
+
+        await _running(sink, body)
+
+    asyncio.run(scenario())
+    stored = clickhouse_client.query(
+        f"SELECT quantileExactInclusive(0.99)(e2e_ms), sum(tokens_in), uniqExact(request_id) FROM {db}.request_latency"
+    ).result_rows[0]
+    assert stored[0] == pytest.approx(np.quantile([e.e2e_ms for e in latency], 0.99), rel=1e-12)
+    assert stored[1] == sum(e.tokens_in for e in latency) and stored[2] == len(latency)
+    assert _counts(clickhouse_client, db)[2] == len(latency), "rollup fed once per request"
+
+
+def test_redelivered_events_are_stored_once(sink_config: Config, clickhouse_client: Client, tmp_path: Path) -> None:
+    db, topics = sink_config.clickhouse.database, Topics(sink_config.kafka.topic_prefix)
+    latency, batches = _events(2_000, seed=22)
+    sink = build_sink(sink_config, connect=Outage(sink_config.clickhouse, db).connect, datadir=str(tmp_path))
+
+    async def scenario() -> None:
+        values = [ENCODE(e) for e in latency]
+        await _produce(sink_config.kafka, topics.latency_events, values + values[:1500])
+        await _produce(sink_config.kafka, topics.batch_events, [ENCODE(b) for b in batches] * 2)
+
+        async def body() -> None:
+            await _until(lambda: sink.latency.stats.received == len(latency) + 1500 and sink.latency.buffered == 0
+                         and sink.batches.stats.received == 2 * len(batches) and sink.batches.buffered == 0,
+                         what="every copy consumed")  # fmt: skip
+
+        await _running(sink, body)
+
+    asyncio.run(scenario())
+    assert _counts(clickhouse_client, db) == (len(latency), len(batches), len(latency))
+    assert sink.latency.stats.duplicates == 1500 and sink.batches.stats.duplicates == len(batches)
+
+
+def test_clickhouse_outage_loses_nothing_and_holds_offsets(
+    sink_config: Config, clickhouse_client: Client, tmp_path: Path
+) -> None:
+    db, topics = sink_config.clickhouse.database, Topics(sink_config.kafka.topic_prefix)
+    config = dataclasses.replace(sink_config, clickhouse=dataclasses.replace(sink_config.clickhouse, max_buffer_events=1_000))
+    latency, batches = _events(4_000, seed=23)
+    first, second = latency[:1_000], latency[1_000:]
+    outage = Outage(config.clickhouse, db)
+    sink = build_sink(config, connect=outage.connect, datadir=str(tmp_path))
+
+    async def scenario() -> None:
+        await _produce(config.kafka, topics.latency_events, [ENCODE(e) for e in first])
+
+        async def body() -> None:
+            await _until(lambda: _counts(clickhouse_client, db)[0] == len(first), what="first half stored")
+            await _until(lambda: sink.lag()["uncommitted"] == 0, what="first half committed")
+            committed_before = await _committed(config.kafka, sink.app.conf.id)
+            outage.down.set()
+            sink.store.close()  # the engine handle goes away under the sink: inserts now fail for real
+            await _produce(config.kafka, topics.latency_events, [ENCODE(e) for e in second])
+            await _produce(config.kafka, topics.batch_events, [ENCODE(b) for b in batches])
+            await _until(lambda: sink.latency.buffered == config.clickhouse.max_buffer_events, what="buffer full")
+            await asyncio.sleep(1.5)  # commit interval is 1 s: nothing un-inserted may be committed meanwhile
+            assert sink.latency.buffered == config.clickhouse.max_buffer_events, "bounded: consuming stops when full"
+            assert sink.latency.stats.failures > 0 and sink.latency.stats.failing_since is not None
+            assert sink.lag()["unread"] > 0, "backpressure leaves the rest in Kafka"
+            assert _counts(clickhouse_client, db)[0] == len(first)
+            assert await _committed(config.kafka, sink.app.conf.id) == committed_before
+            outage.down.clear()
+            await _until(lambda: _counts(clickhouse_client, db)[:2] == (len(latency), len(batches)), what="catch-up")
+
+        await _running(sink, body)
+
+    asyncio.run(scenario())
+    assert _counts(clickhouse_client, db) == (len(latency), len(batches), len(latency))
+
+
+def test_sink_restarted_during_an_outage_replays_without_duplicates(
+    sink_config: Config, clickhouse_client: Client, tmp_path: Path
+) -> None:
+    db, topics = sink_config.clickhouse.database, Topics(sink_config.kafka.topic_prefix)
+    latency, batches = _events(2_500, seed=24)
+    outage = Outage(sink_config.clickhouse, db)
+
+    async def scenario() -> None:
+        await _produce(sink_config.kafka, topics.latency_events, [ENCODE(e) for e in latency])
+        await _produce(sink_config.kafka, topics.batch_events, [ENCODE(b) for b in batches])
+        first = build_sink(sink_config, connect=outage.connect, datadir=str(tmp_path / "a"))
+
+        async def half_stored_then_down() -> None:
+            await _until(lambda: _counts(clickhouse_client, db)[0] >= 400, what="some rows stored")
+            outage.down.set()
+            first.store.close()
+            await _until(lambda: first.latency.stats.failures > 0, what="inserts failing")
+
+        await _running(first, half_stored_then_down)
+        assert _counts(clickhouse_client, db)[0] < len(latency)
+        outage.down.clear()
+        second = build_sink(sink_config, connect=outage.connect, datadir=str(tmp_path / "b"))
+
+        async def catch_up() -> None:
+            await _until(lambda: _counts(clickhouse_client, db)[:2] == (len(latency), len(batches)), what="all rows")
+            await asyncio.sleep(1.0)
+
+        await _running(second, catch_up)
+
+    asyncio.run(scenario())
+    assert _counts(clickhouse_client, db) == (len(latency), len(batches), len(latency))

@@ -1,0 +1,161 @@
+"""Config loading and validation: clear messages that name the file, table and values."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import BatchProfile, ConfigError, load_config, parse_config
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "batchtide.toml"
+    path.write_text(text)
+    return path
+
+
+def test_loads_a_valid_file_with_defaults_and_per_model_overrides(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        """
+[defaults]
+target_size = 16
+hard_cap = 24
+max_wait_ms = 10
+
+[models.minilm]
+runner = "transformers"
+hard_cap = 32
+cost_unit = "tokens"
+target_size = 20
+
+[models.sim]
+runner = "cost-model"
+cost_points = [[1, 5.0], [8, 9], [32, 30.5]]
+
+[kafka]
+topic_prefix = "bt"
+
+[clickhouse]
+database = "lat"
+
+[consumer]
+max_queue = 100
+""",
+    )
+    config = load_config(path)
+    minilm = config.model("minilm").profile
+    assert (minilm.target_size, minilm.hard_cap, minilm.max_wait_ms) == (20, 32, 10)
+    assert minilm.cost_unit == "tokens"
+    sim = config.model("sim")
+    assert sim.runner == "cost-model"
+    assert sim.cost_points == ((1, 5.0), (8, 9.0), (32, 30.5))
+    assert (sim.profile.target_size, sim.profile.hard_cap) == (16, 24)
+    assert config.defaults.tail_mark_ratio == 2.0
+    assert config.kafka.topic_prefix == "bt"
+    assert config.clickhouse.database == "lat"
+    assert config.consumer.max_queue == 100
+
+
+def test_builtin_defaults_match_the_field_report() -> None:
+    config = load_config(None)
+    profile = config.defaults
+    assert (profile.target_size, profile.max_wait_ms, profile.hard_cap, profile.tail_mark_ratio) == (
+        32,
+        20.0,
+        48,
+        2.0,
+    )
+    assert config.models == {}
+
+
+def test_cap_below_target_names_both_values_and_the_table(tmp_path: Path) -> None:
+    path = _write(tmp_path, "[models.m]\ntarget_size = 40\nhard_cap = 30\n")
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    message = str(error.value)
+    assert str(path) in message and "[models.m]" in message
+    assert "hard_cap (30)" in message and "target_size (40)" in message
+
+
+def test_unknown_key_names_file_table_key_and_the_known_ones(tmp_path: Path) -> None:
+    path = _write(tmp_path, "[defaults]\ntarget_sise = 3\n")
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    message = str(error.value)
+    assert str(path) in message and "[defaults]" in message and "'target_sise'" in message
+    assert "target_size" in message
+
+
+def test_unknown_table_is_an_error(tmp_path: Path) -> None:
+    path = _write(tmp_path, "[kafak]\nbootstrap_servers = 'x:1'\n")
+    with pytest.raises(ConfigError, match=r"unknown table \[kafak\]"):
+        load_config(path)
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ("target_size = '32'", "target_size: expected a number, got '32'"),
+        ("target_size = 3.5", "target_size: expected a whole number, got 3.5"),
+        ("max_wait_ms = true", "max_wait_ms: expected a number, got True"),
+        ("adaptive_window = 1", "adaptive_window: expected true or false, got 1"),
+        ("cost_unit = 'bytes'", "cost_unit: 'bytes' is not one of ['requests', 'tokens']"),
+    ],
+)
+def test_wrong_types_and_bad_literals(tmp_path: Path, line: str, expected: str) -> None:
+    path = _write(tmp_path, f"[models.enc]\n{line}\n")
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    message = str(error.value)
+    assert message.startswith(f"{path} [models.enc].")
+    assert expected in message
+
+
+def test_bad_runner_literal_in_model_table(tmp_path: Path) -> None:
+    path = _write(tmp_path, "[models.x]\nrunner = 'onnx'\n")
+    with pytest.raises(ConfigError, match=r"\[models.x\].runner: 'onnx' is not one of"):
+        load_config(path)
+
+
+def test_malformed_cost_points(tmp_path: Path) -> None:
+    path = _write(tmp_path, "[models.x]\nrunner = 'cost-model'\ncost_points = [1, 2]\n")
+    with pytest.raises(ConfigError, match=r"\[models.x\].cost_points: expected \[\[batch, ms\]"):
+        load_config(path)
+
+
+def test_missing_file_and_invalid_toml(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.toml")
+    broken = _write(tmp_path, "[defaults\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(broken)
+
+
+@pytest.mark.parametrize(
+    ("changes", "fragment"),
+    [
+        ({"tail_mark_ratio": 1.0}, "tail_mark_ratio (1.0) must be > 1"),
+        ({"min_wait_ms": 30.0}, "min_wait_ms (30.0) must be between 0 and max_wait_ms (20.0)"),
+        ({"max_inflight_batches": 0}, "max_inflight_batches must be >= 1"),
+        ({"knee_tolerance": 1.0}, "knee_tolerance must be in [0, 1)"),
+        ({"tail_mark_floor_ms": -1.0}, "tail_mark_floor_ms must be >= 0"),
+        ({"wait_sample_window": 8, "tail_min_samples": 16}, "wait_sample_window (8) must be >="),
+    ],
+)
+def test_profile_value_checks(changes: dict, fragment: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        BatchProfile(**changes)
+    assert fragment in str(error.value)
+
+
+def test_value_errors_in_files_name_file_and_table() -> None:
+    with pytest.raises(ConfigError) as error:
+        parse_config({"models": {"gen": {"tail_mark_ratio": 0.5}}}, "prod.toml")
+    assert str(error.value).startswith("prod.toml [models.gen]: tail_mark_ratio (0.5)")
+
+
+def test_tail_marking_zero_turns_it_off() -> None:
+    assert BatchProfile(tail_mark_ratio=0).tail_marking is False
+    assert BatchProfile().tail_marking is True
