@@ -20,6 +20,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -48,6 +50,10 @@ SUSTAINED_P99_MS = 1000.0
 DRAIN_S = 5.0
 """After the last send, answers still count for this long (then the run is cut)."""
 WARMUP_REQUESTS = 40
+STEADY_SKIP_S = 1.0
+"""Throughput counts answers arriving from this long after the first send to the end of
+the send window: a pipeline that keeps up answers at the offered rate there, one that
+falls behind answers at its capacity."""
 
 
 @dataclass(frozen=True)
@@ -68,7 +74,12 @@ class BenchOptions:
     cost_a_ms: float = 5.0
     cost_c_ms: float = 0.5
     max_queue: int = 4096
-    find_max_start: float = 1000.0
+    adaptive_cap: bool = True
+    """The engine's learned cap (product default); False holds the configured hard_cap."""
+    hard_cap: int = 48
+    late_consumer_s: float | None = None
+    """Start the last consumer this long after the load began (to measure a rebalance)."""
+    find_max_start: float = 2000.0
     find_max_limit: float = 40000.0
 
 
@@ -123,8 +134,10 @@ def consumer_config(options: BenchOptions, kafka: KafkaSettings) -> str:
         runner = f'runner = "cost-model"\ncost_a_ms = {options.cost_a_ms}\ncost_c_ms = {options.cost_c_ms}\n'
     else:
         runner = 'runner = "zero-cost"\n'
+    profile = f"hard_cap = {options.hard_cap}\ntarget_size = {min(32, options.hard_cap)}\n"
+    profile += f"adaptive_cap = {'true' if options.adaptive_cap else 'false'}\n"
     return (
-        f"[models.{MODEL}]\n{runner}partitions = {options.partitions}\n\n"
+        f"[models.{MODEL}]\n{runner}{profile}partitions = {options.partitions}\n\n"
         f'[kafka]\nbootstrap_servers = "{kafka.bootstrap_servers}"\ntopic_prefix = "{kafka.topic_prefix}"\n\n'
         f"[consumer]\ntail_forwarding = {'true' if options.tail_forwarding else 'false'}\n"
         f"max_queue = {options.max_queue}\n"
@@ -141,16 +154,26 @@ class ConsumerProcesses:
         self.logs = [workdir / f"{kafka.topic_prefix}-consumer-{i}.log" for i in range(options.consumers)]
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def start(self) -> None:
+    @property
+    def at_start(self) -> int:
+        """Consumers started before the load (all but a late joiner)."""
+        late = self.options.late_consumer_s is not None and self.options.consumers > 1
+        return self.options.consumers - 1 if late else self.options.consumers
+
+    def start(self, which: range | None = None) -> None:
         env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
         if self.options.runner == "minilm":
             env["OMP_NUM_THREADS"] = str(self.options.torch_threads)
-        for i, log in enumerate(self.logs):
+        for i in which if which is not None else range(self.at_start):
+            log = self.logs[i]
             command = [
                 sys.executable, "-m", "pipeline.cli", "consume", "--model", MODEL,
                 "--config", str(self.config), "--consumer-id", f"bench-{i}", "--no-create-topics",
             ]
+            guard = shutil.which("setpriv")
+            if guard:  # a consumer gets SIGTERM (its clean stop) if the bench dies first
+                command = [guard, "--pdeathsig", "TERM", *command]
             with open(log, "wb") as out:
                 self.procs.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT))
 
@@ -196,7 +219,7 @@ class ResultCollector:
     async def _read(self) -> None:
         reader = self._reader
         assert reader is not None
-        decode = json.JSONDecoder().decode
+        outcome = re.compile(rb'"outcome":"([a-z]+)"')
         while True:
             batch = await reader.getmany(timeout_ms=50)
             now = time.time() * 1000.0
@@ -205,7 +228,8 @@ class ResultCollector:
                     key = record.key.decode() if record.key else ""
                     if key not in self.received_ms:
                         self.received_ms[key] = now
-                        self.outcomes[key] = decode(record.value.decode())["outcome"]
+                        found = outcome.search(record.value or b"")
+                        self.outcomes[key] = found.group(1).decode() if found else "undecodable"
 
     async def wait_for(self, ids: list[str], timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -217,6 +241,32 @@ class ResultCollector:
             self._task.cancel()
         if self._reader is not None:
             await self._reader.stop()
+
+
+async def group_members(kafka: KafkaSettings) -> tuple[str, int]:
+    """State and member count of the bench model's consumer group."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(**client_options(kafka))
+    await admin.start()
+    try:
+        response = (await admin.describe_consumer_groups([f"{kafka.topic_prefix}.consumers.{MODEL}"]))[0]
+        group = response.groups[0]
+        return group[2], len(group[5])
+    finally:
+        await admin.close()
+
+
+async def wait_for_group(kafka: KafkaSettings, consumers: ConsumerProcesses, timeout_s: float = 120.0) -> None:
+    """Measuring starts only once every consumer joined: a late join would rebalance mid-run."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        consumers.check_alive()
+        state, members = await group_members(kafka)
+        if state == "Stable" and members == len(consumers.procs):
+            return
+        await asyncio.sleep(0.5)
+    raise RuntimeError(f"the {len(consumers.procs)} consumers did not form a stable group in {timeout_s} s")
 
 
 async def token_counts(kafka: KafkaSettings, ids: set[str], timeout_s: float = 20.0) -> int:
@@ -260,20 +310,34 @@ async def run_trial(
     consumers.start()
     await collector.start()
     try:
-        async with LoadProducer(kafka, MODEL, run_id="warm", seed=options.seed) as warm:
-            await warm.send(poisson_load(50.0, WARMUP_REQUESTS / 50.0, options.seed, tokens=options.tokens))
-            warm_ids = list(warm.sent_ms)
-        for _ in range(int(120 / 0.5)):
-            await collector.wait_for(warm_ids, 0.5)
-            consumers.check_alive()
-            if all(i in collector.received_ms for i in warm_ids):
-                break
-        else:
-            raise RuntimeError("consumers did not answer the warm-up requests within 120 s")
-        load = skewed(poisson_load(rate, options.duration_s, options.seed, tokens=options.tokens), options.partitions, options.hot_share, options.seed)
-        say(f"  offered {rate:g} req/s for {options.duration_s:g} s ({len(load)} requests, {options.consumers} consumer(s))")
-        async with LoadProducer(kafka, MODEL, run_id="load", seed=options.seed) as producer:
+        await wait_for_group(kafka, consumers)
+        async with LoadProducer(kafka, MODEL, run_id="bench", seed=options.seed) as producer:
+            warmup = poisson_load(50.0, WARMUP_REQUESTS / 50.0, options.seed, tokens=options.tokens)
+            await producer.send(warmup, tag="warm-")
+            warm_ids = list(producer.sent_ms)
+            for _ in range(int(120 / 0.5)):
+                await collector.wait_for(warm_ids, 0.5)
+                consumers.check_alive()
+                if all(i in collector.received_ms for i in warm_ids):
+                    break
+            else:
+                raise RuntimeError("consumers did not answer the warm-up requests within 120 s")
+            load = skewed(
+                poisson_load(rate, options.duration_s, options.seed, tokens=options.tokens),
+                options.partitions,
+                options.hot_share,
+                options.seed,
+            )
+            say(f"  offered {rate:g} req/s for {options.duration_s:g} s ({len(load)} requests, {options.consumers} consumer(s))")
+            producer.sent_ms.clear()
+            late = None
+            if consumers.at_start < options.consumers:
+                delay = options.late_consumer_s or 0.0
+                last = range(consumers.at_start, options.consumers)
+                late = asyncio.get_running_loop().call_later(delay, consumers.start, last)
             report = await producer.send(load)
+            if late is not None:
+                late.cancel()
             ids = list(producer.sent_ms)
             await collector.wait_for(ids, DRAIN_S)
             sent_ms = producer.sent_ms
@@ -283,6 +347,11 @@ async def run_trial(
         first_send = min(sent_ms.values()) if sent_ms else 0.0
         last_answer = max((collector.received_ms[i] for i in answered), default=first_send)
         span_s = max((last_answer - first_send) / 1000.0, options.duration_s, 1e-9)
+        steady = [collector.received_ms[i] - first_send for i in answered]
+        window_s = max(options.duration_s - STEADY_SKIP_S, 1e-9)
+        in_window = sum(1 for t in steady if STEADY_SKIP_S * 1000.0 <= t < options.duration_s * 1000.0)
+        timeline = np.array([[sent_ms[i] - first_send, collector.received_ms[i] - sent_ms[i]] for i in answered])
+        np.save(workdir / f"{kafka.topic_prefix}-latency.npy", timeline)
         tokens = await token_counts(kafka, set(answered)) if count_tokens and answered else 0
         outcomes: dict[str, int] = {}
         for i in answered:
@@ -293,7 +362,7 @@ async def run_trial(
             sent=len(ids),
             answered=len(answered),
             achieved_send_rps=report.achieved_rate,
-            throughput_rps=len(answered) / span_s,
+            throughput_rps=in_window / window_s,
             tokens_per_s=tokens / span_s,
             p50_ms=_percentile(latencies, 50),
             p99_ms=_percentile(latencies, 99),

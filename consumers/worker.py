@@ -178,8 +178,10 @@ class Consumer:
     # ---- lifecycle -------------------------------------------------------
 
     async def start(self) -> None:
+        """Load and warm the runner, then join the group (a member that joins before its
+        model is ready holds partitions it cannot serve)."""
         options = client_options(self.kafka)
-        await asyncio.to_thread(self.runner.load)
+        await asyncio.get_running_loop().run_in_executor(self._device, self._warm_up)
         producer_options: dict[str, Any] = dict(linger_ms=1, max_batch_size=256 * 1024)
         if self.kafka.transactional:
             producer_options["transactional_id"] = f"{self.group_id}.{self.consumer_id}"
@@ -199,10 +201,18 @@ class Consumer:
         await self._consumer.start()
         self._consumer.subscribe([self.request_topic, self.priority_topic], listener=_Rebalance(self))
 
+    def _warm_up(self) -> None:
+        """Load the model and run one throwaway batch: the first call of a real model
+        is many times slower than the rest, and the engine would learn t(b) from it."""
+        self.runner.load()
+        probe = Request(id="batchtide-warm-up", model=self.model.name, text="warm up the device")
+        if self.runner.check(probe) is None:
+            run_isolating(self.runner, [probe])
+
     async def run(self, stop: asyncio.Event, drain_timeout_s: float = 30.0) -> None:
         """Serve until `stop` is set, then stop fetching, finish what is held, commit, close."""
         fetch = asyncio.create_task(self._fetch_loop(stop), name="fetch")
-        commit = None if self.kafka.transactional else asyncio.create_task(self._commit_loop(stop), name="commit")
+        commit = None if self.kafka.transactional else asyncio.create_task(self._commit_loop(), name="commit")
         try:
             await fetch
             await self._drain(drain_timeout_s)
@@ -742,7 +752,7 @@ class Consumer:
         assigned = consumer.assignment() if consumer is not None else set()
         return {tp: offset for tp, offset in offsets.items() if tp in assigned}
 
-    async def _commit_loop(self, stop: asyncio.Event) -> None:
+    async def _commit_loop(self) -> None:
         interval = self.settings.commit_interval_ms / 1000.0
         while True:
             await asyncio.sleep(interval)

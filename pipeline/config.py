@@ -75,6 +75,9 @@ class BatchProfile:
     """Derive the wait from arrival rate and queue depth; False waits max_wait_ms always."""
     adaptive_cap: bool = True
     """Learn t(b) online and hold the effective cap at the batch-friendliness knee."""
+    cap_ramp: bool = False
+    """Start the learned cap at target_size and double it while bigger batches keep
+    paying (for a hard_cap set far above the model's likely knee); False starts at hard_cap."""
     compute_budget_ms: float | None = None
     """Upper bound on one batch's compute time; the learned cap stays under it."""
     knee_tolerance: float = 0.02

@@ -21,7 +21,6 @@ import asyncio
 import logging
 import tempfile
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -154,6 +153,9 @@ def build_sink(
         consumer_auto_offset_reset="earliest",
         broker_commit_interval=1.0,
         stream_buffer_maxsize=max(ch.insert_batch_size, 1000),
+        # Unacked events are simply redelivered to whoever owns the partition next;
+        # waiting for them at a rebalance or stop would hang for as long as ClickHouse is down.
+        stream_wait_empty=False,
     )
     store = StoreConnection(connect or (lambda: connect_clickhouse(ch)))
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clickhouse-insert")
@@ -207,8 +209,3 @@ def build_sink(
 
     return sink
 
-
-def insert_rate_line(sink: Sink, started: float) -> str:
-    elapsed = max(time.monotonic() - started, 1e-9)
-    total = sink.latency.stats.inserted + sink.batches.stats.inserted
-    return f"{total} rows in {elapsed:.1f} s = {total / elapsed:,.0f} rows/s"

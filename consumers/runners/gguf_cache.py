@@ -27,7 +27,8 @@ def cache_root() -> Path:
 
 def converted_path(source: ModelSource) -> Path:
     """Where the conversion of `source` lives (whether or not it exists yet)."""
-    assert source.gguf_file is not None
+    if source.gguf_file is None:
+        raise ValueError(f"{source.describe()} is not a GGUF source")
     gguf = (source.directory / source.gguf_file).resolve()
     stat = gguf.stat()
     key = hashlib.sha256(f"{gguf}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]

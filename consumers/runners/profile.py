@@ -37,6 +37,8 @@ class Point:
     batch: int
     median_ms: float
     p90_ms: float
+    median_cpu_ms: float
+    """Process CPU time per batch: with 1 thread, the wall time on an idle machine."""
     items_per_s: float
     tokens_out_per_s: float
     runs: int
@@ -56,18 +58,22 @@ def texts_of_about(runner: Runner, tokens: int, count: int, new_tokens: int) -> 
     return reqs
 
 
-def time_batches(runner: Runner, reqs: list[Request], seconds: float, min_runs: int = 3) -> tuple[list[float], int]:
-    """Batch times in ms (after one warm-up run) and the tokens generated in them."""
+def time_batches(
+    runner: Runner, reqs: list[Request], seconds: float, min_runs: int = 3
+) -> tuple[list[float], list[float], int]:
+    """Wall and CPU ms per batch (after one warm-up run), and the tokens generated."""
     runner.run(reqs)
-    times: list[float] = []
+    wall: list[float] = []
+    cpu: list[float] = []
     tokens_out = 0
     budget_end = time.perf_counter() + seconds
-    while len(times) < min_runs or time.perf_counter() < budget_end:
-        start = time.perf_counter()
+    while len(wall) < min_runs or time.perf_counter() < budget_end:
+        start, start_cpu = time.perf_counter(), time.process_time()
         outputs = runner.run(reqs)
-        times.append((time.perf_counter() - start) * 1000)
+        wall.append((time.perf_counter() - start) * 1000)
+        cpu.append((time.process_time() - start_cpu) * 1000)
         tokens_out += sum(o.tokens_out for o in outputs)
-    return times, tokens_out
+    return wall, cpu, tokens_out
 
 
 def profile(
@@ -81,11 +87,13 @@ def profile(
     for n_threads in threads:
         torch.set_num_threads(n_threads)
         for b in sizes:
-            times, tokens_out = time_batches(runner, pool[:b], seconds)
+            times, cpu, tokens_out = time_batches(runner, pool[:b], seconds)
             median = statistics.median(times)
             p90 = sorted(times)[int(0.9 * (len(times) - 1))]
             total_s = sum(times) / 1000
-            points.append(Point(n_threads, b, median, p90, b * 1000 / median, tokens_out / total_s, len(times)))
+            points.append(
+                Point(n_threads, b, median, p90, statistics.median(cpu), b * 1000 / median, tokens_out / total_s, len(times))
+            )
     return points
 
 
@@ -94,13 +102,14 @@ def render(points: list[Point], label: str, tokens: int, simulated: bool) -> str
     load, cpus = os.getloadavg()[0], os.cpu_count() or 1
     lines = [f"t(b) for {label} ({kind}), inputs of ~{tokens} tokens", f"machine: {cpus} CPUs, load average {load:.1f}"]
     if load > cpus * 0.75:
-        lines.append("warning: the machine is busy; these times include waiting for a CPU")
+        lines.append("warning: the machine is busy; wall times include waiting for a CPU (with 1 thread, cpu ms is the idle-machine time)")
     lines.append("")
-    lines.append(f"{'threads':>7} {'batch':>5} {'median ms':>10} {'p90 ms':>8} {'items/s':>8} {'tok_out/s':>9} {'runs':>5}")
+    header = f"{'threads':>7} {'batch':>5} {'median ms':>10} {'p90 ms':>8} {'cpu ms':>8} {'items/s':>8} {'items/cpu-s':>11} {'tok_out/s':>9} {'runs':>5}"
+    lines.append(header)
     for p in points:
         lines.append(
-            f"{p.threads:>7} {p.batch:>5} {p.median_ms:>10.1f} {p.p90_ms:>8.1f} "
-            f"{p.items_per_s:>8.1f} {p.tokens_out_per_s:>9.1f} {p.runs:>5}"
+            f"{p.threads:>7} {p.batch:>5} {p.median_ms:>10.1f} {p.p90_ms:>8.1f} {p.median_cpu_ms:>8.1f} "
+            f"{p.items_per_s:>8.1f} {p.batch * 1000 / max(p.median_cpu_ms, 1e-6):>11.1f} {p.tokens_out_per_s:>9.1f} {p.runs:>5}"
         )
     for n_threads in sorted({p.threads for p in points}):
         pairs = ", ".join(f"[{p.batch}, {p.median_ms:.1f}]" for p in points if p.threads == n_threads)

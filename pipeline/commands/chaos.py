@@ -84,6 +84,8 @@ def _print_table(reports: list) -> None:  # type: ignore[type-arg]
         verdict = "ok" if r.passed else "FAIL"
         table.add_row(r.fault, str(r.injections), str(r.requests_in), str(r.results_out), str(r.lost), dup, recovery, verdict)
     console = Console()
+    if not console.is_terminal:
+        console = Console(width=150)
     console.print(table)
     for r in reports:
         details = ", ".join(f"{k}={v}" for k, v in r.details.items())

@@ -173,6 +173,9 @@ def bench_pipeline(
     hot_share: float = typer.Option(0.0, "--hot-share", help="Share of requests sent to partition 0 (skewed load)."),
     forwarding: bool = typer.Option(True, "--forwarding/--no-forwarding", help="Tail forwarding in the consumers."),
     tokens: int = typer.Option(24, "--tokens", help="Approximate tokens per request text."),
+    late_consumer_s: Optional[float] = typer.Option(None, "--late-consumer-s", help="Start the last consumer this many seconds into the load (rebalance cost)."),
+    adaptive_cap: bool = typer.Option(True, "--adaptive-cap/--no-adaptive-cap", help="Engine learns the cap (default) or holds --hard-cap."),
+    hard_cap: int = typer.Option(48, "--hard-cap", help="Batch size cap of the consumers' profile."),
     cost_a_ms: float = typer.Option(5.0, "--cost-a-ms", help="cost-model runner: fixed ms per batch."),
     cost_c_ms: float = typer.Option(0.5, "--cost-c-ms", help="cost-model runner: ms per request."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the figures as JSON here."),
@@ -208,6 +211,9 @@ def bench_pipeline(
         tail_forwarding=forwarding,
         cost_a_ms=cost_a_ms,
         cost_c_ms=cost_c_ms,
+        adaptive_cap=adaptive_cap,
+        hard_cap=hard_cap,
+        late_consumer_s=late_consumer_s,
     )
     figures = asyncio.run(run_bench(options, find_max_mode=find_max, rates_mode=bool(offered), say=typer.echo))
     if find_max:

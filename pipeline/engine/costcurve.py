@@ -1,9 +1,10 @@
 """Online cost curve t(b) and the effective cap at its batch-friendliness knee.
 
-Each batch-size bucket keeps the median of its last few compute times (robust
-to a stray slow batch). No line is fitted: a curve that plateaus, or whose
-throughput b/t(b) falls past a peak (an encoder limited by memory
-bandwidth), is read as it is.
+Each batch-size bucket keeps the median of its last 9 compute times (robust
+to a stray slow batch), and the bucket medians are made non-decreasing in b
+(pooling neighbours that noise put out of order). No line is fitted: a curve
+that plateaus, or whose throughput b/t(b) falls past a peak (an encoder
+limited by memory bandwidth), is read as it is.
 
 Knee: a larger batch counts as better only if it raises throughput by more
 than `knee_tolerance` per doubling of the size. Taking logs, the knee is the
@@ -11,20 +12,30 @@ smallest observed size maximising
 
     g(b) = log(b / t(b)) - log2(b) * log(1 + knee_tolerance)
 
-one pass over the buckets. The cap is the knee only when there is evidence:
+one pass over the buckets. Measured times are noisy (token mixes, a shared
+GPU), so a size scoring within the noise (the median spread of log t inside
+the buckets) of the best is not worse: the cap reaches the largest such size. The cap is the knee only when there is evidence:
 a larger size was observed and was not better. Throughput still rising at
-the largest observed size says nothing about bigger ones, so the cap stays
-at hard_cap until they are seen. Sizes whose t(b) passes the compute budget
+the largest observed size says nothing about bigger ones, so the cap stays at
+hard_cap until they are seen. Optionally (`start_cap`, profile `cap_ramp`) it
+ramps instead: twice the largest size seen, from the target up to hard_cap,
+so a model whose throughput collapses at large batches is never hit with a
+hard_cap-sized batch before the knee is known, while an affine one reaches
+hard_cap within a few doublings. Sizes whose t(b) passes the compute budget
 are never candidates.
 
 Exploration is deterministic: every `probe_every`-th batch that the cap
-limits is sent at a probe size, alternately a step above the cap (re-check
-that bigger still does not pay) and a step below (find a peak that greedy
-dispatch at the cap never visits).
+limits is sent at a probe size, alternately above the cap (re-check that
+bigger still does not pay) and below it (find a peak that greedy dispatch at
+the cap never visits): 3/4 or 4/3 of the cap while unmeasured, then the
+nearest unmeasured size in between, so a knee is bracketed to one size (at
+hard_cap only 3/4 is tried below). Below the cap a measured size is not
+probed again; above it the far end is re-measured. While probes leave the cap where it was,
+the interval doubles (up to 64); a cap change or a shift resets it.
 
-Shift: each completion is compared with its bucket's estimate; an EWMA of
-log(observed / estimate) past log(1.2) means the model changed (a heavier
-build shipped). Stale points are dropped and the curve re-learned; for the
+Shift: each completion is compared with its bucket's median; five in a row
+off by more than 40%, all the same way, means the model changed (a heavier
+build shipped), not noise. Stale points are dropped and the curve re-learned; for the
 next `shift_batches` completions probes are frequent, the cap may only go
 down, and the reason on every dispatch record is `shift`.
 """
@@ -35,25 +46,60 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-SAMPLES_PER_BUCKET = 5
+SAMPLES_PER_BUCKET = 9
 MAX_BUCKETS = 64
-DRIFT_ALPHA = 0.3
-DRIFT_LIMIT = math.log(1.2)
+SHIFT_RATIO = math.log(1.4)
+"""A completion this far (either way) from its bucket's median is out of line."""
+SHIFT_RUN = 5
+"""This many out-of-line completions in a row, all the same way, is a shift: a
+bucket's median of 9 has not flipped yet, and noise rarely lines up 5 times."""
+EVIDENCE_SAMPLES = 3
+"""Completions a larger size needs before "it was not better" lowers the cap."""
+MAX_PROBE_INTERVAL = 64
 
 
 @dataclass(slots=True)
 class _Bucket:
     times: deque[float] = field(default_factory=lambda: deque(maxlen=SAMPLES_PER_BUCKET))
     sizes: deque[int] = field(default_factory=lambda: deque(maxlen=SAMPLES_PER_BUCKET))
+    time_ms: float = 0.0
+    """Median of `times`."""
+    spread: float | None = None
+    """Median absolute deviation of log(times) (None under 3 samples): the noise."""
 
-    @property
-    def time_ms(self) -> float:
+    def add(self, size: int, time_ms: float) -> None:
+        self.times.append(time_ms)
+        self.sizes.append(size)
         ordered = sorted(self.times)
-        return ordered[len(ordered) // 2]
+        median = self.time_ms = ordered[len(ordered) // 2]
+        if len(ordered) >= 3:
+            deviations = sorted(abs(math.log(t / median)) for t in ordered)
+            self.spread = deviations[len(deviations) // 2]
 
     @property
     def size(self) -> int:
         return max(self.sizes)
+
+
+def _monotone(points: list[tuple[int, float, int]]) -> list[tuple[int, float]]:
+    """Make t(b) non-decreasing in b (pool adjacent violators, weighted by samples).
+
+    A bigger batch never computes faster; when noise says otherwise (a bucket
+    of short requests), neighbours are pooled instead of read as a cliff.
+    """
+    blocks: list[list[float]] = []  # [time x weight, weight, first index, last index]
+    for index, (_, time_ms, weight) in enumerate(points):
+        blocks.append([time_ms * weight, float(weight), index, index])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            last = blocks.pop()
+            blocks[-1][0] += last[0]
+            blocks[-1][1] += last[1]
+            blocks[-1][3] = last[3]
+    smoothed: list[tuple[int, float]] = []
+    for total, weight, first, last in blocks:
+        for index in range(int(first), int(last) + 1):
+            smoothed.append((points[index][0], total / weight))
+    return smoothed
 
 
 class CostCurve:
@@ -65,11 +111,13 @@ class CostCurve:
         knee_tolerance: float,
         budget_ms: float | None,
         *,
+        start_cap: int | None = None,
         probe_every: int = 8,
         shift_batches: int = 24,
         enabled: bool = True,
     ) -> None:
         self._hard_cap = hard_cap
+        self._start_cap = hard_cap if start_cap is None or not enabled else min(start_cap, hard_cap)
         self._doubling_penalty = math.log(1.0 + knee_tolerance) / math.log(2.0)
         self._budget_ms = budget_ms
         self._width = max(1, math.ceil(hard_cap / MAX_BUCKETS))
@@ -77,17 +125,25 @@ class CostCurve:
         self._probe_every = probe_every
         self._shift_batches = shift_batches
         self._enabled = enabled
-        self._drift = 0.0
+        self._run_direction = 0
+        self._run = 0
         self._shift_left = 0
         self._shift_ceiling = hard_cap
         self._since_probe = 0
+        self._probe_interval = probe_every
+        self._cap_at_last_probe = hard_cap
         self._probe_up = False
         self._stale = 0
         self._points: list[tuple[int, float]] = []
-        self.cap = hard_cap
+        self._evidence = 0
+        """Largest size measured at least EVIDENCE_SAMPLES times."""
+        self._noise = 0.0
+        """Typical spread of log t within a bucket: sizes scoring within it of the
+        best are not worse, and the cap reaches the largest of them."""
+        self.cap = self._start_cap
         """Effective cap, in cost units, never above hard_cap."""
-        self.reason = "configured"
-        """Where `cap` comes from: configured, knee, budget or shift."""
+        self.reason = "ramp" if self._start_cap < hard_cap else "configured"
+        """Where `cap` comes from: configured, ramp, knee, budget or shift."""
         self.shifts = 0
         """Shifts of t(b) detected so far."""
 
@@ -101,15 +157,18 @@ class CostCurve:
         if bucket is None:
             bucket = self._buckets[key] = _Bucket()
         elif len(bucket.times) >= 3:
-            self._drift = (1 - DRIFT_ALPHA) * self._drift + DRIFT_ALPHA * math.log(
-                compute_ms / bucket.time_ms
-            )
-            if abs(self._drift) > DRIFT_LIMIT:
+            deviation = math.log(compute_ms / bucket.time_ms)
+            direction = (deviation > SHIFT_RATIO) - (deviation < -SHIFT_RATIO)
+            if direction and direction == self._run_direction:
+                self._run += 1
+            else:
+                self._run_direction, self._run = direction, 1 if direction else 0
+            if self._run >= SHIFT_RUN:
                 self._start_shift()
                 bucket = self._buckets[key] = _Bucket()
                 refresh = True
-        bucket.times.append(compute_ms)
-        bucket.sizes.append(size)
+        bucket.add(size, compute_ms)
+        refresh = refresh or len(bucket.times) == EVIDENCE_SAMPLES
         if self._shift_left:
             self._shift_left -= 1
             refresh = refresh or self._shift_left == 0
@@ -121,13 +180,21 @@ class CostCurve:
         self.shifts += 1
         self._shift_ceiling = self.cap
         self._buckets.clear()
-        self._drift = 0.0
+        self._run_direction, self._run = 0, 0
         self._shift_left = self._shift_batches
         self._since_probe = 0
+        self._probe_interval = self._probe_every
 
     def _recompute(self) -> None:
         self._stale = 0
-        self._points = sorted((b.size, b.time_ms) for b in self._buckets.values())
+        self._points = _monotone(
+            sorted((b.size, b.time_ms, len(b.times)) for b in self._buckets.values())
+        )
+        spreads = sorted(b.spread for b in self._buckets.values() if b.spread is not None)
+        self._noise = spreads[len(spreads) // 2] if spreads else 0.0
+        self._evidence = max(
+            (b.size for b in self._buckets.values() if len(b.times) >= EVIDENCE_SAMPLES), default=0
+        )
         if not self._enabled:
             return
         cap, reason = self._knee_cap()
@@ -138,7 +205,7 @@ class CostCurve:
     def _knee_cap(self) -> tuple[int, str]:
         points = self._points
         if not points:
-            return self._hard_cap, "configured"
+            return self._start_cap, "ramp" if self._start_cap < self._hard_cap else "configured"
         budget = self._budget_ms
         budget_cap = self._hard_cap
         candidates = points
@@ -152,20 +219,29 @@ class CostCurve:
                     if candidates
                     else max(1, math.floor(first_over * budget / t_over))
                 )
-        knee_cap = self._hard_cap
+        knee_cap, knee_reason = self._hard_cap, "knee"
         if candidates:
-            penalty = self._doubling_penalty
             best_size, best_g = 0, -math.inf
             for s, t in candidates:
-                g = math.log(s / t) - penalty * math.log(s)
+                g = self._score(s, t)
                 if g > best_g:
                     best_size, best_g = s, g
-            if best_size < candidates[-1][0]:
-                knee_cap = best_size
+            reach = max(s for s, t in candidates if self._score(s, t) >= best_g - self._noise)
+            largest = candidates[-1][0]
+            if reach < min(largest, self._evidence):
+                knee_cap = reach
+            elif reach < largest:
+                knee_cap = largest  # not better once: measure it again before moving
+            else:
+                knee_cap, knee_reason = max(self._start_cap, 2 * largest), "ramp"
         cap = min(self._hard_cap, knee_cap, budget_cap)
         if cap == self._hard_cap:
             return cap, "configured"
-        return cap, ("budget" if budget_cap < knee_cap else "knee")
+        return cap, ("budget" if budget_cap < knee_cap else knee_reason)
+
+    def _score(self, size: int, time_ms: float) -> float:
+        """log throughput, less the tolerance per doubling: the knee maximises it."""
+        return math.log(size / time_ms) - self._doubling_penalty * math.log(size)
 
     def probe_cap(self) -> int | None:
         """Size to try instead of the cap for this cap-limited batch, or None.
@@ -176,21 +252,47 @@ class CostCurve:
         if not self._enabled:
             return None
         self._since_probe += 1
-        every = 2 if self._shift_left else self._probe_every
+        every = 2 if self._shift_left else self._probe_interval
         if self._since_probe < every:
             return None
         self._since_probe = 0
         self._probe_up = not self._probe_up
         cap = self.cap
-        up = min(self._hard_cap, max(cap + 1, math.ceil(cap * 4 / 3)))
-        down = max(1, min(cap - 1, math.floor(cap * 3 / 4)))
+        if cap == self._cap_at_last_probe:
+            self._probe_interval = min(self._probe_interval * 2, MAX_PROBE_INTERVAL)
+        else:
+            self._probe_interval = self._probe_every
+            self._cap_at_last_probe = cap
+        far_up = min(self._hard_cap, max(cap + 1, math.ceil(cap * 4 / 3)))
+        far_down = max(1, min(cap - 1, math.floor(cap * 3 / 4)))
+        up = self._first_unmeasured((far_up, *range(cap + 1, far_up)))
+        fine_down = range(cap - 1, far_down, -1) if cap < self._hard_cap else range(0)
+        down = self._first_unmeasured((far_down, *fine_down))
         if self._probe_up and cap < self._hard_cap:
-            return up
-        if cap > 1:
+            return far_up if up is None else up
+        if down is not None and cap > 1:
             return down
-        return up if cap < self._hard_cap else None
+        if cap < self._hard_cap:
+            return far_up if up is None else up
+        return None
 
-    def estimate_ms(self, size: int) -> float | None:
+    def _first_unmeasured(self, sizes: tuple[int, ...]) -> int | None:
+        """First size in `sizes` whose bucket has no estimate, else None.
+
+        Sizes come far end first (big steps while the curve is unknown), then
+        from the cap outwards (fine steps that bracket the knee once the far
+        end is known). Below the cap, measured sizes are not probed again:
+        an affine model at saturation then pays for no probes at all, and a
+        shift clears the buckets so they are probed anew. Above the cap the
+        far end is re-measured (a lighter model may make bigger batches pay).
+        """
+        width = self._width
+        for size in sizes:
+            if (size - 1) // width not in self._buckets:
+                return size
+        return None
+
+    def estimate_ms(self, size: float) -> float | None:
         """Expected compute time of a batch of `size` cost units (None: nothing learned)."""
         points = self._points
         if not points:

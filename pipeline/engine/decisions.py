@@ -53,7 +53,8 @@ class DispatchRecord:
     arrival_rate_per_s: float
     dispatch_ms: float
     cap_reason: str = "configured"
-    """Where effective_cap came from: configured, knee, budget, or shift (t(b) moved)."""
+    """Where effective_cap came from: configured, knee, budget, shift (t(b) moved),
+    probe (a deliberate off-cap size that measures the curve) or ramp (profile cap_ramp)."""
 
 
 @dataclass(slots=True)

@@ -52,6 +52,7 @@ class BatchingEngine:
             profile.hard_cap,
             profile.knee_tolerance,
             budget if budget is not None else profile.slo_p99_ms / 2.0,
+            start_cap=profile.target_size if profile.cap_ramp else None,
             enabled=profile.adaptive_cap,
         )
         self._inflight: dict[int, float] = {}
@@ -79,12 +80,14 @@ class BatchingEngine:
 
     def offer(self, request: PendingRequest, now_ms: float) -> None:
         """Queue a request; works whether or not the device is busy."""
-        seq = self._queue.add(request)
         self._rate.observe(now_ms, request.cost if self._tokens else 1)
         deadline = request.deadline_ms
         if deadline is None and self.profile.default_deadline_ms is not None:
             deadline = request.enqueue_ms + self.profile.default_deadline_ms
-        if deadline is not None:
+        if deadline is None:
+            self._queue.add(request)
+        else:
+            seq = self._queue.add(request, expirable=True)
             heapq.heappush(self._deadlines, (deadline, seq, request))
 
     def poll(self, now_ms: float, device_free: bool = True, backlog: int = 0) -> Decision:
@@ -120,12 +123,19 @@ class BatchingEngine:
                 deadline = self._next_deadline()
                 return Decision(None, expired, wake if deadline is None else min(wake, deadline))
             if self._held:
-                reason, window = "max_wait", now_ms - oldest
+                reason, window = "max_wait", min(now_ms - oldest, self.profile.max_wait_ms)
             else:
                 reason = "max_wait" if window > 0.0 else "idle"
         batch = self._dispatch(now_ms, reason, window, cap, backlog)
         more = queue.count > 0 and free > 1
         return Decision(batch, expired, now_ms if more else self._next_deadline())
+
+    def drain(self, now_ms: float) -> Batch | None:
+        """Dispatch what is pending up to the cap at once, window and slots aside
+        (reason `drain`): for a consumer that is stopping or losing its partitions."""
+        if self._queue.count == 0:
+            return None
+        return self._dispatch(now_ms, "drain", 0.0, self._curve.cap, 0)
 
     def completed(self, batch: Batch, now_ms: float, compute_ms: float) -> None:
         """The device finished `batch` after `compute_ms` of compute: free its slot, learn t(b)."""
@@ -168,7 +178,7 @@ class BatchingEngine:
             request_rate_per_ms=request_rate,
             free_slots=free,
             next_slot_free_ms=next_free,
-            batch_time_ms=self._curve.estimate_ms(pending_cost) if next_free is not None else None,
+            batch_time_ms=self._curve.estimate_ms,
         )
         window = now_ms - oldest_ms + wait if wait > 0.0 else 0.0
         return min(max(window, profile.min_wait_ms), profile.max_wait_ms)
@@ -188,7 +198,10 @@ class BatchingEngine:
         requests = queue.take(take_cap)
         cost = cost_before - queue.cost
         waits = [now_ms - request.enqueue_ms for request in requests]
-        marked = sum(1 for request in requests if request.marked)
+        marked = 0
+        for request in requests:
+            if request.marked:
+                marked += 1
         self._waits.record(waits, marked)
         oldest_wait = max(waits) if waits else 0.0
         self._last_batch_id += 1

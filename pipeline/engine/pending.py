@@ -2,15 +2,15 @@
 
 Every structure is a heap keyed by `(enqueue_ms, seq)`, so FIFO holds by the
 Kafka record timestamp even when partitions deliver out of order. Removal is
-lazy: a request that expired stays in its level heap until it surfaces at the
-top, where it is skipped because its sequence number is no longer live. No
-operation scans the whole queue.
+lazy: a request that expired stays in its heap as a tombstoned sequence number
+until it surfaces at the top, where it is skipped. Only requests that can
+expire (they have a deadline) are tracked in a set, so the common path (no
+deadline) touches no set at all. No operation scans the whole queue.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator
 
 from pipeline.engine.decisions import PendingRequest
 
@@ -23,7 +23,10 @@ class PendingQueue:
     def __init__(self, priority_levels: int, cost_in_tokens: bool) -> None:
         self._levels: list[list[Entry]] = [[] for _ in range(priority_levels)]
         self._marked: list[Entry] = []
-        self._live: set[int] = set()
+        self._expirable: set[int] = set()
+        """Pending requests that have a deadline (the engine may `remove` them)."""
+        self._removed: set[int] = set()
+        """Tombstones: removed requests still sitting inside a heap."""
         self._seq = 0
         self._cost_in_tokens = cost_in_tokens
         self.count = 0
@@ -31,41 +34,43 @@ class PendingQueue:
         self.cost = 0
         """Sum of pending requests' cost in the profile's unit."""
 
-    def cost_of(self, request: PendingRequest) -> int:
-        return request.cost if self._cost_in_tokens else 1
-
-    def add(self, request: PendingRequest) -> int:
-        """Queue a request; returns its sequence number (the handle for `remove`)."""
+    def add(self, request: PendingRequest, expirable: bool = False) -> int:
+        """Queue a request; returns its sequence number (the handle for `remove`,
+        which only works for requests added as `expirable`)."""
         seq = self._seq = self._seq + 1
         levels = self._levels
         level = request.priority
         if not 0 <= level < len(levels):
             level = 0 if level < 0 else len(levels) - 1
         heapq.heappush(levels[level], (request.enqueue_ms, seq, request))
-        self._live.add(seq)
+        if expirable:
+            self._expirable.add(seq)
         self.count += 1
         self.cost += request.cost if self._cost_in_tokens else 1
         return seq
 
     def remove(self, seq: int, request: PendingRequest) -> bool:
-        """Drop a request wherever it sits (lazily); False if it already left."""
-        if seq not in self._live:
+        """Drop an expirable request wherever it sits (lazily); False if it already left."""
+        if seq not in self._expirable:
             return False
-        self._live.discard(seq)
+        self._expirable.discard(seq)
+        self._removed.add(seq)
         self.count -= 1
         self.cost -= request.cost if self._cost_in_tokens else 1
         return True
 
     def is_live(self, seq: int) -> bool:
-        return seq in self._live
+        """Still pending (for expirable requests, the only ones the engine asks about)."""
+        return seq in self._expirable
 
     def _top(self, heap: list[Entry]) -> Entry | None:
-        live = self._live
+        removed = self._removed
         while heap:
             entry = heap[0]
-            if entry[1] in live:
+            if not removed or entry[1] not in removed:
                 return entry
             heapq.heappop(heap)
+            removed.discard(entry[1])
         return None
 
     def oldest_enqueue_ms(self) -> float | None:
@@ -108,20 +113,23 @@ class PendingQueue:
         """
         batch: list[PendingRequest] = []
         total = 0
-        live = self._live
+        removed = self._removed
+        expirable = self._expirable
         tokens = self._cost_in_tokens
         for heap in (self._marked, *self._levels):
             while heap:
                 enqueue_ms, seq, request = heap[0]
-                if seq not in live:
+                if removed and seq in removed:
                     heapq.heappop(heap)
+                    removed.discard(seq)
                     continue
                 cost = request.cost if tokens else 1
                 if total + cost > cap and batch:
                     self._account(batch, total)
                     return batch
                 heapq.heappop(heap)
-                live.discard(seq)
+                if expirable:
+                    expirable.discard(seq)
                 batch.append(request)
                 total += cost
                 if total >= cap:
@@ -133,10 +141,3 @@ class PendingQueue:
     def _account(self, batch: list[PendingRequest], total: int) -> None:
         self.count -= len(batch)
         self.cost -= total
-
-    def __iter__(self) -> Iterator[PendingRequest]:
-        """Pending requests in no particular order (for tests and draining)."""
-        for heap in (self._marked, *self._levels):
-            for _, seq, request in heap:
-                if seq in self._live:
-                    yield request

@@ -13,13 +13,17 @@ wait for the earliest busy slot to free (R ms away) or for this batch
 (t(b) ms), whichever first, call it T. Holding the last slot for w gains
 λw joiners about (T - w) each and costs the b pending requests w each; the
 net λw(T - w) - bw is positive iff λT > b and is largest at
-w* = (T - b/λ) / 2. The pieces come from the learned cost curve (t(b), and the
-expected completion of in-flight batches), not from constants.
+w* = (T - b/λ) / 2. If this batch would free first (t(b) < R), holding also
+delays that moment for everyone arriving before it; that push is charged too
+and usually cancels the gain, as on a single slot. The pieces come from the
+learned cost curve (t(b), and the expected completion of in-flight batches),
+not from constants.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 
 FIRST_FILL = -math.expm1(-math.log(2.0) / 8)
@@ -85,24 +89,32 @@ def paying_wait_ms(
     request_rate_per_ms: float,
     free_slots: int,
     next_slot_free_ms: float | None,
-    batch_time_ms: float | None,
+    batch_time_ms: Callable[[float], float | None],
 ) -> float:
     """Extra ms worth waiting from `now_ms` before dispatching; 0 when waiting does not pay.
 
     `depth_cost` is pending plus the caller's backlog: a known backlog shortens
     the time to fill `goal_cost`. `next_slot_free_ms` is the expected completion
     of the earliest in-flight batch (None when nothing is in flight), and
-    `batch_time_ms` the cost curve's t(b) of the batch we would send now.
-    A wait expected to bring less than one request is not worth it.
+    `batch_time_ms` the cost curve's t(b). A wait expected to bring less than
+    one request is not worth it.
     """
-    if free_slots != 1 or next_slot_free_ms is None or batch_time_ms is None:
+    if free_slots != 1 or next_slot_free_ms is None or cost_rate_per_ms <= 0.0:
         return 0.0
-    if cost_rate_per_ms <= 0.0:
+    now_time = batch_time_ms(pending_cost)
+    if now_time is None:
         return 0.0
-    blocked_ms = min(next_slot_free_ms - now_ms, batch_time_ms)
-    best = (blocked_ms - pending_cost / cost_rate_per_ms) / 2.0
+    other_free = next_slot_free_ms - now_ms
+    blocked = min(other_free, now_time)
+    best = (blocked - pending_cost / cost_rate_per_ms) / 2.0
     fill = max(goal_cost - depth_cost, 0) / cost_rate_per_ms
     wait = min(best, fill)
     if wait <= 0.0 or request_rate_per_ms * wait < 1.0:
         return 0.0
-    return wait
+    grown_time = batch_time_ms(pending_cost + cost_rate_per_ms * wait)
+    if grown_time is None:
+        return 0.0
+    pushed = max(min(other_free, wait + grown_time) - blocked, 0.0)
+    gain = cost_rate_per_ms * wait * (blocked - wait)
+    loss = pending_cost * wait + cost_rate_per_ms * (blocked - wait) * pushed
+    return wait if gain > loss else 0.0

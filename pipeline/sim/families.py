@@ -93,7 +93,7 @@ QUICK_CAPS = (8, 32, 128)
 FIXED_WINDOW = Family(
     "fixed-window",
     lambda c, x: FixedWindow(c["window_ms"], c["cap"], x.max_inflight),
-    _grid(window_ms=(0.0, 2.0, 5.0, 10.0, 20.0, 50.0), cap=(4, 8, 16, 24, 32, 48, 64, 96, 128)),
+    _grid(window_ms=(0.0, 2.0, 5.0, 20.0, 50.0), cap=(4, 8, 16, 24, 32, 48, 64, 96, 128)),
     _grid(window_ms=(0.0, 5.0, 20.0), cap=QUICK_CAPS),
     cap_key="cap",
 )
@@ -103,7 +103,7 @@ TRITON = Family(
     lambda c, x: TritonDynamic(c["max_batch_size"], c["max_queue_delay_ms"],
                                (c["max_batch_size"] // 2, c["max_batch_size"]) if c["preferred"] else (),
                                x.priority_levels, x.max_inflight),
-    _grid(max_batch_size=CAPS, max_queue_delay_ms=(0.0, 2.0, 10.0, 50.0), preferred=(False, True)),
+    _grid(max_batch_size=CAPS, max_queue_delay_ms=(0.0, 2.0, 10.0), preferred=(False, True)),
     _grid(max_batch_size=QUICK_CAPS, max_queue_delay_ms=(0.0, 10.0), preferred=(False,)),
     cap_key="max_batch_size",
 )
@@ -119,7 +119,7 @@ TF_SERVING = Family(
 TORCHSERVE = Family(
     "torchserve",
     lambda c, x: PollTimerBatcher(c["batch_size"], c["max_batch_delay_ms"], x.max_inflight),
-    _grid(batch_size=CAPS, max_batch_delay_ms=(0.0, 2.0, 10.0, 50.0, 100.0)),
+    _grid(batch_size=CAPS, max_batch_delay_ms=(0.0, 2.0, 10.0, 50.0)),
     _grid(batch_size=QUICK_CAPS, max_batch_delay_ms=(0.0, 10.0)),
     cap_key="batch_size",
 )
@@ -143,7 +143,7 @@ BENTOML = Family(
 CLIPPER = Family(
     "clipper",
     lambda c, x: ClipperAIMD(c["batch_slo_ms"], c["step"], c["cap"], x.max_inflight),
-    _grid(batch_slo_ms=(5.0, 10.0, 20.0, 40.0, 80.0), step=(1, 4), cap=(16, 48, 128)),
+    _grid(batch_slo_ms=(10.0, 20.0, 40.0, 80.0), step=(1, 4), cap=(16, 48, 128)),
     _grid(batch_slo_ms=(10.0, 40.0), step=(4,), cap=(48, 128)),
     cap_key="cap",
 )

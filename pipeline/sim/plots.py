@@ -56,21 +56,23 @@ def write_plots(bench: PolicyBench, directory: str | Path) -> list[Path]:
     fig.savefig(written[-1], dpi=110, bbox_inches="tight")
     plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(9, 5.5))
+    fig, (ax, cap_ax) = plt.subplots(2, 1, figsize=(9, 8), sharex=True)
     for row in bench.rows:
         log = row.outcome.batches
         if not log.dispatch_ms:
             continue
         t = np.asarray(log.dispatch_ms) / 1000.0
-        w = np.asarray(log.window_ms)
-        bucket = np.floor(t * 4) / 4
-        keys, idx = np.unique(bucket, return_inverse=True)
-        mean = np.bincount(idx, weights=w) / np.bincount(idx)
-        ax.plot(keys, mean, label=row.candidate.family, linewidth=1.0)
-    ax.set_xlabel("time (s)")
+        keys, idx = np.unique(np.floor(t * 4) / 4, return_inverse=True)
+        counts = np.bincount(idx)
+        ax.plot(keys, np.bincount(idx, weights=np.asarray(log.window_ms)) / counts,
+                label=row.candidate.family, linewidth=1.0)
+        cap_ax.plot(keys, np.bincount(idx, weights=np.asarray(log.effective_cap, dtype=float)) / counts,
+                    label=row.candidate.family, linewidth=1.0)
     ax.set_ylabel("window (ms, mean per 250 ms)")
-    ax.set_title(f"{name}: batching window over time (DispatchRecord.window_ms)")
+    ax.set_title(f"{name}: batching window and effective cap over time (DispatchRecord)")
     ax.legend(fontsize=7, ncol=2)
+    cap_ax.set_ylabel("effective cap")
+    cap_ax.set_xlabel("time (s)")
     written.append(out / f"{name}-window.png")
     fig.savefig(written[-1], dpi=110, bbox_inches="tight")
     plt.close(fig)

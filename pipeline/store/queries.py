@@ -58,42 +58,47 @@ ORDER BY model
        "Requests, throughput, exact e2e and queue-wait quantiles, long waits and tail marking over the range.",
        f"""
 SELECT
-    model,
-    count() AS requests,
-    count() / greatest(dateDiff('second', $__fromTime, $__toTime), 1) AS requests_per_s,
-    sum(tokens_in + tokens_out) / greatest(dateDiff('second', $__fromTime, $__toTime), 1) AS tokens_per_s,
-    quantileExactInclusive(0.5)(e2e_ms) AS e2e_p50_ms,
-    quantileExactInclusive(0.99)(e2e_ms) AS e2e_p99_ms,
-    quantileExactInclusive(0.999)(e2e_ms) AS e2e_p999_ms,
-    quantileExactInclusive(0.5)(wait_ms) AS wait_p50_ms,
-    quantileExactInclusive(0.99)(wait_ms) AS wait_p99_ms,
-    quantileExactInclusive(0.999)(wait_ms) AS wait_p999_ms,
-    countIf(wait_ms > 1000) / count() AS share_wait_over_1s,
-    countIf(tail_marked) / count() AS marked_share,
-    quantileExactInclusiveIf(0.99)(wait_ms, tail_marked) AS marked_wait_p99_ms,
-    quantileExactInclusiveIf(0.99)(wait_ms, NOT tail_marked) AS unmarked_wait_p99_ms,
-    countIf(outcome != 'ok') / count() AS not_ok_share
-FROM request_latency FINAL
-WHERE $__timeFilter(enqueue_time) AND {MODEL_FILTER}
-GROUP BY model
+    model, requests, requests_per_s, tokens_per_s,
+    e2e[1] AS e2e_p50_ms, e2e[2] AS e2e_p99_ms, e2e[3] AS e2e_p999_ms,
+    wait[1] AS wait_p50_ms, wait[2] AS wait_p99_ms, wait[3] AS wait_p999_ms,
+    share_wait_over_1s, marked_share, marked_wait_p99_ms, unmarked_wait_p99_ms, not_ok_share
+FROM (
+    SELECT
+        model,
+        count() AS requests,
+        count() / greatest(dateDiff('second', $__fromTime, $__toTime), 1) AS requests_per_s,
+        sum(tokens_in + tokens_out) / greatest(dateDiff('second', $__fromTime, $__toTime), 1) AS tokens_per_s,
+        quantilesExactInclusive(0.5, 0.99, 0.999)(e2e_ms) AS e2e,
+        quantilesExactInclusive(0.5, 0.99, 0.999)(wait_ms) AS wait,
+        countIf(wait_ms > 1000) / count() AS share_wait_over_1s,
+        countIf(tail_marked) / count() AS marked_share,
+        quantileExactInclusiveIf(0.99)(wait_ms, tail_marked) AS marked_wait_p99_ms,
+        quantileExactInclusiveIf(0.99)(wait_ms, NOT tail_marked) AS unmarked_wait_p99_ms,
+        countIf(outcome != 'ok') / count() AS not_ok_share
+    FROM request_latency FINAL
+    WHERE $__timeFilter(enqueue_time) AND {MODEL_FILTER}
+    GROUP BY model
+)
 ORDER BY model
 """),
     _q("latency_quantiles", "End-to-end and queue-wait p50 / p99 / p999", "time_series",
        "Exact quantiles per model and time bucket, from the raw rows.",
        f"""
 SELECT
-    $__timeInterval(enqueue_time) AS time,
-    model,
-    count() AS requests,
-    quantileExactInclusive(0.5)(e2e_ms) AS e2e_p50_ms,
-    quantileExactInclusive(0.99)(e2e_ms) AS e2e_p99_ms,
-    quantileExactInclusive(0.999)(e2e_ms) AS e2e_p999_ms,
-    quantileExactInclusive(0.5)(wait_ms) AS wait_p50_ms,
-    quantileExactInclusive(0.99)(wait_ms) AS wait_p99_ms,
-    quantileExactInclusive(0.999)(wait_ms) AS wait_p999_ms
-FROM request_latency FINAL
-WHERE $__timeFilter(enqueue_time) AND {MODEL_FILTER}
-GROUP BY time, model
+    time, model, requests,
+    e2e[1] AS e2e_p50_ms, e2e[2] AS e2e_p99_ms, e2e[3] AS e2e_p999_ms,
+    wait[1] AS wait_p50_ms, wait[2] AS wait_p99_ms, wait[3] AS wait_p999_ms
+FROM (
+    SELECT
+        $__timeInterval(enqueue_time) AS time,
+        model,
+        count() AS requests,
+        quantilesExactInclusive(0.5, 0.99, 0.999)(e2e_ms) AS e2e,
+        quantilesExactInclusive(0.5, 0.99, 0.999)(wait_ms) AS wait
+    FROM request_latency FINAL
+    WHERE $__timeFilter(enqueue_time) AND {MODEL_FILTER}
+    GROUP BY time, model
+)
 ORDER BY time, model
 """),
     _q("throughput", "Throughput: requests/s and tokens/s", "time_series",

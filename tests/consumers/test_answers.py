@@ -8,7 +8,7 @@ from pathlib import Path
 
 from consumers.runners import make_runner
 from consumers.worker import Consumer
-from pipeline.config import BatchProfile, ConsumerSettings, KafkaSettings, ModelConfig
+from pipeline.config import ConsumerSettings, KafkaSettings, ModelConfig
 from pipeline.engine import BatchingEngine
 from tests.consumers.harness import (
     MODEL,

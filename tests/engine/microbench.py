@@ -43,4 +43,8 @@ def run(total: int) -> float:
 
 if __name__ == "__main__":
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 300_000
-    print(f"engine: {run(n):,.0f} requests/s (offer+poll+completed, {n:,} requests)")
+    rates = [run(n) for _ in range(3)]
+    print(
+        f"engine: {max(rates):,.0f} requests/s best of 3 "
+        f"(median {sorted(rates)[1]:,.0f}; offer+poll+completed incl. driver, {n:,} requests)"
+    )

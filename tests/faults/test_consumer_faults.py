@@ -54,6 +54,7 @@ def test_overload_expires_instead_of_running_late(stage: Stage) -> None:
     assert_nothing_lost(report)
     d = report.details
     assert d["outcomes"]["expired"] > 0 and d["outcomes"]["ok"] > 0
+    assert d["dispatched_after_deadline"] == 0
     assert d["ok_p99_ms"] <= d["late_bound_ms"]
     assert d["rss_growth_mb"] < 150
     assert d["ok_rps_during"] >= 0.5 * d["capacity_rps"]

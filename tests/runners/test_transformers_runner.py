@@ -205,3 +205,21 @@ def test_check_from_one_thread_while_run_in_another(bert: TransformersRunner) ->
         assert len(outs) == len(TEXTS)
     thread.join()
     assert errors == []
+
+
+def test_plain_copy_saves_the_same_model(tiny_gpt2_dir: Path, tmp_path: Path) -> None:
+    """The GGUF cache re-homes loaded weights in a fresh model before saving;
+    the copy must generate exactly what the original does (tied head included)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from consumers.runners.gguf_cache import _plain_copy
+
+    original = AutoModelForCausalLM.from_pretrained(tiny_gpt2_dir).eval()
+    _plain_copy(AutoModelForCausalLM.from_pretrained(tiny_gpt2_dir), AutoModelForCausalLM).save_pretrained(tmp_path)
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    prompt = torch.tensor([[5, 17, 42, 99]])
+    with torch.inference_mode():
+        a = original.generate(prompt, max_new_tokens=6, do_sample=False, pad_token_id=0)
+        b = reloaded.generate(prompt, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert torch.equal(a, b)

@@ -14,6 +14,7 @@ session (the dashboard and report tests read it; nobody writes to it).
 from __future__ import annotations
 
 import dataclasses
+import re
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ import pytest
 from clickhouse_connect.driver.client import Client
 
 from pipeline.config import ClickHouseSettings
-from pipeline.store.client import connect
+from pipeline.store.client import ClickHouseUnavailable, connect
 from pipeline.store.migrations import Layout, migrate
 from pipeline.store.seed import SeedChunk, SeedSummary, generate, insert_chunk, recent_start_ms
 
@@ -47,10 +48,30 @@ class SeededClickHouse:
     """The generated rows themselves, for computing expected figures independently."""
 
 
+OPEN_ENGINE = re.compile(r"already initialized with path '([^']+)'")
+
+
+def _engine_directory(wanted: str) -> str:
+    """`wanted`, unless another fixture of this process already opened chDB elsewhere: then that one.
+
+    chDB refuses a second directory while a client is open; databases keep
+    tests apart either way, so sharing the open directory is safe.
+    """
+    try:
+        probe = connect(ClickHouseSettings(data_dir=wanted))
+    except ClickHouseUnavailable as e:
+        match = OPEN_ENGINE.search(str(e))
+        if match is None:
+            raise
+        return match.group(1)
+    probe.close()
+    return wanted
+
+
 @pytest.fixture(scope="session")
 def clickhouse_settings(tmp_path_factory: pytest.TempPathFactory) -> ClickHouseSettings:
     """Embedded engine in a session temp dir; database `batchtide` (tests use their own, see ch_database)."""
-    return ClickHouseSettings(data_dir=str(tmp_path_factory.mktemp("chdb")), database="batchtide")
+    return ClickHouseSettings(data_dir=_engine_directory(str(tmp_path_factory.mktemp("chdb"))), database="batchtide")
 
 
 @pytest.fixture(scope="session")
