@@ -35,6 +35,7 @@ from typing import Any, Literal
 
 import numpy as np
 from aiokafka import AIOKafkaConsumer
+from aiokafka.errors import KafkaError
 
 from consumers.kafka import Topics, client_options, ensure_topics
 from consumers.producer import Load, LoadProducer, poisson_load
@@ -79,6 +80,8 @@ class BenchOptions:
     hard_cap: int = 48
     late_consumer_s: float | None = None
     """Start the last consumer this long after the load began (to measure a rebalance)."""
+    find_max_duration_s: float = 8.0
+    """Seconds per find-max trial (the ramp runs several)."""
     find_max_start: float = 2000.0
     find_max_limit: float = 40000.0
 
@@ -262,7 +265,10 @@ async def wait_for_group(kafka: KafkaSettings, consumers: ConsumerProcesses, tim
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         consumers.check_alive()
-        state, members = await group_members(kafka)
+        try:
+            state, members = await group_members(kafka)
+        except KafkaError:  # a fresh broker has no group coordinator for a moment
+            state, members = "Unknown", 0
         if state == "Stable" and members == len(consumers.procs):
             return
         await asyncio.sleep(0.5)
@@ -473,7 +479,8 @@ async def run_bench(
     try:
         if find_max_mode:
             say("zero-cost runner: finding the max sustained rate")
-            figures |= await find_max(replace(options, runner="zero-cost"), kafka, workdir, say)
+            ramp = replace(options, runner="zero-cost", duration_s=options.find_max_duration_s)
+            figures |= await find_max(ramp, kafka, workdir, say)
         if rates_mode:
             say(f"{options.runner} runner at {', '.join(f'{r:g}' for r in options.rates)} req/s")
             figures |= await at_rates(options, kafka, workdir, say)

@@ -657,6 +657,7 @@ class Consumer:
         for pr in chosen:
             held: Held = pr.payload
             held.forwarded_out = True
+            self.engine.withdraw(pr)
             self._unwait(held)
             messages.append(
                 (self.priority_topic, held.request.id.encode(), held.raw, forward_headers(held, self.consumer_id))
@@ -800,8 +801,10 @@ class Consumer:
         if not revoked:
             return
         for key in [k for k in self._waiting if k[0] in revoked]:
-            held: Held = self._waiting[key].payload
+            pending = self._waiting[key]
+            held: Held = pending.payload
             held.abandoned = True
+            self.engine.withdraw(pending)
             self._unwait(held)
         await self._settle()
         await self._commit(revoked)

@@ -429,7 +429,6 @@ class RssSampler:
                 pass
 
 
-
 _COUNT_ROWS = """
 import json, sys
 from pipeline.config import ClickHouseSettings
@@ -997,7 +996,7 @@ async def poison_request(stage: Stage, sizes: ChaosSizes) -> FaultReport:
         await _settle_answers(d, sizes, linger_s=1.0)
         d.check_alive()
         poison = [request_id for i, request_id in enumerate(ids) if POISON_MARKER in text_for(i)]
-        healthy = [request_id for request_id in ids if request_id not in set(poison)]
+        healthy = sorted(set(ids) - set(poison))
         failures: list[str] = []
         for request_id in poison:
             letters = d.ledger.dead.get(request_id, [])
@@ -1224,15 +1223,18 @@ async def broker_restart(stage: Stage, sizes: ChaosSizes) -> FaultReport:
         sending = asyncio.create_task(d.traffic.open_loop(int(sizes.rate_rps * (before_s + sizes.outage_s)), sizes.rate_rps))
         await asyncio.sleep(before_s)
         fault_start = time.time()
-        await asyncio.to_thread(broker.stop)
-        await asyncio.sleep(max(0.0, sizes.outage_s - (time.time() - fault_start)))
-        await _port_released(broker.port)
-        await asyncio.to_thread(broker.start, 120.0)
+        try:
+            await asyncio.to_thread(broker.stop)
+            await asyncio.sleep(max(0.0, sizes.outage_s - (time.time() - fault_start)))
+        finally:
+            await _port_released(broker.port)
+            await asyncio.to_thread(broker.start, 120.0)
         fault_end = time.time()
         await sending
-        await d.traffic.open_loop(int(sizes.rate_rps * after_s), sizes.rate_rps)
+        sending = asyncio.create_task(d.traffic.open_loop(int(sizes.rate_rps * after_s), sizes.rate_rps))
         target = await d.latency_end_offsets()
         caught_up = await d.events_caught_up(sizes.answer_timeout_s, target)
+        await sending
         await _settle_answers(d, sizes)
         d.check_alive()
         _, (events_lost, events_double, event_details) = await _stop_sink_and_count(d, sizes)
@@ -1257,7 +1259,6 @@ async def broker_restart(stage: Stage, sizes: ChaosSizes) -> FaultReport:
         report.lost += events_lost
         report.duplicated += events_double
         return report
-
 
 
 async def sink_kill(stage: Stage, sizes: ChaosSizes) -> FaultReport:
@@ -1301,7 +1302,6 @@ async def sink_kill(stage: Stage, sizes: ChaosSizes) -> FaultReport:
         report.lost += events_lost
         report.duplicated += events_double
         return report
-
 
 
 async def clickhouse_outage(stage: Stage, sizes: ChaosSizes) -> FaultReport:

@@ -80,6 +80,9 @@ class BatchProfile:
     paying (for a hard_cap set far above the model's likely knee); False starts at hard_cap."""
     compute_budget_ms: float | None = None
     """Upper bound on one batch's compute time; the learned cap stays under it."""
+    batch_overhead_ms: float = 1.0
+    """Per-batch cost outside the device (results, events, thread hop) counted in the
+    knee's throughput b / (t(b) + this): near-free models are not batched one by one."""
     knee_tolerance: float = 0.02
     """A larger batch must raise throughput by more than this share to count as better."""
     rate_halflife_ms: float = 250.0
@@ -125,6 +128,8 @@ class BatchProfile:
             p.append(f"default_deadline_ms must be > 0 (got {self.default_deadline_ms})")
         if self.compute_budget_ms is not None and self.compute_budget_ms <= 0:
             p.append(f"compute_budget_ms must be > 0 (got {self.compute_budget_ms})")
+        if self.batch_overhead_ms < 0:
+            p.append(f"batch_overhead_ms must be >= 0 (got {self.batch_overhead_ms})")
         if self.rate_halflife_ms <= 0:
             p.append(f"rate_halflife_ms must be > 0 (got {self.rate_halflife_ms})")
         if self.slo_p99_ms <= 0:

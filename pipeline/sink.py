@@ -93,7 +93,8 @@ def broker_credentials(settings: KafkaSettings) -> faust.types.auth.CredentialsT
 
 @dataclass
 class Sink:
-    """The faust app plus its two loaders; `app.main()` runs it as a worker."""
+    """The faust app plus its two loaders: `faust.Worker(sink.app)` runs it (`batchtide sink`),
+    `await sink.app.start()` / `stop()` embeds it in a running event loop (tests, benchmarks)."""
 
     app: faust.App
     latency: Loader[LatencyEvent]

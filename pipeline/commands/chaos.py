@@ -14,9 +14,12 @@ import logging
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
+
+if TYPE_CHECKING:
+    from pipeline.chaos import FaultReport
 
 
 def chaos(
@@ -53,7 +56,11 @@ def chaos(
         "rate_rps": rate,
         "requests": requests,
     }
-    sizes = dataclasses.replace(sizes, **{k: v for k, v in overrides.items() if v is not None})
+    given = {k: v for k, v in overrides.items() if v is not None}
+    if any(v <= 0 for v in given.values()):
+        typer.echo("error: --outage-s, --overload-s, --rate and --requests must be > 0", err=True)
+        raise typer.Exit(2)
+    sizes = dataclasses.replace(sizes, **given)
     keep = workdir is not None
     base = workdir or Path(tempfile.mkdtemp(prefix="batchtide-chaos-"))
     base.mkdir(parents=True, exist_ok=True)
@@ -71,7 +78,7 @@ def chaos(
         raise typer.Exit(1)
 
 
-def _print_table(reports: list) -> None:  # type: ignore[type-arg]
+def _print_table(reports: list[FaultReport]) -> None:
     from rich.console import Console
     from rich.table import Table
 

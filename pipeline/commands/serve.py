@@ -1,4 +1,5 @@
-"""CLI commands: `consume` (a GPU consumer), `produce` (open-loop load), `results` (tail answers)."""
+"""CLI commands: `consume` (a GPU consumer), `produce` (open-loop load), `results` (tail answers),
+and `bench pipeline` (the real end-to-end bench, attached to the bench group)."""
 
 from __future__ import annotations
 
@@ -164,7 +165,8 @@ def bench_pipeline(
     find_max: bool = typer.Option(False, "--find-max", help="Zero-cost runner: ramp the rate to the max sustained req/s."),
     rates: Optional[str] = typer.Option(None, "--rates", help="Comma-separated offered rates (req/s) for --runner."),
     runner: str = typer.Option("minilm", "--runner", help="Runner for --rates: minilm, zero-cost or cost-model."),
-    duration: float = typer.Option(30.0, "--duration", help="Seconds per offered rate."),
+    duration: float = typer.Option(30.0, "--duration", help="Seconds per offered rate of --rates."),
+    find_max_duration: float = typer.Option(8.0, "--find-max-duration", help="Seconds per --find-max trial."),
     seed: int = typer.Option(1, "--seed"),
     torch_threads: int = typer.Option(1, "--torch-threads", help="torch threads of each consumer (minilm)."),
     bootstrap: Optional[str] = typer.Option(None, "--bootstrap", help="Use this broker instead of starting a local one."),
@@ -200,7 +202,8 @@ def bench_pipeline(
     options = BenchOptions(
         runner=runner,  # type: ignore[arg-type]
         rates=offered,
-        duration_s=duration if rates else min(duration, 10.0),
+        duration_s=duration,
+        find_max_duration_s=find_max_duration,
         seed=seed,
         torch_threads=torch_threads,
         bootstrap=bootstrap,

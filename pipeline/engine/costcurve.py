@@ -10,7 +10,10 @@ Knee: a larger batch counts as better only if it raises throughput by more
 than `knee_tolerance` per doubling of the size. Taking logs, the knee is the
 smallest observed size maximising
 
-    g(b) = log(b / t(b)) - log2(b) * log(1 + knee_tolerance)
+    g(b) = log(b / (t(b) + o)) - log2(b) * log(1 + knee_tolerance)
+
+where o is the driver's per-batch overhead outside the device
+(`batch_overhead_ms`: producing results and events, the thread hop)
 
 one pass over the buckets. Measured times are noisy (token mixes, a shared
 GPU), so a size scoring within the noise (the median spread of log t inside
@@ -53,6 +56,8 @@ SHIFT_RATIO = math.log(1.4)
 SHIFT_RUN = 5
 """This many out-of-line completions in a row, all the same way, is a shift: a
 bucket's median of 9 has not flipped yet, and noise rarely lines up 5 times."""
+NOISE_MULTIPLE = 3.0
+"""A shift must lie this many median absolute deviations (of log t) off the bucket."""
 EVIDENCE_SAMPLES = 3
 """Completions a larger size needs before "it was not better" lowers the cap."""
 MAX_PROBE_INTERVAL = 64
@@ -111,6 +116,7 @@ class CostCurve:
         knee_tolerance: float,
         budget_ms: float | None,
         *,
+        overhead_ms: float = 0.0,
         start_cap: int | None = None,
         probe_every: int = 8,
         shift_batches: int = 24,
@@ -120,6 +126,7 @@ class CostCurve:
         self._start_cap = hard_cap if start_cap is None or not enabled else min(start_cap, hard_cap)
         self._doubling_penalty = math.log(1.0 + knee_tolerance) / math.log(2.0)
         self._budget_ms = budget_ms
+        self._overhead_ms = overhead_ms
         self._width = max(1, math.ceil(hard_cap / MAX_BUCKETS))
         self._buckets: dict[int, _Bucket] = {}
         self._probe_every = probe_every
@@ -158,7 +165,11 @@ class CostCurve:
             bucket = self._buckets[key] = _Bucket()
         elif len(bucket.times) >= 3:
             deviation = math.log(compute_ms / bucket.time_ms)
-            direction = (deviation > SHIFT_RATIO) - (deviation < -SHIFT_RATIO)
+            # On a busy host the bucket's own spread can exceed 40%: only a
+            # departure well outside that noise is a shift, or noise would
+            # clear the curve again and again and drag the cap down.
+            limit = max(SHIFT_RATIO, NOISE_MULTIPLE * (bucket.spread or 0.0))
+            direction = (deviation > limit) - (deviation < -limit)
             if direction and direction == self._run_direction:
                 self._run += 1
             else:
@@ -240,8 +251,12 @@ class CostCurve:
         return cap, ("budget" if budget_cap < knee_cap else knee_reason)
 
     def _score(self, size: int, time_ms: float) -> float:
-        """log throughput, less the tolerance per doubling: the knee maximises it."""
-        return math.log(size / time_ms) - self._doubling_penalty * math.log(size)
+        """log throughput, less the tolerance per doubling: the knee maximises it.
+
+        Throughput counts the driver's per-batch overhead too: a model that
+        computes in microseconds is limited by that overhead, not by t(b).
+        """
+        return math.log(size / (time_ms + self._overhead_ms)) - self._doubling_penalty * math.log(size)
 
     def probe_cap(self) -> int | None:
         """Size to try instead of the cap for this cap-limited batch, or None.

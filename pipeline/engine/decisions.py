@@ -32,6 +32,8 @@ class PendingRequest:
     marked: bool = False
     """Set by the engine when the request became a tail (sticky)."""
     marked_at_ms: float | None = None
+    seq: int = 0
+    """The engine's handle for this request while it is pending (see `withdraw`)."""
 
 
 @dataclass(slots=True)

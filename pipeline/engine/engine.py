@@ -52,6 +52,7 @@ class BatchingEngine:
             profile.hard_cap,
             profile.knee_tolerance,
             budget if budget is not None else profile.slo_p99_ms / 2.0,
+            overhead_ms=profile.batch_overhead_ms,
             start_cap=profile.target_size if profile.cap_ramp else None,
             enabled=profile.adaptive_cap,
         )
@@ -84,11 +85,14 @@ class BatchingEngine:
         deadline = request.deadline_ms
         if deadline is None and self.profile.default_deadline_ms is not None:
             deadline = request.enqueue_ms + self.profile.default_deadline_ms
-        if deadline is None:
-            self._queue.add(request)
-        else:
-            seq = self._queue.add(request, expirable=True)
+        seq = request.seq = self._queue.add(request)
+        if deadline is not None:
             heapq.heappush(self._deadlines, (deadline, seq, request))
+
+    def withdraw(self, request: PendingRequest) -> bool:
+        """Take back a pending request (forwarded to another consumer, or its
+        partition was revoked); False if it already left in a batch or expired."""
+        return self._queue.remove(request.seq, request)
 
     def poll(self, now_ms: float, device_free: bool = True, backlog: int = 0) -> Decision:
         """Decide at `now_ms`; after a batch, poll again (another slot may be free)."""

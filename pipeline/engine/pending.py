@@ -2,10 +2,9 @@
 
 Every structure is a heap keyed by `(enqueue_ms, seq)`, so FIFO holds by the
 Kafka record timestamp even when partitions deliver out of order. Removal is
-lazy: a request that expired stays in its heap as a tombstoned sequence number
-until it surfaces at the top, where it is skipped. Only requests that can
-expire (they have a deadline) are tracked in a set, so the common path (no
-deadline) touches no set at all. No operation scans the whole queue.
+lazy: a request that expired or was withdrawn stays in its heap as a
+tombstoned sequence number until it surfaces at the top, where it is skipped.
+No operation scans the whole queue.
 """
 
 from __future__ import annotations
@@ -23,8 +22,8 @@ class PendingQueue:
     def __init__(self, priority_levels: int, cost_in_tokens: bool) -> None:
         self._levels: list[list[Entry]] = [[] for _ in range(priority_levels)]
         self._marked: list[Entry] = []
-        self._expirable: set[int] = set()
-        """Pending requests that have a deadline (the engine may `remove` them)."""
+        self._live: set[int] = set()
+        """Sequence numbers of the requests still pending (the handles `remove` takes)."""
         self._removed: set[int] = set()
         """Tombstones: removed requests still sitting inside a heap."""
         self._seq = 0
@@ -34,34 +33,32 @@ class PendingQueue:
         self.cost = 0
         """Sum of pending requests' cost in the profile's unit."""
 
-    def add(self, request: PendingRequest, expirable: bool = False) -> int:
-        """Queue a request; returns its sequence number (the handle for `remove`,
-        which only works for requests added as `expirable`)."""
+    def add(self, request: PendingRequest) -> int:
+        """Queue a request; returns its sequence number (the handle for `remove`)."""
         seq = self._seq = self._seq + 1
         levels = self._levels
         level = request.priority
         if not 0 <= level < len(levels):
             level = 0 if level < 0 else len(levels) - 1
         heapq.heappush(levels[level], (request.enqueue_ms, seq, request))
-        if expirable:
-            self._expirable.add(seq)
+        self._live.add(seq)
         self.count += 1
         self.cost += request.cost if self._cost_in_tokens else 1
         return seq
 
     def remove(self, seq: int, request: PendingRequest) -> bool:
-        """Drop an expirable request wherever it sits (lazily); False if it already left."""
-        if seq not in self._expirable:
+        """Drop a pending request wherever it sits (lazily); False if it already left."""
+        if seq not in self._live:
             return False
-        self._expirable.discard(seq)
+        self._live.discard(seq)
         self._removed.add(seq)
         self.count -= 1
         self.cost -= request.cost if self._cost_in_tokens else 1
         return True
 
     def is_live(self, seq: int) -> bool:
-        """Still pending (for expirable requests, the only ones the engine asks about)."""
-        return seq in self._expirable
+        """Still pending."""
+        return seq in self._live
 
     def _top(self, heap: list[Entry]) -> Entry | None:
         removed = self._removed
@@ -114,7 +111,7 @@ class PendingQueue:
         batch: list[PendingRequest] = []
         total = 0
         removed = self._removed
-        expirable = self._expirable
+        live = self._live
         tokens = self._cost_in_tokens
         for heap in (self._marked, *self._levels):
             while heap:
@@ -128,8 +125,7 @@ class PendingQueue:
                     self._account(batch, total)
                     return batch
                 heapq.heappop(heap)
-                if expirable:
-                    expirable.discard(seq)
+                live.discard(seq)
                 batch.append(request)
                 total += cost
                 if total >= cap:

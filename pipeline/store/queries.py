@@ -13,7 +13,9 @@ Exact figures read the raw tables with FINAL (collapses any duplicate a
 racing second sink slipped in) and `quantileExactInclusive` (the R-7 /
 numpy-default interpolation), so they can be checked independently. The
 `*_rollup` queries read the per-minute AggregatingMergeTree tables: cheap at
-any range, t-digest approximate, for long-range board panels.
+any range, counts exact, quantiles from merged quantileTiming states (nearest
+rank at 1 ms resolution below 1024 ms, 16 ms above, capped at 30 s), for
+long-range board panels.
 """
 
 from __future__ import annotations
@@ -252,7 +254,7 @@ GROUP BY time, model
 ORDER BY time, model
 """),
     _q("latency_quantiles_rollup", "p50 / p99 / p999 from the per-minute rollup", "time_series",
-       "Long ranges at low cost: merged t-digest states, approximate (a few % at p99).",
+       "Long ranges at low cost: merged quantileTiming states (nearest rank, 1 ms resolution below 1 s, capped at 30 s).",
        f"""
 SELECT
     time, model, requests,
@@ -263,8 +265,8 @@ FROM (
         $__timeInterval(minute) AS time,
         model,
         sum(requests) AS requests,
-        quantilesTDigestMerge(0.5, 0.99, 0.999)(e2e_ms_q) AS e2e,
-        quantilesTDigestMerge(0.5, 0.99, 0.999)(wait_ms_q) AS wait
+        quantilesTimingMerge(0.5, 0.99, 0.999)(e2e_ms_q) AS e2e,
+        quantilesTimingMerge(0.5, 0.99, 0.999)(wait_ms_q) AS wait
     FROM latency_minute
     WHERE $__timeFilter(minute) AND {MODEL_FILTER}
     GROUP BY time, model

@@ -10,7 +10,7 @@ CREATE TABLE IF NOT EXISTS ${db}.batches_minute${local} ${on_cluster}
     batches      SimpleAggregateFunction(sum, UInt64),
     hits         SimpleAggregateFunction(sum, UInt64),
     marked       SimpleAggregateFunction(sum, UInt64),
-    compute_ms_q AggregateFunction(quantilesTDigest(0.5, 0.99), Float64)
+    compute_ms_q AggregateFunction(quantilesTiming(0.5, 0.99), Float64)
 )
 ENGINE = ${engine:AggregatingMergeTree}
 PARTITION BY toYYYYMM(minute)
@@ -27,7 +27,7 @@ AS SELECT
     count() AS batches,
     countIf(hit_target) AS hits,
     sum(toUInt64(marked_count)) AS marked,
-    quantilesTDigestState(0.5, 0.99)(compute_ms) AS compute_ms_q
+    quantilesTimingState(0.5, 0.99)(compute_ms) AS compute_ms_q
 FROM ${db}.batches${local}
 GROUP BY model, minute, size, reason;
 

@@ -172,3 +172,18 @@ def test_drain_sends_pending_now_in_cap_sized_batches() -> None:
     assert first is not None and second is not None and engine.drain(6.0) is None
     assert (first.size, second.size) == (4, 2)
     assert first.record.reason == second.record.reason == "drain"
+
+
+def test_withdrawn_request_is_never_dispatched_nor_expired() -> None:
+    engine = BatchingEngine(BatchProfile(target_size=4, hard_cap=8))
+    kept = [request(0.0) for _ in range(3)]
+    gone = request(0.0, deadline_ms=5.0)
+    for r in [*kept, gone]:
+        engine.offer(r, 0.0)
+    assert engine.withdraw(gone)
+    assert not engine.withdraw(gone)
+    assert engine.pending == 3
+    decision = engine.poll(10.0)
+    assert decision.expired == []
+    assert decision.batch is not None and decision.batch.requests == kept
+    assert not engine.withdraw(kept[0])

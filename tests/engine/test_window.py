@@ -15,8 +15,7 @@ def _teach_linear_curve(engine: BatchingEngine, fixed_ms: float, per_item_ms: fl
         for _ in range(size):
             engine.offer(request(now), now)
         decision = engine.poll(now)
-        while decision.batch is None:
-            decision = engine.poll(now)
+        assert decision.batch is not None, "every slot is free: no reason to hold"
         compute = fixed_ms + per_item_ms * size
         engine.completed(decision.batch, now + compute, compute)
         now += 100.0

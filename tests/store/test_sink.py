@@ -224,3 +224,28 @@ def test_sink_restarted_during_an_outage_replays_without_duplicates(
 
     asyncio.run(scenario())
     assert _counts(clickhouse_client, db) == (len(latency), len(batches), len(latency))
+
+
+def test_sink_authenticates_with_sasl(
+    sasl_kafka_settings: KafkaSettings, clickhouse_settings: ClickHouseSettings, ch_database: str,
+    clickhouse_client: Client, tmp_path: Path,
+) -> None:  # fmt: skip
+    """The sink reaches a SASL-only broker with the same KafkaSettings every other client uses."""
+    kafka = dataclasses.replace(sasl_kafka_settings, events_partitions=1)
+    topics = Topics(kafka.topic_prefix)
+    clickhouse = dataclasses.replace(clickhouse_settings, database=ch_database, insert_interval_ms=200)
+    config = Config(kafka=kafka, clickhouse=clickhouse)
+    latency, _ = _events(300, seed=25)
+    sink = build_sink(config, connect=Outage(clickhouse, ch_database).connect, datadir=str(tmp_path))
+
+    async def scenario() -> None:
+        await create_topics(kafka, {topics.latency_events: 1, topics.batch_events: 1})
+        await _produce(kafka, topics.latency_events, [ENCODE(e) for e in latency])
+
+        async def body() -> None:
+            await _until(lambda: _counts(clickhouse_client, ch_database)[0] == len(latency), what="rows via SASL")
+
+        await _running(sink, body)
+
+    asyncio.run(scenario())
+    assert _counts(clickhouse_client, ch_database)[0] == len(latency)
