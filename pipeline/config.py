@@ -191,15 +191,22 @@ class KafkaSettings:
     topic_prefix: str = "batchtide"
     """Every topic name starts with `<prefix>.`."""
     replication_factor: int = 1
+    """Replication of the topics `batchtide topics create` makes (3 on a real cluster)."""
     events_partitions: int = 4
+    """Partitions of the events and dead-letter topics (sink parallelism)."""
     security_protocol: SecurityProtocol = "PLAINTEXT"
+    """PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL, for every client (consumer, producer, sink, CLI)."""
     sasl_mechanism: SaslMechanism = "PLAIN"
+    """PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512."""
     sasl_username: str | None = None
     """SASL user; env BATCHTIDE_KAFKA_USERNAME overrides. The password is env-only:
     BATCHTIDE_KAFKA_PASSWORD."""
     ssl_cafile: str | None = None
+    """CA bundle that signed the brokers' certificates (TLS)."""
     ssl_certfile: str | None = None
+    """Client certificate, for brokers that require mutual TLS."""
     ssl_keyfile: str | None = None
+    """Key of the client certificate."""
     transactional: bool = False
     """Produce results and commit offsets in one Kafka transaction (exactly-once)."""
 
@@ -217,6 +224,7 @@ class ClickHouseSettings:
     data_dir: str = "var/clickhouse"
     """Embedded engine data directory (one process may open it at a time)."""
     database: str = "batchtide"
+    """Database holding request_latency, batches and the rollups."""
     ttl_days: int = 30
     """Raw rows older than this are dropped by ClickHouse TTL; rollups keep longer."""
     insert_batch_size: int = 5000

@@ -153,6 +153,9 @@ def build_sink(
         topic_replication_factor=kafka.replication_factor,
         consumer_auto_offset_reset="earliest",
         broker_commit_interval=1.0,
+        # faust's default (60 s) leaves a restarted sink's partitions unread for a
+        # minute after a crash; 10 s is Kafka's own consumer default.
+        broker_session_timeout=10.0,
         stream_buffer_maxsize=max(ch.insert_batch_size, 1000),
         # Unacked events are simply redelivered to whoever owns the partition next;
         # waiting for them at a rebalance or stop would hang for as long as ClickHouse is down.

@@ -63,13 +63,13 @@ def test_a_group_splits_partitions_and_loses_nothing_when_members_come_and_go(ka
         names = topics(kafka_settings)
         first, second = make_consumer(model, kafka_settings, settings, "c1"), make_consumer(model, kafka_settings, settings, "c2")
         async with running(first), running(second):
-            producing = asyncio.create_task(_trickle(kafka_settings, names.requests(model.name), n, per_s=600))
+            producing = asyncio.create_task(_trickle(kafka_settings, names.requests(model.name), n, per_s=250))
             await _until(lambda: len(first._consumer.assignment()) > 0 and len(second._consumer.assignment()) > 0)
             split = (len(first._consumer.assignment()), len(second._consumer.assignment()))
             await asyncio.sleep(1.0)
             async with running(make_consumer(model, kafka_settings, settings, "c3")) as third:
                 await _until(lambda: len(third._consumer.assignment()) > 0)
-                await asyncio.sleep(1.5)
+                await _until(lambda: third.stats.answered["ok"] > 0 or producing.done())
             await producing
             results = await collect(kafka_settings, names.results(model.name), {f"r{i}" for i in range(n)}, timeout_s=60)
         assert split[0] + split[1] == 12 and split[0] >= 2 and split[1] >= 2  # requests + priority topics
