@@ -278,7 +278,7 @@ class CostCurve:
         else:
             self._probe_interval = self._probe_every
             self._cap_at_last_probe = cap
-        far_up = min(self._hard_cap, max(cap + 1, math.ceil(cap * 4 / 3)))
+        far_up = min(self._hard_cap, max(cap + 1, 2 * cap if 2 * cap <= self._hard_cap else math.ceil(cap * 4 / 3)))
         far_down = max(1, min(cap - 1, math.floor(cap * 3 / 4)))
         up = self._first_unmeasured((far_up, *range(cap + 1, far_up)))
         fine_down = range(cap - 1, far_down, -1) if cap < self._hard_cap else range(0)

@@ -9,7 +9,7 @@ from pipeline.config import BatchProfile
 from pipeline.engine import BatchingEngine
 from pipeline.engine.costcurve import CostCurve
 
-from tests.engine.helpers import run_saturated
+from tests.engine.helpers import request, run_saturated
 
 
 def linear(size: int, _: int) -> float:
@@ -167,3 +167,21 @@ def test_near_free_model_is_not_batched_one_by_one() -> None:
     engine = BatchingEngine(BatchProfile(target_size=32, hard_cap=48))
     records = run_saturated(engine, lambda size, i: 0.05 * noise[i] * (1 + size / 48), 600)
     assert all(r.effective_cap == 48 for r in records[-100:])
+
+
+def test_cap_learned_from_tiny_batches_recovers_fast_under_backlog() -> None:
+    """Low load shows only batches of 1-3 with flat per-item cost (the knee looks
+    like 1-2); when a backlog arrives and bigger batches pay, the cap must climb
+    within tens of batches, not hundreds (up-probes double while far below hard_cap)."""
+    engine = BatchingEngine(BatchProfile())
+    now = 0.0
+    for i in range(300):
+        for _ in range(1 + i % 3):
+            engine.offer(request(now), now)
+        batch = engine.poll(now).batch
+        assert batch is not None
+        now += 17.0 * batch.size + 30.0
+        engine.completed(batch, now, 17.0 * batch.size)
+    assert engine.curve.cap <= 3, "premise: the low-load knee is tiny"
+    records = run_saturated(engine, lambda size, _: 17.0 if size == 1 else 6.0 + 11.0 * size, 60)
+    assert max(r.effective_cap for r in records[-10:]) >= 16
