@@ -225,10 +225,12 @@ class CostCurve:
             if over:
                 first_over, t_over = over[0]
                 candidates = [(s, t) for s, t in points if s < first_over and t <= budget]
-                budget_cap = (
-                    candidates[-1][0]
-                    if candidates
-                    else max(1, math.floor(first_over * budget / t_over))
+                # The size where t(b) crosses the budget, interpolated between the
+                # last measured size under it and the first over it (from 0 ms at
+                # size 0 when none is under): unmeasured sizes in between count.
+                s_under, t_under = candidates[-1] if candidates else (0, 0.0)
+                budget_cap = max(
+                    1, s_under + math.floor((first_over - s_under) * (budget - t_under) / (t_over - t_under))
                 )
         knee_cap, knee_reason = self._hard_cap, "knee"
         if candidates:
