@@ -25,7 +25,7 @@ $(VENV)/.ready: pyproject.toml
 	fi
 
 setup: $(VENV)/.ready
-	@$(PY) -m pip install -q --no-deps -e . >/dev/null
+	@out=$$($(PY) -m pip install -q --no-deps -e . 2>&1) || { echo "$$out"; exit 1; }
 	@$(PY) -m pipeline.cli local fetch
 	@command -v chromium >/dev/null || { echo "==> installing Debian chromium (headless board tests)"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium >/dev/null; }

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Callable, Optional
 
 import typer
 
@@ -66,8 +66,10 @@ async def _send_warmup(config_path: Path, model: str) -> None:
         await producer.stop()
 
 
-async def _count_results(config_path: Path, model: str, expected: int, timeout_s: float) -> dict[str, int]:
-    """Read the result topic until `expected` requests have an answer (by id; warm-up excluded)."""
+async def _read_results(
+    config_path: Path, model: str, enough: Callable[[dict[str, str]], bool], timeout_s: float
+) -> dict[str, str]:
+    """Outcome per request id on the model's result topic, read until `enough` says so."""
     import msgspec
     from aiokafka import AIOKafkaConsumer
 
@@ -83,46 +85,17 @@ async def _count_results(config_path: Path, model: str, expected: int, timeout_s
         enable_auto_commit=False,
     )
     await consumer.start()
-    outcomes: dict[str, int] = {}
-    seen: set[str] = set()
+    outcomes: dict[str, str] = {}
     deadline = time.monotonic() + timeout_s
     try:
-        while len(seen) < expected and time.monotonic() < deadline:
+        while not enough(outcomes) and time.monotonic() < deadline:
             for records in (await consumer.getmany(timeout_ms=500)).values():
                 for record in records:
                     result = msgspec.json.decode(record.value, type=Result)
-                    if result.id != WARMUP_ID and result.id not in seen:
-                        seen.add(result.id)
-                        outcomes[result.outcome] = outcomes.get(result.outcome, 0) + 1
+                    outcomes.setdefault(result.id, result.outcome)
     finally:
         await consumer.stop()
-    outcomes["answered"] = len(seen)
     return outcomes
-
-
-async def _wait_for_id(config_path: Path, model: str, request_id: str, timeout_s: float) -> bool:
-    from aiokafka import AIOKafkaConsumer
-
-    from consumers.kafka import Topics, client_options
-    from pipeline.config import load_config
-
-    cfg = load_config(config_path)
-    consumer = AIOKafkaConsumer(
-        Topics(cfg.kafka.topic_prefix).results(model),
-        **client_options(cfg.kafka),
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-    )
-    await consumer.start()
-    deadline = time.monotonic() + timeout_s
-    try:
-        while time.monotonic() < deadline:
-            for records in (await consumer.getmany(timeout_ms=500)).values():
-                if any(record.key == request_id.encode() for record in records):
-                    return True
-    finally:
-        await consumer.stop()
-    return False
 
 
 def _stop(proc: subprocess.Popen[bytes], name: str, timeout_s: float = 60.0) -> None:
@@ -178,14 +151,17 @@ def demo(
 
         typer.echo("==> warming up: one request must come back before the load starts")
         asyncio.run(_send_warmup(config, "minilm"))
-        if not asyncio.run(_wait_for_id(config, "minilm", WARMUP_ID, 180)):
+        if WARMUP_ID not in asyncio.run(_read_results(config, "minilm", lambda seen: WARMUP_ID in seen, 180)):
             raise typer.Exit(_fail_with_logs(logs, "the consumer answered nothing within 180 s"))
 
         load = scenario_load(str(scenario), 1.0, None)
         typer.echo(f"==> replaying {scenario} in real time: {len(load)} requests over {load.duration_s:.0f} s")
         subprocess.run(_cli("produce", "--scenario", str(scenario), "--config", str(config)), check=True, env=env)
-        outcomes = asyncio.run(_count_results(config, "minilm", len(load), 300))
-        typer.echo(f"    answered {outcomes['answered']} of {len(load)}: {outcomes}")
+        expected = len(load) + 1  # the load, and the warm-up request
+        outcomes = asyncio.run(_read_results(config, "minilm", lambda seen: len(seen) >= expected, 300))
+        answered = len(outcomes) - 1
+        tally = {outcome: list(outcomes.values()).count(outcome) for outcome in set(outcomes.values())}
+        typer.echo(f"    answered {answered} of {len(load)} (outcomes incl. warm-up: {tally})")
 
         for name, proc in procs:
             if name == "consumer":
@@ -197,7 +173,7 @@ def demo(
         subprocess.run(_cli("report", "--config", str(config), "--since", "1h"), check=True, env=env)
         subprocess.run(_cli("board", "--config", str(config), "--since", "1h", "--out", str(board)), check=True, env=env)
         typer.echo(f"==> local board: {board.resolve()}  (or: batchtide board --serve 8050 --config {config})")
-        if outcomes["answered"] < len(load):
+        if answered < len(load):
             raise typer.Exit(_fail_with_logs(logs, "not every request was answered"))
     finally:
         for name, proc in procs:
