@@ -24,6 +24,7 @@ from urllib.parse import parse_qs, urlencode, urlparse
 from dashboards.charts import BarGroup, Series, bar_chart_svg, format_value, time_series_svg
 from dashboards.panels import MODEL_VARIABLE, MODELS_QUERY, TAIL_LATENCY, BoardSpec, PanelSpec
 from dashboards.sql import query_sql
+from pipeline.report import DURATION, parse_duration_ms
 
 COLUMN_PX = 64
 ROW_PX = 34
@@ -33,8 +34,6 @@ NICE_INTERVALS_MS = (
     1_000, 2_000, 5_000, 10_000, 15_000, 30_000, 60_000, 120_000, 300_000, 600_000,
     900_000, 1_800_000, 3_600_000, 7_200_000, 21_600_000, 43_200_000, 86_400_000,
 )
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)$")
-_DURATION_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
 
 
 class ClickHouseQuerier(Protocol):
@@ -64,8 +63,8 @@ class TimeRange:
 def parse_instant(text: str, now_ms: int) -> int:
     """`15m`/`2h` back from now, or an ISO-8601 time (UTC when no zone is given)."""
     text = text.strip()
-    if m := _DURATION.match(text):
-        return now_ms - int(float(m.group(1)) * _DURATION_MS[m.group(2)])
+    if DURATION.match(text):
+        return now_ms - parse_duration_ms(text)
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:

@@ -23,15 +23,15 @@ from pipeline.store.macros import ALL_VALUE, Bound, expand_macros
 from pipeline.store.queries import QUERIES, REPORT_QUERIES
 
 NICE_INTERVALS_S = (1, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400)
-DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
-UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)\s*$")
+UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
 
 
 def parse_duration_ms(text: str) -> int:
-    """'15m' -> 900000; units ms, s, m, h, d."""
+    """'15m' -> 900000; units ms, s, m, h, d, w."""
     match = DURATION.match(text)
     if not match:
-        raise ValueError(f"duration {text!r}: expected a number and a unit (ms, s, m, h, d), e.g. 15m")
+        raise ValueError(f"duration {text!r}: expected a number and a unit (ms, s, m, h, d, w), e.g. 15m")
     value = int(float(match.group(1)) * UNIT_MS[match.group(2)])
     if value <= 0:
         raise ValueError(f"duration {text!r} must be > 0")

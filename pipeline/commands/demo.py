@@ -126,6 +126,9 @@ def demo(
     logs.mkdir(parents=True)
     board.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    if not sys.stdout.isatty():
+        env.setdefault("COLUMNS", "150")  # the report's tables, unwrapped in logs and CI
+    started = time.time()
 
     broker = None
     if bootstrap is None:
@@ -170,8 +173,9 @@ def demo(
         time.sleep(3)
         for name, proc in procs:
             _stop(proc, name)
-        subprocess.run(_cli("report", "--config", str(config), "--since", "1h"), check=True, env=env)
-        subprocess.run(_cli("board", "--config", str(config), "--since", "1h", "--out", str(board)), check=True, env=env)
+        since = f"{int(time.time() - started) + 30}s"
+        subprocess.run(_cli("report", "--config", str(config), "--since", since), check=True, env=env)
+        subprocess.run(_cli("board", "--config", str(config), "--since", since, "--out", str(board)), check=True, env=env)
         typer.echo(f"==> local board: {board.resolve()}  (or: batchtide board --serve 8050 --config {config})")
         if answered < len(load):
             raise typer.Exit(_fail_with_logs(logs, "not every request was answered"))
