@@ -33,14 +33,6 @@ class Held:
     """Expected output tokens at intake; replaced by the real count after the run."""
     forwarded_in: bool = False
     """Arrived as a tail forward from another consumer (never forwarded again)."""
-    forwarded_out: bool = False
-    """Sent on to the priority topic: this consumer must not answer it."""
-    abandoned: bool = False
-    """Its partition was revoked: the next owner answers it."""
-
-    @property
-    def skip(self) -> bool:
-        return self.forwarded_out or self.abandoned
 
 
 @dataclass(slots=True)
@@ -99,20 +91,18 @@ def batch_event(
     model: str,
     consumer_id: str,
     target_size: int,
-    size: int,
     compute_ms: float,
     tokens_in: int,
     tokens_out: int,
     timing: BatchTiming,
 ) -> BatchEvent:
-    """`size` is the number of requests actually run (skipped forwards/revoked excluded)."""
     rec = batch.record
     return BatchEvent(
         batch_id=batch.batch_id,
         model=model,
         consumer_id=consumer_id,
         dispatch_ms=timing.dispatch_ms,
-        size=size,
+        size=batch.size,
         cost=rec.cost,
         reason=rec.reason,
         window_ms=rec.window_ms,

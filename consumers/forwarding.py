@@ -42,7 +42,7 @@ def tails_to_forward(waiting: Iterable[PendingRequest], next_batch: int) -> list
     marked = [
         pr
         for pr in waiting
-        if pr.marked and not pr.payload.forwarded_in and not pr.payload.skip
+        if pr.marked and not pr.payload.forwarded_in
     ]
     if len(marked) <= next_batch:
         return []

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import dataclasses
 import logging
 import os
 import socket
@@ -47,7 +46,7 @@ from consumers.outbox import Message, Outbox
 from consumers.runners import make_runner
 from consumers.runners.base import Output, Runner, run_isolating
 from pipeline.config import Config, ConsumerSettings, KafkaSettings, ModelConfig
-from pipeline.engine.decisions import Batch, BatchPolicy, PendingRequest
+from pipeline.engine.decisions import Batch, PendingRequest
 from pipeline.engine.engine import BatchingEngine
 from schemas.messages import DeadLetter, Outcome, Request, Result
 
@@ -128,7 +127,7 @@ class Consumer:
         settings: ConsumerSettings,
         *,
         runner: Runner,
-        engine: BatchPolicy,
+        engine: BatchingEngine,
         consumer_id: str | None = None,
     ) -> None:
         self.model = model
@@ -442,15 +441,11 @@ class Consumer:
 
     def _dispatch(self, batch: Batch, now: float) -> None:
         self._next_batch_cap = batch.record.effective_cap
-        live: list[PendingRequest] = []
         for pr in batch.requests:
-            held: Held = pr.payload
-            self._unwait(held)
-            if not held.skip:
-                live.append(pr)
+            self._unwait(pr.payload)
         self.stats.batches += 1
         self._computing += 1
-        self._track(self._inflight, self._run_batch(batch, live, now))
+        self._track(self._inflight, self._run_batch(batch, now))
 
     def _unwait(self, held: Held) -> None:
         if self._waiting.pop((held.tp, held.offset), None) is not None:
@@ -468,26 +463,23 @@ class Consumer:
 
     # ---- running and answering --------------------------------------------
 
-    async def _run_batch(self, batch: Batch, live: list[PendingRequest], dispatch_ms: float) -> None:
-        reqs = [pr.payload.request for pr in live]
+    async def _run_batch(self, batch: Batch, dispatch_ms: float) -> None:
+        reqs = [pr.payload.request for pr in batch.requests]
         start = now_ms()
         try:
-            if reqs:
-                loop = asyncio.get_running_loop()
-                outputs, failures, memory = await loop.run_in_executor(self._device, self._compute, reqs)
-            else:
-                outputs, failures, memory = {}, {}, (0, "none")
+            loop = asyncio.get_running_loop()
+            outputs, failures, memory = await loop.run_in_executor(self._device, self._compute, reqs)
         finally:
             self._computing -= 1
         end = now_ms()
-        self.engine.completed(self._as_run(batch, live), end, end - start)
+        self.engine.completed(batch, end, end - start)
         self._drive()
         timing = BatchTiming(int(dispatch_ms), int(start), int(end), 0, memory[0], memory[1])
         messages: list[Message] = []
         answered: list[Held] = []
         tokens_in = tokens_out = 0
         timing.produce_ms = int(now_ms())
-        for index, pr in enumerate(live):
+        for index, pr in enumerate(batch.requests):
             held: Held = pr.payload
             output = outputs.get(index)
             if output is None:
@@ -503,7 +495,7 @@ class Consumer:
                 result = self._result(held, "ok", batch.batch_id, timing.produce_ms, output=output)
                 outcome = "ok"
             messages.append(self._result_message(held, result))
-            messages.append(self._latency_message(held, outcome, timing, batch.batch_id, len(live), pr))
+            messages.append(self._latency_message(held, outcome, timing, batch.batch_id, batch.size, pr))
             answered.append(held)
             self.stats.answered[outcome] += 1
         event = batch_event(
@@ -511,7 +503,6 @@ class Consumer:
             model=self.model.name,
             consumer_id=self.consumer_id,
             target_size=self._profile.target_size,
-            size=len(live),
             compute_ms=end - start,
             tokens_in=tokens_in,
             tokens_out=tokens_out,
@@ -519,14 +510,6 @@ class Consumer:
         )
         messages.append((self.topics.batch_events, None, _encode(event), None))
         await self._publish(messages, answered)
-
-    def _as_run(self, batch: Batch, live: list[PendingRequest]) -> Batch:
-        """The batch as it ran: forwarded or revoked requests skipped do not count in t(b)."""
-        if len(live) == len(batch.requests):
-            return batch
-        cost = sum(pr.cost for pr in live) if self._profile.cost_unit == "tokens" else len(live)
-        record = dataclasses.replace(batch.record, size=len(live), cost=cost)
-        return Batch(batch.batch_id, live, record)
 
     def _compute(self, reqs: list[Request]) -> tuple[dict[int, Output], dict[int, str], tuple[int, str]]:
         outputs, failures = run_isolating(self.runner, reqs)
@@ -584,8 +567,6 @@ class Consumer:
         for pr in expired:
             held: Held = pr.payload
             self._unwait(held)
-            if held.skip:
-                continue
             result = self._result(held, "expired", None, stamp, error="deadline passed before the request could run")
             messages.append(self._result_message(held, result))
             messages.append(self._latency_message(held, "expired", timing, -1, 0, pr))
@@ -656,7 +637,6 @@ class Consumer:
         answered: list[Held] = []
         for pr in chosen:
             held: Held = pr.payload
-            held.forwarded_out = True
             self.engine.withdraw(pr)
             self._unwait(held)
             messages.append(
@@ -802,10 +782,8 @@ class Consumer:
             return
         for key in [k for k in self._waiting if k[0] in revoked]:
             pending = self._waiting[key]
-            held: Held = pending.payload
-            held.abandoned = True
             self.engine.withdraw(pending)
-            self._unwait(held)
+            self._unwait(pending.payload)
         await self._settle()
         await self._commit(revoked)
         self._tracker.forget(revoked)
