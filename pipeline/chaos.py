@@ -858,12 +858,22 @@ def _finish(
     duplicate_bound: int | None = 0,
     failures: list[str] | None = None,
     details: dict[str, Any] | None = None,
+    events: tuple[int, int] | None = None,
 ) -> FaultReport:
-    """Turn the ledger into a report row; every broken promise becomes a failure line."""
+    """Turn the ledger into a report row; every broken promise becomes a failure line.
+
+    `events`: (latency events lost, counted twice) in ClickHouse, for the
+    scenarios that check the sink; they add to the row's lost and duplicated.
+    """
     ledger = d.ledger
     lost = len(ledger.unanswered())
     duplicated = ledger.duplicated
     problems = list(failures or [])
+    events_lost, events_double = events or (0, 0)
+    if events_lost:
+        problems.append(f"{events_lost} latency events never reached ClickHouse")
+    if events_double:
+        problems.append(f"{events_double} latency events counted twice")
     if lost:
         sample = ", ".join(ledger.unanswered()[:5])
         problems.append(f"{lost} requests never answered (e.g. {sample})")
@@ -874,8 +884,8 @@ def _finish(
         injections=injections,
         requests_in=len(ledger.sent),
         results_out=ledger.answered_count,
-        lost=lost,
-        duplicated=duplicated,
+        lost=lost + events_lost,
+        duplicated=duplicated + events_double,
         duplicate_bound=duplicate_bound,
         recovery_s=ledger.recovery_after(fault_end) if fault_end is not None else None,
         failures=problems,
@@ -1187,12 +1197,12 @@ def _has_answered(ledger: Ledger, consumer_id: str) -> bool:
     return any(answers[0].consumer_id == consumer_id for answers in ledger.results.values())
 
 
-async def _stop_sink_and_count(d: Deployment, sizes: ChaosSizes) -> tuple[float | None, tuple[int, int, dict[str, Any]]]:
+async def _stop_sink_and_count(d: Deployment, sizes: ChaosSizes) -> tuple[int, int, dict[str, Any]]:
     """Wait for the sink to commit every latency event, stop it, and account for the rows."""
-    caught_up = await d.events_caught_up(sizes.answer_timeout_s)
+    await d.events_caught_up(sizes.answer_timeout_s)
     for sink in d.sinks:
         sink.terminate()
-    return caught_up, d.event_accounting(await d.clickhouse_rows())
+    return d.event_accounting(await d.clickhouse_rows())
 
 
 async def _port_released(port: int, timeout_s: float = 30.0) -> None:
@@ -1237,27 +1247,20 @@ async def broker_restart(stage: Stage, sizes: ChaosSizes) -> FaultReport:
         await sending
         await _settle_answers(d, sizes)
         d.check_alive()
-        _, (events_lost, events_double, event_details) = await _stop_sink_and_count(d, sizes)
-        failures = []
-        if events_lost:
-            failures.append(f"{events_lost} latency events never reached ClickHouse")
-        if events_double:
-            failures.append(f"{events_double} latency events counted twice")
+        events_lost, events_double, event_details = await _stop_sink_and_count(d, sizes)
         report = _finish(
             d,
             f"broker stopped {sizes.outage_s:g} s, restarted",
             1,
             fault_end=fault_end,
             duplicate_bound=None,
-            failures=failures,
+            events=(events_lost, events_double),
             details={
                 "outage_s": round(fault_end - fault_start, 1),
                 "events_recovery_s": None if caught_up is None else round(caught_up - fault_end, 1),
                 **event_details,
             },
         )
-        report.lost += events_lost
-        report.duplicated += events_double
         return report
 
 
@@ -1289,18 +1292,20 @@ async def sink_kill(stage: Stage, sizes: ChaosSizes) -> FaultReport:
         await sending
         await _settle_answers(d, sizes)
         d.check_alive()
-        _, (events_lost, events_double, event_details) = await _stop_sink_and_count(d, sizes)
+        events_lost, events_double, event_details = await _stop_sink_and_count(d, sizes)
         failures = []
         if caught_up is None:
             failures.append("the restarted sink did not catch up with the events produced before its restart")
-        if events_lost:
-            failures.append(f"{events_lost} latency events never reached ClickHouse")
-        if events_double:
-            failures.append(f"{events_double} latency events counted twice")
-        report = _finish(d, "sink SIGKILL + restart", kills, fault_end=None, failures=failures, details=event_details)
+        report = _finish(
+            d,
+            "sink SIGKILL + restart",
+            kills,
+            fault_end=None,
+            failures=failures,
+            details=event_details,
+            events=(events_lost, events_double),
+        )
         report.recovery_s = None if caught_up is None else round(caught_up - fault_end, 2)
-        report.lost += events_lost
-        report.duplicated += events_double
         return report
 
 
@@ -1337,7 +1342,7 @@ async def clickhouse_outage(stage: Stage, sizes: ChaosSizes) -> FaultReport:
         await sending
         await _settle_answers(d, sizes)
         d.check_alive()
-        _, (events_lost, events_double, event_details) = await _stop_sink_and_count(d, sizes)
+        events_lost, events_double, event_details = await _stop_sink_and_count(d, sizes)
         during = [rid for rid, at in d.ledger.sent.items() if outage_start <= at <= outage_end - 1.0]
         served_in_time = [
             rid for rid in during if d.ledger.results.get(rid) and d.ledger.results[rid][0].at <= outage_end
@@ -1356,16 +1361,13 @@ async def clickhouse_outage(stage: Stage, sizes: ChaosSizes) -> FaultReport:
             failures.append(f"only {len(served_in_time)} of {len(during)} requests sent during the outage were served in it")
         if caught_up is None:
             failures.append("the sink did not load the outage's events after ClickHouse recovered")
-        if events_lost:
-            failures.append(f"{events_lost} latency events never reached ClickHouse")
-        if events_double:
-            failures.append(f"{events_double} latency events counted twice")
         report = _finish(
             d,
             f"ClickHouse refusing inserts {sizes.outage_s:g} s",
             1,
             fault_end=None,
             failures=failures,
+            events=(events_lost, events_double),
             details={
                 "outage_s": round(outage_end - outage_start, 1),
                 "served_during_outage": f"{len(served_in_time)}/{len(during)}",
@@ -1375,8 +1377,6 @@ async def clickhouse_outage(stage: Stage, sizes: ChaosSizes) -> FaultReport:
             },
         )
         report.recovery_s = None if caught_up is None else round(caught_up - outage_end, 2)
-        report.lost += events_lost
-        report.duplicated += events_double
         return report
 
 # -- the catalogue and a runner for `batchtide chaos` ------------------------------------
