@@ -13,13 +13,14 @@ from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer
 
 from consumers.kafka import Topics, client_options, ensure_topics
 from consumers.runners import make_runner
 from consumers.worker import Consumer
 from pipeline.config import BatchProfile, ConsumerSettings, KafkaSettings, ModelConfig
 from pipeline.engine import BatchingEngine
+from tests.support.kafka import produce_json
 
 MODEL = "m"
 
@@ -81,20 +82,15 @@ async def send(
     partition: int | None = None,
     headers: list[tuple[str, bytes]] | None = None,
 ) -> None:
-    """Produce records keyed by request id (raw bytes and None are sent as they are)."""
-    producer = AIOKafkaProducer(**client_options(kafka), linger_ms=2)
-    await producer.start()
-    try:
-        futures = []
-        for value in values:
-            if isinstance(value, dict):
-                key, raw = value["id"].encode(), json.dumps(value).encode()
-            else:
-                key, raw = None, value
-            futures.append(await producer.send(topic, raw, key=key, partition=partition, headers=headers))
-        await asyncio.gather(*futures)
-    finally:
-        await producer.stop()
+    """Produce records keyed by request id (raw bytes and None are sent as they are, unkeyed)."""
+    await produce_json(
+        kafka,
+        topic,
+        values,
+        key=lambda value: value["id"] if isinstance(value, dict) else None,
+        partition=partition,
+        headers=headers,
+    )
 
 
 class Answers:

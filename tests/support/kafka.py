@@ -121,16 +121,28 @@ async def produce_json(
     *,
     key: Any = None,
     partition: int | None = None,
+    headers: list[tuple[str, bytes]] | None = None,
 ) -> list[RecordMetadata]:
-    """Produce each value as a JSON record (acks=all) and return where each landed."""
+    """Produce each value as a JSON record (acks=all) and return where each landed.
+
+    Bytes and None are sent as they are (hostile input); `key` is a value or a
+    function of the value, None for no key.
+    """
     producer = AIOKafkaProducer(**client_options(settings), acks="all")
     await producer.start()
     try:
         futures = []
         for value in values:
-            encoded_key = None if key is None else str(key(value) if callable(key) else key).encode()
+            record_key = key(value) if callable(key) else key
+            raw = value if value is None or isinstance(value, bytes) else json.dumps(value).encode()
             futures.append(
-                await producer.send(topic, json.dumps(value).encode(), key=encoded_key, partition=partition)
+                await producer.send(
+                    topic,
+                    raw,
+                    key=None if record_key is None else str(record_key).encode(),
+                    partition=partition,
+                    headers=headers,
+                )
             )
         return list(await asyncio.gather(*futures))
     finally:
