@@ -14,7 +14,7 @@ export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup demo test bench clean-venv
+.PHONY: setup demo test bench bench-triton clean-venv
 
 $(VENV)/.ready: pyproject.toml
 	@if [ ! -f $(VENV)/.ready ]; then \
@@ -38,6 +38,15 @@ test: setup
 
 bench: setup
 	$(PY) -m pipeline.cli bench suite --json out/bench-suite.json
+
+# batchtide end to end vs Triton 2.51 (PyTriton, dynamic batcher max 32 / 20 ms / preferred 32)
+# on the same load, one after the other on this machine; the peer gets its own cached venv.
+PEER_LOAD ?= --rates 20,60,120 --duration 30 --seed 1 --tokens 10
+bench-triton: setup
+	@mkdir -p out
+	bash peers/triton/run.sh $(PEER_LOAD) --json out/triton.json
+	$(PY) -m pipeline.cli bench pipeline --runner minilm --torch-threads 1 $(PEER_LOAD) --json out/batchtide-minilm.json
+	$(PY) peers/triton/compare.py out/triton.json out/batchtide-minilm.json
 
 clean-venv:
 	rm -rf $(VENV)

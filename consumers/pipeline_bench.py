@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+import psutil
 from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
 
@@ -78,6 +79,8 @@ class BenchOptions:
     adaptive_cap: bool = True
     """The engine's learned cap (product default); False holds the configured hard_cap."""
     hard_cap: int = 48
+    isolation: Literal["auto", "process", "thread"] = "auto"
+    """Where the consumers run batches (the model config's `isolation`)."""
     late_consumer_s: float | None = None
     """Start the last consumer this long after the load began (to measure a rebalance)."""
     find_max_duration_s: float = 8.0
@@ -102,6 +105,11 @@ class Trial:
     send_late_p99_ms: float
     outcomes: dict[str, int] = field(default_factory=dict)
     consumers: int = 1
+    consumer_cpu_ms_per_request: float = float("nan")
+    """CPU of the consumer processes (device processes included) over the load, per request sent."""
+    mean_batch: float = float("nan")
+    stages_p50_ms: dict[str, float] = field(default_factory=dict)
+    stages_p99_ms: dict[str, float] = field(default_factory=dict)
 
     @property
     def sustained(self) -> bool:
@@ -140,7 +148,7 @@ def consumer_config(options: BenchOptions, kafka: KafkaSettings) -> str:
     profile = f"hard_cap = {options.hard_cap}\ntarget_size = {min(32, options.hard_cap)}\n"
     profile += f"adaptive_cap = {'true' if options.adaptive_cap else 'false'}\n"
     return (
-        f"[models.{MODEL}]\n{runner}{profile}partitions = {options.partitions}\n\n"
+        f'[models.{MODEL}]\n{runner}isolation = "{options.isolation}"\n{profile}partitions = {options.partitions}\n\n'
         f'[kafka]\nbootstrap_servers = "{kafka.bootstrap_servers}"\ntopic_prefix = "{kafka.topic_prefix}"\n\n'
         f"[consumer]\ntail_forwarding = {'true' if options.tail_forwarding else 'false'}\n"
         f"max_queue = {options.max_queue}\n"
@@ -180,6 +188,19 @@ class ConsumerProcesses:
             with open(log, "wb") as out:
                 self.procs.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT))
 
+    def cpu_s(self) -> float:
+        """CPU seconds used so far by the consumer processes and their device processes."""
+        total = 0.0
+        for proc in self.procs:
+            try:
+                parent = psutil.Process(proc.pid)
+                for each in (parent, *parent.children(recursive=True)):
+                    times = each.cpu_times()
+                    total += times.user + times.system
+            except psutil.NoSuchProcess:
+                continue
+        return total
+
     def check_alive(self) -> None:
         for proc, log in zip(self.procs, self.logs):
             if proc.poll() is not None:
@@ -214,7 +235,6 @@ class ResultCollector:
             **client_options(self.kafka),
             auto_offset_reset="earliest",
             enable_auto_commit=False,
-            fetch_max_wait_ms=5,
         )
         await self._reader.start()
         self._task = asyncio.create_task(self._read())
@@ -275,28 +295,55 @@ async def wait_for_group(kafka: KafkaSettings, consumers: ConsumerProcesses, tim
     raise RuntimeError(f"the {len(consumers.procs)} consumers did not form a stable group in {timeout_s} s")
 
 
-async def token_counts(kafka: KafkaSettings, ids: set[str], timeout_s: float = 20.0) -> int:
-    """Tokens in + out of `ids`, as the consumers' runners counted them (from the latency events)."""
+STAGES = {
+    "kafka_in": ("enqueue_ms", "fetch_ms"),
+    "queued": ("fetch_ms", "dispatch_ms"),
+    "to_thread": ("dispatch_ms", "compute_start_ms"),
+    "compute": ("compute_start_ms", "compute_end_ms"),
+    "to_outbox": ("compute_end_ms", "produce_ms"),
+    "kafka_out": ("produce_ms", "received_ms"),
+}
+"""Where a request's time goes: the consumer's stamps, then the client's arrival stamp (one host, one clock)."""
+
+
+@dataclass
+class EventFigures:
+    tokens: int = 0
+    mean_batch: float = float("nan")
+    stages_p50_ms: dict[str, float] = field(default_factory=dict)
+    stages_p99_ms: dict[str, float] = field(default_factory=dict)
+
+
+async def event_figures(kafka: KafkaSettings, received_ms: dict[str, float], timeout_s: float = 20.0) -> EventFigures:
+    """Tokens, batch sizes and per-stage latency of the answered requests (id -> client arrival
+    stamp), from the consumers' latency events."""
     reader = AIOKafkaConsumer(
         Topics(kafka.topic_prefix).latency_events, **client_options(kafka), auto_offset_reset="earliest", enable_auto_commit=False
     )
     await reader.start()
-    seen: set[str] = set()
-    total = 0
+    events: dict[str, dict[str, Any]] = {}
     deadline = time.monotonic() + timeout_s
     try:
-        while len(seen) < len(ids) and time.monotonic() < deadline:
+        while len(events) < len(received_ms) and time.monotonic() < deadline:
             batch = await reader.getmany(timeout_ms=500)
             for records in batch.values():
                 for record in records:
                     event = json.loads(record.value)
                     rid = event["request_id"]
-                    if rid in ids and rid not in seen:
-                        seen.add(rid)
-                        total += event["tokens_in"] + event["tokens_out"]
+                    if rid in received_ms and rid not in events:
+                        events[rid] = event | {"received_ms": received_ms[rid]}
     finally:
         await reader.stop()
-    return total
+    if not events:
+        return EventFigures()
+    rows = list(events.values())
+    spans = {name: np.array([r[end] - r[start] for r in rows]) for name, (start, end) in STAGES.items()}
+    return EventFigures(
+        tokens=sum(r["tokens_in"] + r["tokens_out"] for r in rows),
+        mean_batch=float(np.mean([r["batch_size"] for r in rows])),
+        stages_p50_ms={name: _percentile(v, 50) for name, v in spans.items()},
+        stages_p99_ms={name: _percentile(v, 99) for name, v in spans.items()},
+    )
 
 
 async def run_trial(
@@ -306,7 +353,7 @@ async def run_trial(
     workdir: Path,
     say: Callable[[str], None],
     *,
-    count_tokens: bool = False,
+    read_events: bool = False,
 ) -> Trial:
     """One offered rate on fresh topics with fresh consumer processes."""
     kafka = replace(base, topic_prefix=f"bench-{uuid.uuid4().hex[:8]}")
@@ -341,11 +388,13 @@ async def run_trial(
                 delay = options.late_consumer_s or 0.0
                 last = range(consumers.at_start, options.consumers)
                 late = asyncio.get_running_loop().call_later(delay, consumers.start, last)
+            cpu_before = consumers.cpu_s()
             report = await producer.send(load)
             if late is not None:
                 late.cancel()
             ids = list(producer.sent_ms)
             await collector.wait_for(ids, DRAIN_S)
+            consumer_cpu_s = consumers.cpu_s() - cpu_before
             sent_ms = producer.sent_ms
         consumers.check_alive()
         answered = [i for i in ids if i in collector.received_ms]
@@ -358,7 +407,11 @@ async def run_trial(
         in_window = sum(1 for t in steady if STEADY_SKIP_S * 1000.0 <= t < options.duration_s * 1000.0)
         timeline = np.array([[sent_ms[i] - first_send, collector.received_ms[i] - sent_ms[i]] for i in answered])
         np.save(workdir / f"{kafka.topic_prefix}-latency.npy", timeline)
-        tokens = await token_counts(kafka, set(answered)) if count_tokens and answered else 0
+        events = (
+            await event_figures(kafka, {i: collector.received_ms[i] for i in answered})
+            if read_events and answered
+            else EventFigures()
+        )
         outcomes: dict[str, int] = {}
         for i in answered:
             outcomes[collector.outcomes[i]] = outcomes.get(collector.outcomes[i], 0) + 1
@@ -369,7 +422,10 @@ async def run_trial(
             answered=len(answered),
             achieved_send_rps=report.achieved_rate,
             throughput_rps=in_window / window_s,
-            tokens_per_s=tokens / span_s,
+            tokens_per_s=events.tokens / span_s,
+            mean_batch=events.mean_batch,
+            stages_p50_ms=events.stages_p50_ms,
+            stages_p99_ms=events.stages_p99_ms,
             p50_ms=_percentile(latencies, 50),
             p99_ms=_percentile(latencies, 99),
             p999_ms=_percentile(latencies, 99.9),
@@ -377,6 +433,7 @@ async def run_trial(
             send_late_p99_ms=report.late_ms_p99,
             outcomes=outcomes,
             consumers=options.consumers,
+            consumer_cpu_ms_per_request=consumer_cpu_s * 1000.0 / max(len(ids), 1),
         )
     finally:
         await collector.stop()
@@ -390,6 +447,19 @@ def describe(trial: Trial) -> str:
         + f"; e2e p50 {trial.p50_ms:.1f} ms, p99 {trial.p99_ms:.1f} ms, p999 {trial.p999_ms:.1f} ms"
         + f"; sender p99 lateness {trial.send_late_p99_ms:.1f} ms"
         + ("" if trial.sustained else "  [NOT sustained]")
+        + stage_line(trial)
+    )
+
+
+def stage_line(trial: Trial) -> str:
+    if not trial.stages_p50_ms:
+        return ""
+    stages = ", ".join(
+        f"{name} {trial.stages_p50_ms[name]:.0f}/{trial.stages_p99_ms[name]:.0f}" for name in STAGES
+    )
+    return (
+        f"\n     mean batch {trial.mean_batch:.1f}; consumer CPU {trial.consumer_cpu_ms_per_request:.2f} ms/request;"
+        f" stage p50/p99 ms: {stages}"
     )
 
 
@@ -437,7 +507,7 @@ async def find_max(options: BenchOptions, kafka: KafkaSettings, workdir: Path, s
 async def at_rates(options: BenchOptions, kafka: KafkaSettings, workdir: Path, say: Callable[[str], None]) -> dict[str, Any]:
     trials = []
     for rate in options.rates:
-        trial = await run_trial(options, kafka, rate, workdir, say, count_tokens=True)
+        trial = await run_trial(options, kafka, rate, workdir, say, read_events=True)
         say(describe(trial))
         trials.append(trial)
     key = lambda t: f"{t.offered_rps:g}"  # noqa: E731 - JSON keys by offered rate

@@ -115,12 +115,13 @@ class LoadProducer:
             await self._producer.stop()
 
     def payloads(self, load: Load, tag: str = "") -> list[bytes]:
-        """Encode every request before the clock starts, so sending is cheap."""
+        """Encode every request before the clock starts, so sending is cheap. Each request
+        gets its own text (words drawn in order from one seeded stream), so batches pad
+        to their longest input as real traffic does."""
         rng = np.random.default_rng(self._seed)
-        texts = {int(t): request_text(rng, int(t)) for t in np.unique(load.tokens)}
         encode = msgspec.json.Encoder().encode
         return [
-            encode(Request(id=self.request_id(i, tag), model=self.model, text=texts[int(t)], priority=int(p)))
+            encode(Request(id=self.request_id(i, tag), model=self.model, text=request_text(rng, int(t)), priority=int(p)))
             for i, (t, p) in enumerate(zip(load.tokens, load.priority))
         ]
 

@@ -43,7 +43,7 @@ from consumers.intake import Rejection, RecentIds, decode_request, parse_forward
 from consumers.kafka import Topics, client_options
 from consumers.offsets import OffsetTracker
 from consumers.outbox import Message, Outbox
-from consumers.runners import make_runner
+from consumers.runners import serving_runner
 from consumers.runners.base import Output, Runner, run_isolating
 from pipeline.config import Config, ConsumerSettings, KafkaSettings, ModelConfig
 from pipeline.engine.decisions import Batch, PendingRequest
@@ -81,7 +81,7 @@ def build_consumer(
         model,
         config.kafka,
         config.consumer,
-        runner=runner or make_runner(model),
+        runner=runner or serving_runner(model),
         engine=BatchingEngine(model.profile),
         consumer_id=consumer_id,
     )
@@ -807,22 +807,23 @@ async def serve(
     from consumers.kafka import ensure_topics
 
     consumer = build_consumer(config, model_name, consumer_id=consumer_id)
-    if create_topics:
-        await ensure_topics(config.kafka, {model_name: consumer.model.partitions})
-    await consumer.start()
     reporter = None
-    if on_stats is not None:
-        report = on_stats
-
-        async def every_interval() -> None:
-            while True:
-                await asyncio.sleep(stats_interval_s)
-                report(consumer)
-
-        reporter = asyncio.create_task(every_interval())
     try:
+        if create_topics:
+            await ensure_topics(config.kafka, {model_name: consumer.model.partitions})
+        await consumer.start()
+        if on_stats is not None:
+            report = on_stats
+
+            async def every_interval() -> None:
+                while True:
+                    await asyncio.sleep(stats_interval_s)
+                    report(consumer)
+
+            reporter = asyncio.create_task(every_interval())
         await consumer.run(stop)
     finally:
         if reporter is not None:
             reporter.cancel()
+        await asyncio.to_thread(consumer.runner.close)
     return consumer

@@ -166,6 +166,10 @@ class ModelConfig:
     """`auto` (cuda if present, else cpu), `cpu` or `cuda[:N]`."""
     torch_threads: int = 0
     """torch intra-op threads on CPU; 0 keeps torch's default."""
+    isolation: Literal["auto", "process", "thread"] = "auto"
+    """Where batches run: `process` (a child process per in-flight slot, so the fetch
+    loop and the model never contend for one interpreter lock), `thread` (in the
+    consumer process), `auto` (process for transformers, thread for simulated runners)."""
     max_input_tokens: int = 512
     """Inputs longer than this are rejected to the dead-letter topic, not truncated."""
     max_new_tokens: int = 32

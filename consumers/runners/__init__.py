@@ -13,12 +13,16 @@ from .base import Output, Runner, run_isolating
 from .cost_model import CostModelRunner, ZeroCostRunner
 
 
-def make_runner(model: ModelConfig) -> Runner:
-    """The runner `model.runner` names, not yet loaded (call `load()`)."""
+def make_runner(model: ModelConfig, *, weights: bool = True) -> Runner:
+    """The runner `model.runner` names, in this process, not yet loaded (call `load()`).
+
+    `weights=False` gives a transformers runner that loads only its tokenizer
+    and limits: the front a `ProcessRunner` validates with.
+    """
     if model.runner == "transformers":
         from .transformers_runner import TransformersRunner
 
-        return TransformersRunner(model)
+        return TransformersRunner(model, weights=weights)
     if model.runner == "cost-model":
         return CostModelRunner(model, poison_marker=model.poison_marker)
     if model.runner == "zero-cost":
@@ -26,4 +30,14 @@ def make_runner(model: ModelConfig) -> Runner:
     raise ValueError(f"model {model.name!r}: unknown runner {model.runner!r}")
 
 
-__all__ = ["CostModelRunner", "Output", "Runner", "ZeroCostRunner", "make_runner", "run_isolating"]
+def serving_runner(model: ModelConfig) -> Runner:
+    """The runner a consumer serves with: batches in child processes unless `isolation` says thread."""
+    isolated = model.isolation == "process" or (model.isolation == "auto" and model.runner == "transformers")
+    if not isolated:
+        return make_runner(model)
+    from .device_process import ProcessRunner
+
+    return ProcessRunner(model, make_runner(model, weights=False), slots=model.profile.max_inflight_batches)
+
+
+__all__ = ["CostModelRunner", "Output", "Runner", "ZeroCostRunner", "make_runner", "run_isolating", "serving_runner"]

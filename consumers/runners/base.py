@@ -2,17 +2,22 @@
 
 A runner turns a batch of validated requests into one `Output` per request,
 in order. The loop calls `run()` in a worker thread so fetching continues
-during compute. A runner that is not a real model (`simulated=True`) must be
+during compute; a real model's `run()` goes on in a child process
+(`device_process`) unless the model's `isolation` says `thread`. A runner that is not a real model (`simulated=True`) must be
 labelled as such in every report that quotes its numbers.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 from schemas.messages import Request
+
+if TYPE_CHECKING:
+    import psutil
 
 MemoryKind = Literal["cuda_max_allocated", "process_rss", "none"]
 
@@ -48,12 +53,20 @@ class Runner(Protocol):
     def device_memory(self) -> tuple[int, MemoryKind]:
         """Peak device memory of the last batch in bytes, and what was measured."""
 
+    def close(self) -> None:
+        """Release what `load()` took (child processes); the runner is not used after."""
+
+
+@functools.cache
+def _this_process(pid: int) -> "psutil.Process":
+    import psutil
+
+    return psutil.Process(pid)
+
 
 def process_rss() -> tuple[int, MemoryKind]:
     """Resident set size of this process: the CPU stand-in for device memory."""
-    import psutil
-
-    return psutil.Process(os.getpid()).memory_info().rss, "process_rss"
+    return _this_process(os.getpid()).memory_info().rss, "process_rss"
 
 
 def describe_error(error: BaseException, limit: int = 400) -> str:

@@ -99,6 +99,9 @@ class ZeroCostRunner:
     def device_memory(self) -> tuple[int, MemoryKind]:
         return process_rss()
 
+    def close(self) -> None:
+        return None
+
     def _raise_on_poison(self, reqs: list[Request]) -> None:
         marker = self._poison_marker
         if marker is None:

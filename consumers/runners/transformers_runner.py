@@ -21,6 +21,7 @@ import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Final, Literal
 
+import msgspec
 from pipeline.config import ModelConfig
 from schemas.messages import Request
 
@@ -100,8 +101,10 @@ class TransformersRunner:
 
     simulated = False
 
-    def __init__(self, model: ModelConfig) -> None:
+    def __init__(self, model: ModelConfig, *, weights: bool = True) -> None:
         self.name = model.name
+        self.weights = weights
+        """False: tokenizer and limits only (a `ProcessRunner`'s front; `run()` is not available)."""
         self.config = model
         self.task: Task | None = None if model.task == "auto" else model.task
         self.device: str | None = None
@@ -109,6 +112,7 @@ class TransformersRunner:
         self.max_input_tokens = model.max_input_tokens
         self._model: Any = None
         self._tokenizer: Any = None
+        self._loaded = False
         self._vocab_size = 0
         self._pad_id = 0
         self._eos_id: int | None = None
@@ -118,12 +122,13 @@ class TransformersRunner:
         """HF fast tokenizers reset truncation/padding state per call: not safe from two threads."""
 
     def load(self) -> None:
-        if self._model is not None:
+        if self._loaded:
             return
         with self._lock:
-            if self._model is not None:
+            if self._loaded:
                 return
             self._load()
+            self._loaded = True
 
     def _load(self) -> None:
         import torch
@@ -142,22 +147,23 @@ class TransformersRunner:
         tokenizer.model_max_length = 1 << 30  # check() enforces the real limit; no per-call warning
         if task == "generate":
             tokenizer.padding_side = "left"
-            model = AutoModelForCausalLM.from_pretrained(source.directory, config=hf_config)
-        else:
-            model = AutoModel.from_pretrained(source.directory, config=hf_config)
-        device = pick_device(self.config.device)
-        model.to(device).eval()
+        model = None
+        if self.weights:
+            auto = AutoModelForCausalLM if task == "generate" else AutoModel
+            model = auto.from_pretrained(source.directory, config=hf_config)
+            self.device = pick_device(self.config.device)
+            model.to(self.device).eval()
         self._eos_id = tokenizer.eos_token_id
         pad = tokenizer.pad_token_id
         self._pad_id = pad if pad is not None else (self._eos_id if self._eos_id is not None else 0)
-        self._vocab_size = model.get_input_embeddings().num_embeddings
+        self._vocab_size = model.get_input_embeddings().num_embeddings if model is not None else hf_config.vocab_size
         positions = getattr(hf_config, "max_position_embeddings", None) or getattr(hf_config, "n_positions", None)
         limit = self.config.max_input_tokens
         if positions:
             room = positions - (self.config.max_new_tokens if task == "generate" else 0)
             limit = min(limit, max(1, room))
         self.max_input_tokens = limit
-        self.source, self.task, self.device = source, task, device
+        self.source, self.task = source, task
         self._tokenizer = tokenizer
         self._model = model
 
@@ -227,10 +233,17 @@ class TransformersRunner:
             mask[row, start : start + len(seq)] = 1
         return input_ids.to(self.device), mask.to(self.device)
 
+    def with_token_ids(self, reqs: list[Request]) -> list[Request]:
+        """The batch with every text replaced by its ids: what a device process is sent."""
+        ids = self._batch_ids(reqs)
+        return [r if r.token_ids is not None else msgspec.structs.replace(r, text=None, token_ids=i) for r, i in zip(reqs, ids)]
+
     def run(self, reqs: list[Request]) -> list[Output]:
         if not reqs:
             return []
         self.load()
+        if self._model is None:
+            raise RuntimeError(f"model {self.name!r}: this runner was built without weights (a device process's front)")
         import torch
 
         if self.device and self.device.startswith("cuda"):
@@ -279,3 +292,6 @@ class TransformersRunner:
 
             return int(torch.cuda.max_memory_allocated(self.device)), "cuda_max_allocated"
         return process_rss()
+
+    def close(self) -> None:
+        return None

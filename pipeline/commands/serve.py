@@ -180,6 +180,7 @@ def bench_pipeline(
     hard_cap: int = typer.Option(48, "--hard-cap", help="Batch size cap of the consumers' profile."),
     cost_a_ms: float = typer.Option(5.0, "--cost-a-ms", help="cost-model runner: fixed ms per batch."),
     cost_c_ms: float = typer.Option(0.5, "--cost-c-ms", help="cost-model runner: ms per request."),
+    isolation: str = typer.Option("auto", "--isolation", help="Where the consumers run batches: auto, process or thread."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the figures as JSON here."),
 ) -> None:
     """Real pipeline bench: open-loop producer -> Kafka -> consumer process(es) -> results, end to end."""
@@ -190,6 +191,9 @@ def bench_pipeline(
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # new topics log transient leader errors
     if runner not in ("minilm", "zero-cost", "cost-model"):
         typer.echo(f"error: --runner must be minilm, zero-cost or cost-model (got {runner!r})", err=True)
+        raise typer.Exit(2)
+    if isolation not in ("auto", "process", "thread"):
+        typer.echo(f"error: --isolation must be auto, process or thread (got {isolation!r})", err=True)
         raise typer.Exit(2)
     if not find_max and rates is None:
         typer.echo("error: give --find-max and/or --rates R1,R2,...", err=True)
@@ -217,6 +221,7 @@ def bench_pipeline(
         adaptive_cap=adaptive_cap,
         hard_cap=hard_cap,
         late_consumer_s=late_consumer_s,
+        isolation=isolation,  # type: ignore[arg-type]
     )
     figures = asyncio.run(run_bench(options, find_max_mode=find_max, rates_mode=bool(offered), say=typer.echo))
     if find_max:

@@ -6,7 +6,8 @@ import asyncio
 import time
 from pathlib import Path
 
-from consumers.runners import make_runner
+from consumers.runners import serving_runner
+from consumers.runners.device_process import ProcessRunner
 from consumers.worker import Consumer
 from pipeline.config import ConsumerSettings, KafkaSettings, ModelConfig
 from pipeline.engine import BatchingEngine
@@ -25,6 +26,7 @@ from tests.consumers.harness import (
 
 
 def test_every_request_answered_once_by_a_real_model(kafka_settings: KafkaSettings, tiny_bert_dir: Path) -> None:
+    """The served path: the model computes in a device process (isolation auto)."""
     model = ModelConfig(
         name=MODEL, runner="transformers", model_path=str(tiny_bert_dir), task="embed", device="cpu", partitions=3
     )
@@ -36,18 +38,24 @@ def test_every_request_answered_once_by_a_real_model(kafka_settings: KafkaSettin
             model,
             kafka_settings,
             ConsumerSettings(commit_interval_ms=50),
-            runner=make_runner(model),
+            runner=serving_runner(model),
             engine=BatchingEngine(model.profile),
             consumer_id="bert-1",
         )
+        assert isinstance(consumer.runner, ProcessRunner)
         ids = {f"r{i}" for i in range(n)}
-        async with running(consumer):
-            await send(kafka_settings, topics(kafka_settings).requests(MODEL), [request(i) for i in range(n)])
-            results = await collect(kafka_settings, topics(kafka_settings).results(MODEL), ids)
-            latency = await collect(
-                kafka_settings, topics(kafka_settings).latency_events, ids, key_field="request_id"
-            )
-            batches = await collect(kafka_settings, topics(kafka_settings).batch_events, set(), grace_s=1.0, key_field="batch_id")
+        try:
+            async with running(consumer):
+                await send(kafka_settings, topics(kafka_settings).requests(MODEL), [request(i) for i in range(n)])
+                results = await collect(kafka_settings, topics(kafka_settings).results(MODEL), ids)
+                latency = await collect(
+                    kafka_settings, topics(kafka_settings).latency_events, ids, key_field="request_id"
+                )
+                batches = await collect(
+                    kafka_settings, topics(kafka_settings).batch_events, set(), grace_s=1.0, key_field="batch_id"
+                )
+        finally:
+            consumer.runner.close()
         assert set(results.by_id) == ids
         assert not results.duplicates
         for answers in results.by_id.values():

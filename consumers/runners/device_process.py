@@ -1,0 +1,199 @@
+"""Run a model's batches in child processes, so the fetch loop and the model never share a GIL.
+
+In one process every torch op releases and retakes the interpreter lock, so
+a forward pass hands it to the event loop and back hundreds of times; on a
+two-core host each hand-off can stall either side. Measured with MiniLM on
+one torch thread at 120 req/s (`batchtide bench pipeline --runner minilm
+--isolation thread|process`): see docs/runners.md.
+
+The parent keeps a weightless front runner (tokenizer and limits only) for
+`check()`/`measure()` and ships token ids, so a text is tokenized once. There
+is one child per in-flight slot. A child that dies (segfault, OOM kill) fails
+only the batch it held: `run()` raises, poison isolation bisects the batch,
+and the next call starts a fresh child, so a crashing input is dead-lettered
+instead of taking the consumer down.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import ModelConfig
+from schemas.messages import Request
+
+from .base import MemoryKind, Output, Runner, describe_error
+
+log = logging.getLogger(__name__)
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class DeviceProcessDied(RuntimeError):
+    """The child running a batch exited before answering."""
+
+
+class BatchFailed(RuntimeError):
+    """The child's runner raised on a batch (its text says what)."""
+
+
+def serve_batches(conn: Connection) -> None:
+    """The child: load the in-process runner the first message names, then answer one batch per message until EOF."""
+    from . import make_runner
+
+    try:
+        model: ModelConfig = conn.recv()
+        runner = make_runner(model)
+        runner.load()
+    except Exception as e:  # noqa: BLE001 - reported to the parent, which raises it
+        conn.send(("error", describe_error(e)))
+        return
+    conn.send(("ready", None))
+    while True:
+        try:
+            reqs = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            answer: tuple[str, Any] = ("ok", (runner.run(reqs), runner.device_memory()))
+        except Exception as e:  # noqa: BLE001 - one batch's failure, reported
+            answer = ("error", describe_error(e))
+        try:
+            conn.send(answer)
+        except OSError:  # the consumer is gone: nobody to answer
+            return
+
+
+class _Child:
+    """One device process, started as `python -m` on a socket pair (no re-import of the parent's main)."""
+
+    def __init__(self, model: ModelConfig, index: int) -> None:
+        ours, theirs = socket.socketpair()
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+        self.name = f"batchtide-device-{model.name}-{index}"
+        with theirs:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", __name__, str(theirs.fileno())], pass_fds=[theirs.fileno()], env=env
+            )
+        self.conn = Connection(ours.detach())
+        self.conn.send(model)
+        kind, payload = self._receive()
+        if kind != "ready":
+            self.close()
+            raise RuntimeError(f"model {model.name!r} failed to load in its device process: {payload}")
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None and not self.conn.closed
+
+    def run(self, reqs: list[Request]) -> tuple[list[Output], tuple[int, MemoryKind]]:
+        try:
+            self.conn.send(reqs)
+        except OSError:
+            raise self._died() from None
+        kind, payload = self._receive()
+        if kind == "error":
+            raise BatchFailed(payload)
+        return payload
+
+    def _receive(self) -> tuple[str, Any]:
+        try:
+            return self.conn.recv()
+        except (EOFError, OSError):
+            raise self._died() from None
+
+    def _died(self) -> DeviceProcessDied:
+        self.conn.close()
+        try:
+            code = self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            code = None
+        return DeviceProcessDied(f"device process {self.name} exited with code {code}")
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        self.conn.close()
+        try:
+            self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+class ProcessRunner:
+    """A runner whose `run()` executes in one of `slots` child processes."""
+
+    def __init__(self, model: ModelConfig, front: Runner, slots: int) -> None:
+        self.name = front.name
+        self.simulated = front.simulated
+        self._model = model
+        self._front = front
+        self._slots = slots
+        self._idle: queue.SimpleQueue[_Child] = queue.SimpleQueue()
+        self._children: list[_Child] = []
+        self._lock = threading.Lock()
+        self._memory = threading.local()
+        self._started = 0
+
+    def load(self) -> None:
+        self._front.load()
+        with self._lock:
+            while self._started < self._slots:
+                self._idle.put(self._spawn())
+
+    def _spawn(self) -> _Child:
+        child = _Child(self._model, self._started)
+        self._started += 1
+        self._children.append(child)
+        return child
+
+    def measure(self, req: Request) -> tuple[int, int]:
+        return self._front.measure(req)
+
+    def check(self, req: Request) -> str | None:
+        return self._front.check(req)
+
+    def run(self, reqs: list[Request]) -> list[Output]:
+        if not reqs:
+            return []
+        self.load()
+        prepare = getattr(self._front, "with_token_ids", None)
+        shipped = prepare(reqs) if prepare is not None else reqs
+        child = self._idle.get()
+        try:
+            if not child.alive:
+                with self._lock:
+                    self._children.remove(child)
+                    child = self._spawn()
+                log.warning("started device process %s for model %s", child.name, self.name)
+            outputs, memory = child.run(shipped)
+        finally:
+            self._idle.put(child)
+        self._memory.last = memory
+        return outputs
+
+    def device_memory(self) -> tuple[int, MemoryKind]:
+        return getattr(self._memory, "last", (0, "none"))
+
+    def close(self) -> None:
+        with self._lock:
+            children, self._children = self._children, []
+        for child in children:
+            child.close()
+        self._front.close()
+
+
+if __name__ == "__main__":
+    # the parent decides when to stop (it closes the socket); a terminal's ^C or a
+    # group SIGTERM must not kill batches the consumer is still draining
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    serve_batches(Connection(int(sys.argv[1])))
