@@ -106,7 +106,7 @@ class LoadProducer:
         return f"{self.run_id}-{tag}{index}"
 
     async def __aenter__(self) -> "LoadProducer":
-        self._producer = AIOKafkaProducer(**client_options(self.settings), linger_ms=1, max_batch_size=256 * 1024)
+        self._producer = AIOKafkaProducer(**client_options(self.settings), linger_ms=0, max_batch_size=256 * 1024)
         await self._producer.start()
         return self
 

@@ -181,7 +181,7 @@ class Consumer:
         model is ready holds partitions it cannot serve)."""
         options = client_options(self.kafka)
         await asyncio.get_running_loop().run_in_executor(self._device, self._warm_up)
-        producer_options: dict[str, Any] = dict(linger_ms=1, max_batch_size=256 * 1024)
+        producer_options: dict[str, Any] = dict(linger_ms=0, max_batch_size=256 * 1024)
         if self.kafka.transactional:
             producer_options["transactional_id"] = f"{self.group_id}.{self.consumer_id}"
         self._producer = AIOKafkaProducer(**options, **producer_options)
