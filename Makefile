@@ -40,13 +40,19 @@ bench: setup
 	$(PY) -m pipeline.cli bench suite --json out/bench-suite.json
 
 # batchtide end to end vs Triton 2.51 (PyTriton, dynamic batcher max 32 / 20 ms / preferred 32)
-# on the same load, one after the other on this machine; the peer gets its own cached venv.
+# on the same requests, alternating ROUNDS times on this machine; the peer has its own cached venv.
 PEER_LOAD ?= --rates 20,60,120 --duration 30 --seed 1 --tokens 10
+ROUNDS ?= 3
 bench-triton: setup
-	@mkdir -p out
-	bash peers/triton/run.sh $(PEER_LOAD) --json out/triton.json
-	$(PY) -m pipeline.cli bench pipeline --runner minilm --torch-threads 1 $(PEER_LOAD) --json out/batchtide-minilm.json
-	$(PY) peers/triton/compare.py out/triton.json out/batchtide-minilm.json
+	@mkdir -p out && rm -f out/triton-*.json out/batchtide-minilm-*.json
+	@for i in $$(seq 1 $(ROUNDS)); do \
+	  echo "==> round $$i of $(ROUNDS): Triton" && \
+	  bash peers/triton/run.sh $(PEER_LOAD) --json out/triton-$$i.json && \
+	  echo "==> round $$i of $(ROUNDS): batchtide" && \
+	  $(PY) -m pipeline.cli bench pipeline --runner minilm --torch-threads 1 $(PEER_LOAD) --json out/batchtide-minilm-$$i.json \
+	  || exit 1; \
+	done
+	$(PY) peers/triton/compare.py $$(for i in $$(seq 1 $(ROUNDS)); do echo out/triton-$$i.json out/batchtide-minilm-$$i.json; done)
 
 clean-venv:
 	rm -rf $(VENV)

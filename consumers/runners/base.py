@@ -3,8 +3,9 @@
 A runner turns a batch of validated requests into one `Output` per request,
 in order. The loop calls `run()` in a worker thread so fetching continues
 during compute; a real model's `run()` goes on in a child process
-(`device_process`) unless the model's `isolation` says `thread`. A runner that is not a real model (`simulated=True`) must be
-labelled as such in every report that quotes its numbers.
+(`device_process`) unless the model's `isolation` says `thread`. A runner
+that is not a real model (`simulated=True`) must be labelled as such in
+every report that quotes its numbers.
 """
 
 from __future__ import annotations

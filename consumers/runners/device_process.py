@@ -155,6 +155,15 @@ class ProcessRunner:
         self._children.append(child)
         return child
 
+    def _replace(self, dead: _Child) -> _Child:
+        """A fresh child for a dead one (if starting it fails, the dead one stays queued and is retried)."""
+        with self._lock:
+            if dead in self._children:
+                self._children.remove(dead)
+            child = self._spawn()
+        log.warning("started device process %s for model %s after %s died", child.name, self.name, dead.name)
+        return child
+
     def measure(self, req: Request) -> tuple[int, int]:
         return self._front.measure(req)
 
@@ -170,10 +179,7 @@ class ProcessRunner:
         child = self._idle.get()
         try:
             if not child.alive:
-                with self._lock:
-                    self._children.remove(child)
-                    child = self._spawn()
-                log.warning("started device process %s for model %s", child.name, self.name)
+                child = self._replace(child)
             outputs, memory = child.run(shipped)
         finally:
             self._idle.put(child)

@@ -22,6 +22,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 import msgspec
+
 from pipeline.config import ModelConfig
 from schemas.messages import Request
 
@@ -236,7 +237,10 @@ class TransformersRunner:
     def with_token_ids(self, reqs: list[Request]) -> list[Request]:
         """The batch with every text replaced by its ids: what a device process is sent."""
         ids = self._batch_ids(reqs)
-        return [r if r.token_ids is not None else msgspec.structs.replace(r, text=None, token_ids=i) for r, i in zip(reqs, ids)]
+        return [
+            r if r.token_ids is not None else msgspec.structs.replace(r, text=None, token_ids=i)
+            for r, i in zip(reqs, ids)
+        ]
 
     def run(self, reqs: list[Request]) -> list[Output]:
         if not reqs:
