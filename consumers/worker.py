@@ -39,6 +39,7 @@ from aiokafka.errors import CommitFailedError, KafkaError
 
 from consumers.events import BatchTiming, Held, batch_event, latency_event
 from consumers.forwarding import forward_headers, tails_to_forward
+from consumers.heap import freeze_heap
 from consumers.intake import Rejection, RecentIds, decode_request, parse_forward_headers
 from consumers.kafka import Topics, client_options
 from consumers.offsets import OffsetTracker
@@ -61,6 +62,11 @@ REPLY_TOPIC_RECHECK_S = 60.0
 """A reply topic found missing is not asked about again for this long."""
 RESUME_FRACTION = 0.75
 """Paused partitions resume once the queue is back under this share of max_queue."""
+WARM_UP_TEXT = "warm up the device before the group hands this consumer its partitions"
+WARM_UP_MAX_BATCH = 64
+WARM_UP_BUDGET_S = 2.0
+"""Warm-up doubles the batch size up to the profile's target (at most 64 requests) while
+the next batch is expected to fit in this budget."""
 
 
 def now_ms() -> float:
@@ -104,6 +110,8 @@ class ConsumerStats:
     commits: int = 0
     backlog: int = 0
     """Kafka lag of the assigned partitions at the last fetch."""
+    warm_up_sizes: list[int] = field(default_factory=list)
+    """Batch sizes run before joining the group."""
 
 
 class _Rebalance(ConsumerRebalanceListener):
@@ -147,6 +155,8 @@ class Consumer:
         self._waiting: dict[tuple[TopicPartition, int], PendingRequest] = {}
         """Requests offered to the engine and not yet dispatched, expired or forwarded."""
         self._waiting_ids: set[str] = set()
+        self._running_ids: set[str] = set()
+        """Ids of dispatched requests until their answers are published (then `_answered_ids` knows them)."""
         self._inflight: set[asyncio.Task[None]] = set()
         self._computing = 0
         """Batches on the device now (the inflight tasks may still be publishing)."""
@@ -201,12 +211,25 @@ class Consumer:
         self._consumer.subscribe([self.request_topic, self.priority_topic], listener=_Rebalance(self))
 
     def _warm_up(self) -> None:
-        """Load the model and run one throwaway batch: the first call of a real model
-        is many times slower than the rest, and the engine would learn t(b) from it."""
+        """Load the model and run throwaway batches of doubling size (a real model's first
+        batch at a new size is several times slower: allocator growth, page faults, kernel
+        choice), so neither the first live burst nor the engine's t(b) pays for it."""
         self.runner.load()
-        probe = Request(id="batchtide-warm-up", model=self.model.name, text="warm up the device")
-        if self.runner.check(probe) is None:
-            run_isolating(self.runner, [probe])
+        top = 1 if self.runner.simulated else min(self._profile.target_size, WARM_UP_MAX_BATCH)
+        size, spent_s, last_s = 1, 0.0, 0.0
+        while size <= top and spent_s + 2 * last_s <= WARM_UP_BUDGET_S:
+            probes = [
+                Request(id=f"batchtide-warm-up-{size}-{i}", model=self.model.name, text=WARM_UP_TEXT)
+                for i in range(size)
+            ]
+            if self.runner.check(probes[0]) is not None:
+                return
+            start = time.monotonic()
+            run_isolating(self.runner, probes)
+            last_s = time.monotonic() - start
+            spent_s += last_s
+            self.stats.warm_up_sizes.append(size)
+            size *= 2
 
     async def run(self, stop: asyncio.Event, drain_timeout_s: float = 30.0) -> None:
         """Serve until `stop` is set, then stop fetching, finish what is held, commit, close."""
@@ -376,10 +399,10 @@ class Consumer:
         duplicate = self._answered_ids.check(request)
         if duplicate is not None:
             return duplicate
-        if request.id in self._waiting_ids:
+        if request.id in self._waiting_ids or request.id in self._running_ids:
             return Rejection(
                 "duplicate",
-                f"request id {request.id[:40]!r} is already waiting in this consumer",
+                f"request id {request.id[:40]!r} is already waiting or running in this consumer",
                 request.id,
                 request.reply_topic,
             )
@@ -443,6 +466,7 @@ class Consumer:
         self._next_batch_cap = batch.record.effective_cap
         for pr in batch.requests:
             self._unwait(pr.payload)
+            self._running_ids.add(pr.payload.request.id)
         self.stats.batches += 1
         self._computing += 1
         self._track(self._inflight, self._run_batch(batch, now))
@@ -509,7 +533,10 @@ class Consumer:
             timing=timing,
         )
         messages.append((self.topics.batch_events, None, _encode(event), None))
-        await self._publish(messages, answered)
+        try:
+            await self._publish(messages, answered)
+        finally:
+            self._running_ids.difference_update(pr.payload.request.id for pr in batch.requests)
 
     def _compute(self, reqs: list[Request]) -> tuple[dict[int, Output], dict[int, str], tuple[int, str]]:
         outputs, failures = run_isolating(self.runner, reqs)
@@ -812,6 +839,7 @@ async def serve(
         if create_topics:
             await ensure_topics(config.kafka, {model_name: consumer.model.partitions})
         await consumer.start()
+        freeze_heap()  # this process is the consumer's: what it loaded stays for its lifetime
         if on_stats is not None:
             report = on_stats
 

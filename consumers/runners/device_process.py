@@ -28,6 +28,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from consumers.heap import freeze_heap
 from pipeline.config import ModelConfig
 from schemas.messages import Request
 
@@ -56,6 +57,7 @@ def serve_batches(conn: Connection) -> None:
     except Exception as e:  # noqa: BLE001 - reported to the parent, which raises it
         conn.send(("error", describe_error(e)))
         return
+    freeze_heap()
     conn.send(("ready", None))
     while True:
         try:

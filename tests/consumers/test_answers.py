@@ -11,6 +11,7 @@ from consumers.runners.device_process import ProcessRunner
 from consumers.worker import Consumer
 from pipeline.config import ConsumerSettings, KafkaSettings, ModelConfig
 from pipeline.engine import BatchingEngine
+from tests.support.kafka import consume_n, json_values
 from tests.consumers.harness import (
     MODEL,
     collect,
@@ -58,6 +59,8 @@ def test_every_request_answered_once_by_a_real_model(kafka_settings: KafkaSettin
             consumer.runner.close()
         assert set(results.by_id) == ids
         assert not results.duplicates
+        # a real model is warmed at doubling batch sizes up to the target before joining the group
+        assert consumer.stats.warm_up_sizes == [1, 2, 4, 8, 16, 32]
         for answers in results.by_id.values():
             (result,) = answers
             assert result["outcome"] == "ok"
@@ -99,5 +102,31 @@ def test_requests_past_their_deadline_are_answered_expired(kafka_settings: Kafka
         # 12 requests, batches of 4 taking 200 ms each, 50 ms timeout: most expire while waiting
         assert sum(outcomes[r["id"]] == "expired" for r in short) >= 4
         assert consumer.stats.answered["expired"] == sum(o == "expired" for o in outcomes.values())
+        assert consumer.stats.warm_up_sizes == [1]  # a simulated device needs no warming
+
+    asyncio.run(scenario())
+
+
+def test_a_request_id_seen_again_while_its_batch_runs_is_a_duplicate(kafka_settings: KafkaSettings) -> None:
+    """The id must stay known between dispatch and the published answer, or a resend is computed twice."""
+    model = cost_model(a_ms=600.0, c_ms=0.0, partitions=1)
+
+    async def scenario() -> None:
+        await create_topics(kafka_settings, model)
+        original = request(0, "dup")
+        async with running(make_consumer(model, kafka_settings)) as consumer:
+            await send(kafka_settings, topics(kafka_settings).requests(MODEL), [original])
+            for _ in range(200):  # until its batch is on the device (600 ms of compute)
+                if consumer.stats.batches:
+                    break
+                await asyncio.sleep(0.01)
+            assert consumer.stats.batches == 1 and consumer.stats.answered["ok"] == 0
+            await send(kafka_settings, topics(kafka_settings).requests(MODEL), [dict(original, text="sent again")])
+            results = await collect(kafka_settings, topics(kafka_settings).results(MODEL), {original["id"]}, grace_s=1.0)
+            dead = await consume_n(kafka_settings, topics(kafka_settings).dlq, 1, timeout_s=10)
+        assert len(results.by_id[original["id"]]) == 1 and results.by_id[original["id"]][0]["outcome"] == "ok"
+        (letter,) = json_values(dead)
+        assert letter["reason"] == "duplicate" and "running" in letter["detail"]
+        assert consumer.stats.batches == 1
 
     asyncio.run(scenario())
