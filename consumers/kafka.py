@@ -54,6 +54,10 @@ class Topics:
     def dlq(self) -> str:
         return f"{self.prefix}.dlq"
 
+    def group(self, model: str) -> str:
+        """The consumer group of `model`'s consumers (not a topic, but named the same way)."""
+        return f"{self.prefix}.consumers.{model}"
+
     def for_model(self, model: str) -> tuple[str, str, str]:
         """The model's own topics: requests, priority requests, results."""
         return self.requests(model), self.priority(model), self.results(model)
@@ -224,6 +228,26 @@ async def _settled_partition_counts(
         if settled or loop.time() > deadline:
             return counts
         await asyncio.sleep(0.05)
+
+
+async def stable_group_size(settings: KafkaSettings, group: str) -> int:
+    """Members of `group` once it is Stable; 0 while it is empty, rebalancing, or its
+    coordinator is not ready yet (a fresh broker has none for a moment)."""
+    admin = AIOKafkaAdminClient(request_timeout_ms=10_000, **client_options(settings))
+    await admin.start()
+    try:
+        responses = await admin.describe_consumer_groups([group])
+    except Exception:  # noqa: BLE001 - coordinator not ready yet: the group counts as empty
+        return 0
+    finally:
+        await admin.close()
+    members = 0
+    for response in responses:
+        for description in response.groups:
+            error_code, state = description[0], description[2]
+            if error_code == 0 and state == "Stable":
+                members += len(description[5])
+    return members
 
 
 async def partition_lag(consumer: AIOKafkaConsumer) -> int:

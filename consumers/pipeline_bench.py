@@ -36,9 +36,8 @@ from typing import Any, Literal
 import numpy as np
 import psutil
 from aiokafka import AIOKafkaConsumer
-from aiokafka.errors import KafkaError
 
-from consumers.kafka import Topics, client_options, ensure_topics
+from consumers.kafka import Topics, client_options, ensure_topics, stable_group_size
 from consumers.producer import Load, LoadProducer, poisson_load
 from pipeline.config import KafkaSettings
 
@@ -266,30 +265,13 @@ class ResultCollector:
             await self._reader.stop()
 
 
-async def group_members(kafka: KafkaSettings) -> tuple[str, int]:
-    """State and member count of the bench model's consumer group."""
-    from aiokafka.admin import AIOKafkaAdminClient
-
-    admin = AIOKafkaAdminClient(**client_options(kafka))
-    await admin.start()
-    try:
-        response = (await admin.describe_consumer_groups([f"{kafka.topic_prefix}.consumers.{MODEL}"]))[0]
-        group = response.groups[0]
-        return group[2], len(group[5])
-    finally:
-        await admin.close()
-
-
 async def wait_for_group(kafka: KafkaSettings, consumers: ConsumerProcesses, timeout_s: float = 120.0) -> None:
     """Measuring starts only once every consumer joined: a late join would rebalance mid-run."""
+    group = Topics(kafka.topic_prefix).group(MODEL)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         consumers.check_alive()
-        try:
-            state, members = await group_members(kafka)
-        except KafkaError:  # a fresh broker has no group coordinator for a moment
-            state, members = "Unknown", 0
-        if state == "Stable" and members == len(consumers.procs):
+        if await stable_group_size(kafka, group) == len(consumers.procs):
             return
         await asyncio.sleep(0.5)
     raise RuntimeError(f"the {len(consumers.procs)} consumers did not form a stable group in {timeout_s} s")

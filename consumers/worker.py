@@ -147,7 +147,7 @@ class Consumer:
         self.topics = Topics(kafka.topic_prefix)
         self.request_topic = self.topics.requests(model.name)
         self.priority_topic = self.topics.priority(model.name)
-        self.group_id = f"{kafka.topic_prefix}.consumers.{model.name}"
+        self.group_id = Topics(kafka.topic_prefix).group(model.name)
         self.stats = ConsumerStats()
         self._profile = model.profile
         self._tracker: OffsetTracker[TopicPartition] = OffsetTracker()

@@ -37,7 +37,7 @@ import psutil
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from consumers.kafka import Topics, client_options, ensure_topics
+from consumers.kafka import Topics, client_options, ensure_topics, stable_group_size
 from consumers.localkafka import LocalKafka, port_is_free
 from consumers.runners.cost_model import POISON_MARKER
 from pipeline.config import KafkaSettings
@@ -658,7 +658,7 @@ class Deployment:
         size = -1
         while time.monotonic() < deadline:
             self.check_alive()
-            size = await group_size(self.settings, consumer_group(self.settings, CHAOS_MODEL))
+            size = await stable_group_size(self.settings, consumer_group(self.settings, CHAOS_MODEL))
             if size == members:
                 return
             await asyncio.sleep(0.3)
@@ -715,7 +715,7 @@ class Deployment:
 
     async def sink_members(self) -> int:
         group = await self._sink_group()
-        return 0 if group is None else await group_size(self.settings, group)
+        return 0 if group is None else await stable_group_size(self.settings, group)
 
     async def clickhouse_rows(self) -> dict[str, Any]:
         """Latency rows per request id, read from the embedded store (no sink may be running)."""
@@ -752,32 +752,14 @@ class Deployment:
 
 
 def consumer_group(settings: KafkaSettings, model: str) -> str:
-    """The group id the consumers of `model` join (consumers.worker.Consumer.group_id)."""
-    return f"{settings.topic_prefix}.consumers.{model}"
+    """The group id the consumers of `model` join."""
+    return Topics(settings.topic_prefix).group(model)
 
 
 async def _admin(settings: KafkaSettings) -> AIOKafkaAdminClient:
     admin = AIOKafkaAdminClient(request_timeout_ms=10_000, **client_options(settings))
     await admin.start()
     return admin
-
-
-async def group_size(settings: KafkaSettings, group: str) -> int:
-    """Members of a consumer group right now (0 while it is empty or rebalancing from empty)."""
-    admin = await _admin(settings)
-    try:
-        responses = await admin.describe_consumer_groups([group])
-    except Exception:  # noqa: BLE001 - coordinator not ready yet: the group counts as empty
-        return 0
-    finally:
-        await admin.close()
-    members = 0
-    for response in responses:
-        for description in response.groups:
-            error_code, _group_id, state = description[0], description[1], description[2]
-            if error_code == 0 and state == "Stable":
-                members += len(description[5])
-    return members
 
 
 async def committed_offsets(settings: KafkaSettings, group: str) -> dict[tuple[str, int], int]:
