@@ -578,7 +578,7 @@ class LocalKafka:
         """Succeeds once the broker answers metadata and lists itself as alive (unfenced)."""
         from aiokafka import AIOKafkaClient
 
-        from consumers.kafka import REDACTOR
+        from pipeline.kafka.client import REDACTOR
 
         options: dict[str, object] = {
             "bootstrap_servers": self.bootstrap,

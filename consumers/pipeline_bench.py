@@ -37,7 +37,7 @@ import numpy as np
 import psutil
 from aiokafka import AIOKafkaConsumer
 
-from consumers.kafka import Topics, client_options, ensure_topics, stable_group_size
+from pipeline.kafka.client import Topics, client_options, ensure_topics, stable_group_size
 from consumers.producer import Load, LoadProducer, poisson_load
 from pipeline.config import KafkaSettings
 

@@ -24,7 +24,7 @@ import numpy as np
 from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import murmur2
 
-from consumers.kafka import Topics, client_options
+from pipeline.kafka.client import Topics, client_options
 from pipeline.config import KafkaSettings
 from schemas.messages import Request
 

@@ -41,9 +41,9 @@ from consumers.events import BatchTiming, Held, batch_event, latency_event
 from consumers.forwarding import forward_headers, tails_to_forward
 from consumers.heap import freeze_heap
 from consumers.intake import Rejection, RecentIds, decode_request, parse_forward_headers
-from consumers.kafka import Topics, client_options
-from consumers.offsets import OffsetTracker
-from consumers.outbox import Message, Outbox
+from pipeline.kafka.client import Topics, client_options
+from pipeline.kafka.offsets import OffsetTracker
+from pipeline.kafka.outbox import Message, Outbox
 from consumers.runners import serving_runner
 from consumers.runners.base import Output, Runner, run_isolating
 from pipeline.config import Config, ConsumerSettings, KafkaSettings, ModelConfig
@@ -831,7 +831,7 @@ async def serve(
     stats_interval_s: float = 10.0,
 ) -> Consumer:
     """Run one consumer until `stop` is set; returns it (its stats) after a clean shutdown."""
-    from consumers.kafka import ensure_topics
+    from pipeline.kafka.client import ensure_topics
 
     consumer = build_consumer(config, model_name, consumer_id=consumer_id)
     reporter = None

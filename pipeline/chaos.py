@@ -37,7 +37,7 @@ import psutil
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from consumers.kafka import Topics, client_options, ensure_topics, stable_group_size
+from pipeline.kafka.client import Topics, client_options, ensure_topics, stable_group_size
 from consumers.localkafka import LocalKafka, port_is_free
 from consumers.runners.cost_model import POISON_MARKER
 from pipeline.config import KafkaSettings

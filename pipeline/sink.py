@@ -31,7 +31,7 @@ import faust
 import msgspec
 from clickhouse_connect.driver.client import Client
 
-from consumers.kafka import Topics
+from pipeline.kafka.client import Topics
 from pipeline.config import Config, KafkaSettings
 from pipeline.store.client import connect as connect_clickhouse
 from pipeline.store.loader import Loader
@@ -75,7 +75,7 @@ class StoreConnection:
 
 def broker_credentials(settings: KafkaSettings) -> faust.types.auth.CredentialsT | None:
     """faust credentials from the same KafkaSettings the rest of the pipeline uses."""
-    from consumers.kafka import client_options
+    from pipeline.kafka.client import client_options
 
     options = client_options(settings)
     protocol = options["security_protocol"]

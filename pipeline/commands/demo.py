@@ -53,7 +53,7 @@ data_dir = "{data_dir / 'clickhouse'}"
 async def _send_warmup(config_path: Path, model: str) -> None:
     from aiokafka import AIOKafkaProducer
 
-    from consumers.kafka import Topics, client_options
+    from pipeline.kafka.client import Topics, client_options
     from pipeline.config import load_config
 
     cfg = load_config(config_path)
@@ -73,7 +73,7 @@ async def _read_results(
     import msgspec
     from aiokafka import AIOKafkaConsumer
 
-    from consumers.kafka import Topics, client_options
+    from pipeline.kafka.client import Topics, client_options
     from pipeline.config import load_config
     from schemas.messages import Result
 

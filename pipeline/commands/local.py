@@ -123,7 +123,7 @@ def down(data_dir: DataDirOption = DEFAULT_DATA_DIR) -> None:
 @local_app.command("status")
 def status(data_dir: DataDirOption = DEFAULT_DATA_DIR) -> None:
     """Is the broker running, where, and which topics does it hold."""
-    from consumers.kafka import list_topics
+    from pipeline.kafka.client import list_topics
     from consumers.localkafka import LocalKafka
 
     broker = LocalKafka(data_dir)
@@ -147,7 +147,7 @@ def create(
     bootstrap: Annotated[Optional[str], typer.Option(help="Override kafka.bootstrap_servers.")] = None,
 ) -> None:
     """Create the request, priority and result topics of every model, plus events and DLQ topics."""
-    from consumers.kafka import ensure_topics
+    from pipeline.kafka.client import ensure_topics
 
     try:
         cfg = load_config(config)

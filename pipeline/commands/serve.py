@@ -77,7 +77,7 @@ def produce(
     """Open-loop load generator: sends at the scheduled times regardless of responses."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from consumers.kafka import ensure_topics
+    from pipeline.kafka.client import ensure_topics
     from consumers.producer import LoadProducer, poisson_load, scenario_load
 
     cfg = _config(config)
@@ -116,7 +116,7 @@ def results(
     """Print results as JSON lines (id, outcome, end-to-end ms, ...)."""
     from aiokafka import AIOKafkaConsumer
 
-    from consumers.kafka import Topics, client_options
+    from pipeline.kafka.client import Topics, client_options
 
     cfg = _config(config)
     topic = Topics(cfg.kafka.topic_prefix).results(model)

@@ -66,7 +66,7 @@ async def bench_sink(config: Config, *, events: int, echo: Echo) -> None:
     import msgspec
     from aiokafka import AIOKafkaProducer
 
-    from consumers.kafka import Topics, client_options, create_topics
+    from pipeline.kafka.client import Topics, client_options, create_topics
     from pipeline.sink import build_sink
     from pipeline.store.seed import batch_events, generate, latency_events
 

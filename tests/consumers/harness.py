@@ -15,7 +15,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer
 
-from consumers.kafka import Topics, client_options, ensure_topics
+from pipeline.kafka.client import Topics, client_options, ensure_topics
 from consumers.runners import make_runner
 from consumers.worker import Consumer
 from pipeline.config import BatchProfile, ConsumerSettings, KafkaSettings, ModelConfig

@@ -6,7 +6,7 @@ from aiokafka import TopicPartition
 
 from consumers.events import Held
 from consumers.forwarding import tails_to_forward
-from consumers.offsets import OffsetTracker
+from pipeline.kafka.offsets import OffsetTracker
 from pipeline.engine.decisions import PendingRequest
 from schemas.messages import Request
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
 
-from consumers.kafka import client_options, create_topics as create_topics_named
+from pipeline.kafka.client import client_options, create_topics as create_topics_named
 from pipeline.config import ConsumerSettings, KafkaSettings, ModelConfig
 from tests.consumers.harness import collect, create_topics, make_consumer, request, running, send, topics
 

@@ -10,7 +10,7 @@ import time
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from consumers.kafka import client_options, create_topics
+from pipeline.kafka.client import client_options, create_topics
 from consumers.localkafka import LocalKafka
 from pipeline.config import KafkaSettings
 

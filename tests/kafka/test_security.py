@@ -13,7 +13,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaConnectionError
 
-from consumers.kafka import client_options, create_topics
+from pipeline.kafka.client import client_options, create_topics
 from pipeline.config import ConfigError, KafkaSettings
 from tests.support.kafka import SASL_USERS, consume_n, json_values, produce_json
 

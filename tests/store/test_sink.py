@@ -16,7 +16,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from clickhouse_connect.driver.client import Client
 
-from consumers.kafka import Topics, client_options, create_topics
+from pipeline.kafka.client import Topics, client_options, create_topics
 from pipeline.config import ClickHouseSettings, Config, KafkaSettings
 from pipeline.sink import Sink, build_sink
 from pipeline.store.client import ClickHouseUnavailable, connect

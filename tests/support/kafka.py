@@ -22,7 +22,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord, RecordMetadata
 
-from consumers.kafka import client_options
+from pipeline.kafka.client import client_options
 from consumers.localkafka import LocalKafka
 from pipeline.config import KafkaSettings
 
