@@ -38,7 +38,7 @@ import psutil
 from aiokafka import AIOKafkaConsumer
 
 from pipeline.kafka.client import Topics, client_options, ensure_topics, stable_group_size
-from consumers.producer import Load, LoadProducer, poisson_load
+from pipeline.devtools.producer import Load, LoadProducer, poisson_load
 from pipeline.config import KafkaSettings
 
 RunnerChoice = Literal["zero-cost", "minilm", "cost-model"]
@@ -515,7 +515,7 @@ async def run_bench(
     find-max always uses the zero-cost runner (it measures the pipeline);
     the rates mode uses `options.runner`.
     """
-    from consumers.localkafka import LocalKafka
+    from pipeline.devtools.localkafka import LocalKafka
 
     broker = None
     workdir = Path(tempfile.mkdtemp(prefix="batchtide-bench-"))

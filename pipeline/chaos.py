@@ -38,7 +38,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from pipeline.kafka.client import Topics, client_options, ensure_topics, stable_group_size
-from consumers.localkafka import LocalKafka, port_is_free
+from pipeline.devtools.localkafka import LocalKafka, port_is_free
 from consumers.runners.cost_model import POISON_MARKER
 from pipeline.config import KafkaSettings
 from schemas.messages import DeadLetter, LatencyEvent, Request, Result

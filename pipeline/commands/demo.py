@@ -117,8 +117,8 @@ def demo(
     bootstrap: Annotated[Optional[str], typer.Option(help="Use this Kafka instead of starting a local broker.")] = None,
 ) -> None:
     """Run real traffic through a local broker, a MiniLM consumer and the sink; print the report."""
-    from consumers.localkafka import LocalKafka
-    from consumers.producer import scenario_load
+    from pipeline.devtools.localkafka import LocalKafka
+    from pipeline.devtools.producer import scenario_load
 
     if workdir.exists():
         shutil.rmtree(workdir)

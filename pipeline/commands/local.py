@@ -32,7 +32,7 @@ def _fail(message: str) -> typer.Exit:
 @local_app.command("fetch")
 def fetch() -> None:
     """Resolve Apache Kafka's jars into ~/.cache/batchtide and record the JVM class archive (once)."""
-    from consumers.localkafka import KafkaSetupError, ensure_class_archive, ensure_kafka_jars
+    from pipeline.devtools.localkafka import KafkaSetupError, ensure_class_archive, ensure_kafka_jars
 
     started = time.monotonic()
     try:
@@ -51,7 +51,7 @@ def bench(runs: Annotated[int, typer.Option(help="Fresh brokers to start.")] = 3
     import statistics
     import tempfile
 
-    from consumers.localkafka import LocalKafka, cds_archive
+    from pipeline.devtools.localkafka import LocalKafka, cds_archive
 
     cold: list[float] = []
     warm: list[float] = []
@@ -86,7 +86,7 @@ def up(
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the broker to answer.")] = 90.0,
 ) -> None:
     """Start the broker in the background; it keeps running after this command exits."""
-    from consumers.localkafka import KafkaSetupError, LocalKafka, port_is_free
+    from pipeline.devtools.localkafka import KafkaSetupError, LocalKafka, port_is_free
 
     broker = LocalKafka(data_dir)
     if broker.is_running:
@@ -108,7 +108,7 @@ def up(
 @local_app.command("down")
 def down(data_dir: DataDirOption = DEFAULT_DATA_DIR) -> None:
     """Stop the broker cleanly (SIGTERM, wait); its data stays for the next `up`."""
-    from consumers.localkafka import LocalKafka
+    from pipeline.devtools.localkafka import LocalKafka
 
     broker = LocalKafka(data_dir)
     if not broker.is_running:
@@ -124,7 +124,7 @@ def down(data_dir: DataDirOption = DEFAULT_DATA_DIR) -> None:
 def status(data_dir: DataDirOption = DEFAULT_DATA_DIR) -> None:
     """Is the broker running, where, and which topics does it hold."""
     from pipeline.kafka.client import list_topics
-    from consumers.localkafka import LocalKafka
+    from pipeline.devtools.localkafka import LocalKafka
 
     broker = LocalKafka(data_dir)
     if not broker.is_running:

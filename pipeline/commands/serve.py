@@ -78,7 +78,7 @@ def produce(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from pipeline.kafka.client import ensure_topics
-    from consumers.producer import LoadProducer, poisson_load, scenario_load
+    from pipeline.devtools.producer import LoadProducer, poisson_load, scenario_load
 
     cfg = _config(config)
     if (scenario is None) == (rate is None):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from consumers.localkafka import LocalKafka
+from pipeline.devtools.localkafka import LocalKafka
 from pipeline.chaos import Stage
 from pipeline.config import KafkaSettings
 from tests.support.kafka import unique_prefix

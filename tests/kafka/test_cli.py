@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 from typer.testing import CliRunner
 
-from consumers.localkafka import LocalKafka, free_port, port_is_free
+from pipeline.devtools.localkafka import LocalKafka, free_port, port_is_free
 from pipeline.commands import local
 from pipeline.config import KafkaSettings
 

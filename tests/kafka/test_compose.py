@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from consumers.localkafka import KAFKA_VERSION
+from pipeline.devtools.localkafka import KAFKA_VERSION
 from pipeline.config import KafkaSettings, load_config
 
 ROOT = Path(__file__).resolve().parents[2]

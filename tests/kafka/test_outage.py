@@ -11,7 +11,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from pipeline.kafka.client import client_options, create_topics
-from consumers.localkafka import LocalKafka
+from pipeline.devtools.localkafka import LocalKafka
 from pipeline.config import KafkaSettings
 
 

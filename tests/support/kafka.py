@@ -23,7 +23,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord, RecordMetadata
 
 from pipeline.kafka.client import client_options
-from consumers.localkafka import LocalKafka
+from pipeline.devtools.localkafka import LocalKafka
 from pipeline.config import KafkaSettings
 
 SASL_USERS = {"batchtide": "s3cret-test"}
