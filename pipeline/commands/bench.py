@@ -80,7 +80,7 @@ def policies(
     quick: bool = typer.Option(False, "--quick", help="Coarser grids (seconds instead of a minute)."),
 ) -> None:
     """Grid-search every batching policy family on one scenario and compare with batchtide-default."""
-    from pipeline.sim.bench import bench_policies
+    from pipeline.bench.policy import bench_policies
     from pipeline.sim.scenario import ScenarioError, load_scenario
     from pipeline.sim.search import Evaluator
 
@@ -102,7 +102,7 @@ def policies(
         json_out.write_text(json.dumps(report, indent=2))
         console.print(f"wrote {json_out}")
     if plot:
-        from pipeline.sim.plots import write_plots
+        from pipeline.bench.plots import write_plots
 
         for path in write_plots(result, plot):
             console.print(f"wrote {path}")
@@ -117,7 +117,7 @@ def suite(
 ) -> None:
     """Run every scenario: batchtide-default vs each family's per-scenario oracle best and the
     seed baseline, plus the best single fixed config across the suite and its regret."""
-    from pipeline.sim.bench import CAPACITY_TARGET, P99_TARGET, bench_suite, scenario_files
+    from pipeline.bench.policy import CAPACITY_TARGET, P99_TARGET, bench_suite, scenario_files
 
     if not scenario_files(scenarios):
         console.print(f"[red]no *.toml scenarios in {scenarios}[/red]")

@@ -119,7 +119,7 @@ def bench_report_command(
     clickhouse_url: Optional[str] = UrlOption,
 ) -> None:
     """Time every report query (p50/p99/max over --repeat runs) on a seeded database."""
-    from pipeline.store.bench import bench_report
+    from pipeline.bench.store import bench_report
 
     cfg = _config(config, clickhouse_url)
     bench_report(cfg.clickhouse, rows=rows, repeat=repeat, since=since, echo=typer.echo)
@@ -134,7 +134,7 @@ def bench_sink_command(
     """Produce seeded events to fresh topics, run the faust sink until all are stored, print events/s."""
     import asyncio
 
-    from pipeline.store.bench import bench_sink
+    from pipeline.bench.store import bench_sink
 
     cfg = _config(config, clickhouse_url)
     asyncio.run(bench_sink(cfg, events=events, echo=typer.echo))

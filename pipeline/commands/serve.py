@@ -186,7 +186,7 @@ def bench_pipeline(
     """Real pipeline bench: open-loop producer -> Kafka -> consumer process(es) -> results, end to end."""
     import logging
 
-    from consumers.pipeline_bench import BenchOptions, run_bench
+    from pipeline.bench.pipeline import BenchOptions, run_bench
 
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # new topics log transient leader errors
     if runner not in ("minilm", "zero-cost", "cost-model"):

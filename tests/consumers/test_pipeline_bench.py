@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from consumers.pipeline_bench import STAGES, BenchOptions, run_bench
+from pipeline.bench.pipeline import STAGES, BenchOptions, run_bench
 from pipeline.config import KafkaSettings
 
 

@@ -15,7 +15,7 @@ import msgspec
 
 from schemas.messages import Request
 
-from .intake import decode_request
+from consumers.intake import decode_request
 
 MODEL = "bench"
 

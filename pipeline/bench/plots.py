@@ -10,7 +10,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from pipeline.sim.bench import PolicyBench  # noqa: E402
+from pipeline.bench.policy import PolicyBench  # noqa: E402
 
 
 def _served_latency(row) -> np.ndarray:  # type: ignore[no-untyped-def]
