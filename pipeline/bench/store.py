@@ -18,7 +18,7 @@ from collections.abc import Callable
 import numpy as np
 
 from pipeline.config import ClickHouseSettings, Config
-from pipeline.report import pick_interval_ms, run_query
+from pipeline.views.report import pick_interval_ms, run_query
 from pipeline.store.client import connect
 from pipeline.store.migrations import Layout, migrate
 from pipeline.store.queries import REPORT_QUERIES

@@ -60,7 +60,7 @@ def push(
     from dashboards.build import checked_board
     from dashboards.panels import BOARDS
     from pipeline.config import ConfigError, load_config
-    from pipeline.grafana_push import ClickHouseTarget, GrafanaAuthMissing, connect, push_all
+    from pipeline.views.grafana_push import ClickHouseTarget, GrafanaAuthMissing, connect, push_all
 
     try:
         settings = load_config(config).clickhouse
@@ -106,7 +106,7 @@ def board(
     config: Optional[Path] = ConfigOption,
 ) -> None:
     """The tail-latency board as a self-contained HTML page, for machines without Grafana."""
-    from pipeline.board import build_page, serve, time_range
+    from pipeline.views.board import build_page, serve, time_range
     from pipeline.config import ConfigError
     from pipeline.store.client import ClickHouseUnavailable
 

@@ -91,7 +91,7 @@ def seed_command(
     clickhouse_url: Optional[str] = UrlOption,
 ) -> None:
     """Insert deterministic synthetic latency and batch rows (for boards, demos and benchmarks)."""
-    from pipeline.report import parse_duration_ms
+    from pipeline.views.report import parse_duration_ms
     from pipeline.store.migrations import migrate
     from pipeline.store.seed import seed_database
 
@@ -179,7 +179,7 @@ def report_command(
     """Latency analysis per model: quantiles, throughput, batches, tail marking, memory."""
     from rich.console import Console
 
-    from pipeline.report import parse_duration_ms, render, run_report
+    from pipeline.views.report import parse_duration_ms, render, run_report
 
     cfg = _config(config, clickhouse_url)
     try:

@@ -10,7 +10,7 @@ from urllib.parse import urlencode
 
 import pytest
 
-from pipeline.board import TimeRange
+from pipeline.views.board import TimeRange
 
 
 @dataclass(frozen=True)

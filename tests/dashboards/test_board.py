@@ -15,7 +15,7 @@ from PIL import Image, ImageStat
 from typer.testing import CliRunner
 
 from dashboards.panels import TAIL_LATENCY, PanelSpec
-from pipeline.board import TimeRange, build_page, make_server, time_range
+from pipeline.views.board import TimeRange, build_page, make_server, time_range
 from tests.dashboards.browser import dump_dom, screenshot
 from tests.dashboards.cli import dashboards_cli
 from tests.dashboards.conftest import SeededStore

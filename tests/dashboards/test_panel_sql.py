@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from dashboards.panels import MODEL_VARIABLE, TAIL_LATENCY
-from pipeline.board import Frame, TimeRange
+from pipeline.views.board import Frame, TimeRange
 from pipeline.store.macros import expand_macros
 from tests.dashboards.conftest import SeededStore
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dashboards.panels import DATASOURCE_TYPE, DATASOURCE_UID, FOLDER_UID, TAIL_LATENCY
-from pipeline.grafana_push import ClickHouseTarget, GrafanaAuthMissing, connect, grafana_credential, push_all
+from pipeline.views.grafana_push import ClickHouseTarget, GrafanaAuthMissing, connect, grafana_credential, push_all
 from tests.dashboards.cli import dashboards_cli
 from tests.dashboards.grafana_server import FakeGrafana
 

@@ -6,7 +6,7 @@ import msgspec
 from clickhouse_connect.driver.client import Client
 
 from pipeline.config import ClickHouseSettings
-from pipeline.report import run_query
+from pipeline.views.report import run_query
 from pipeline.store.client import connect
 from pipeline.store.seed import batch_events, generate, insert_chunk, latency_events, recent_start_ms
 from pipeline.store.writer import insert_batch_events, insert_latency_events

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.report import Report, pick_interval_ms, run_query, run_report
+from pipeline.views.report import Report, pick_interval_ms, run_query, run_report
 from tests.support.clickhouse import SeededClickHouse
 
 QUANTILES = [0.5, 0.99, 0.999]
@@ -160,7 +160,7 @@ def test_cli_json(seeded_clickhouse: SeededClickHouse, tmp_path: Path) -> None:
 
 
 def test_durations_and_buckets() -> None:
-    from pipeline.report import parse_duration_ms
+    from pipeline.views.report import parse_duration_ms
 
     assert parse_duration_ms("15m") == 900_000 and parse_duration_ms("1.5h") == 5_400_000
     assert parse_duration_ms("250ms") == 250

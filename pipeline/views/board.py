@@ -24,7 +24,7 @@ from urllib.parse import parse_qs, urlencode, urlparse
 from dashboards.charts import BarGroup, Series, bar_chart_svg, format_value, time_series_svg
 from dashboards.panels import MODEL_VARIABLE, MODELS_QUERY, TAIL_LATENCY, BoardSpec, PanelSpec
 from dashboards.sql import query_sql
-from pipeline.report import DURATION, parse_duration_ms
+from pipeline.views.report import DURATION, parse_duration_ms
 
 COLUMN_PX = 64
 ROW_PX = 34
