@@ -67,7 +67,7 @@ async def bench_sink(config: Config, *, events: int, echo: Echo) -> None:
     from aiokafka import AIOKafkaProducer
 
     from pipeline.kafka.client import Topics, client_options, create_topics
-    from pipeline.sink import build_sink
+    from pipeline.store.sink import build_sink
     from pipeline.store.seed import batch_events, generate, latency_events
 
     prefix = f"bench-sink-{uuid.uuid4().hex[:8]}"

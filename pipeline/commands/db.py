@@ -148,7 +148,7 @@ def sink_command(
     """Run the sink: events topics -> ClickHouse in batches; offsets advance only after inserts."""
     import faust
 
-    from pipeline.sink import build_sink
+    from pipeline.store.sink import build_sink
     from pipeline.store.client import describe
     from pipeline.store.migrations import migrate
 

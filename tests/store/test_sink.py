@@ -18,7 +18,7 @@ from clickhouse_connect.driver.client import Client
 
 from pipeline.kafka.client import Topics, client_options, create_topics
 from pipeline.config import ClickHouseSettings, Config, KafkaSettings
-from pipeline.sink import Sink, build_sink
+from pipeline.store.sink import Sink, build_sink
 from pipeline.store.client import ClickHouseUnavailable, connect
 from pipeline.store.seed import batch_events, generate, latency_events, recent_start_ms
 from schemas.messages import BatchEvent, LatencyEvent
