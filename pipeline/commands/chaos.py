@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 if TYPE_CHECKING:
-    from pipeline.chaos import FaultReport
+    from pipeline.chaos.harness import FaultReport
 
 
 def chaos(
@@ -36,7 +36,7 @@ def chaos(
     """Inject faults into a real local pipeline and report lost and duplicated requests."""
     import dataclasses
 
-    from pipeline.chaos import SCENARIOS, ChaosSizes, report_rows, run_scenarios
+    from pipeline.chaos.harness import SCENARIOS, ChaosSizes, report_rows, run_scenarios
 
     if list_only:
         for name, entry in SCENARIOS.items():

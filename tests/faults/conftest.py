@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.devtools.localkafka import LocalKafka
-from pipeline.chaos import Stage
+from pipeline.chaos.harness import Stage
 from pipeline.config import KafkaSettings
 from tests.support.kafka import unique_prefix
 

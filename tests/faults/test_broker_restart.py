@@ -11,7 +11,7 @@ import asyncio
 
 import pytest
 
-from pipeline.chaos import ChaosSizes, Stage, broker_restart
+from pipeline.chaos.harness import ChaosSizes, Stage, broker_restart
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from pipeline.chaos import ChaosSizes, Stage, clickhouse_outage, sink_kill
+from pipeline.chaos.harness import ChaosSizes, Stage, clickhouse_outage, sink_kill
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

@@ -12,7 +12,7 @@ import asyncio
 
 import pytest
 
-from pipeline.chaos import ChaosSizes, FaultReport, Stage, consumer_kill, overload, poison_request, rebalance_storm
+from pipeline.chaos.harness import ChaosSizes, FaultReport, Stage, consumer_kill, overload, poison_request, rebalance_storm
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
