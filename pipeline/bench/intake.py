@@ -1,4 +1,4 @@
-"""How fast intake decodes: `python -m consumers.intake_bench`.
+"""How fast intake decodes: `python -m pipeline.bench.intake`.
 
 Prints decode_request calls per second for small valid requests, for ~32-token
 texts with a reply topic, for token-id requests, and for a hostile mix (one
@@ -54,7 +54,7 @@ def rate(payloads: list[bytes], seconds: float) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m consumers.intake_bench", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m pipeline.bench.intake", description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=1.0, help="time per payload kind (default 1)")
     args = parser.parse_args(argv)
     print(f"{'payload':<24} {'decodes/s':>12} {'us/decode':>10}")

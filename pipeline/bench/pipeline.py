@@ -43,7 +43,7 @@ from pipeline.config import KafkaSettings
 
 RunnerChoice = Literal["zero-cost", "minilm", "cost-model"]
 MODEL = "bench"
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SUSTAINED_SHARE = 0.95
 """A rate is sustained when at least this share of what was offered is answered in the run."""
 SUSTAINED_P99_MS = 1000.0

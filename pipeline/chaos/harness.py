@@ -51,7 +51,7 @@ SINK_ENV = {"BROKER_SESSION_TIMEOUT": "10"}
 (60 s) makes a crashed sink's partitions wait a minute before a restarted sink
 may take them; the harness deploys the sink as an operator should, with the
 same 10 s the consumers' aiokafka default uses."""
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 # -- what a scenario reports ---------------------------------------------------
