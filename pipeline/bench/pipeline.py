@@ -5,7 +5,7 @@ hands it to its producer and again when the result record arrives, so broker
 time, fetch, batching, compute and the result's trip back all count. The
 consumers run as separate processes (`batchtide consume`, exactly what a user
 runs), so client and consumer never share an interpreter lock. Load is
-open-loop Poisson (see `consumers.producer`).
+open-loop Poisson (see `pipeline.devtools.producer`).
 
 Modes:
 - find-max (zero-cost runner): ramp the offered rate until the pipeline stops
