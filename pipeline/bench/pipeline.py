@@ -35,9 +35,9 @@ from typing import Any, Literal
 
 import numpy as np
 import psutil
-from aiokafka import AIOKafkaConsumer
 
-from pipeline.kafka.client import Topics, client_options, ensure_topics, stable_group_size
+from pipeline.kafka.client import Topics, ensure_topics, stable_group_size
+from pipeline.kafka.reader import Record, TopicReader
 from pipeline.devtools.producer import Load, LoadProducer, poisson_load
 from pipeline.config import KafkaSettings
 
@@ -221,37 +221,25 @@ class ConsumerProcesses:
 class ResultCollector:
     """Reads the results topic and stamps each answer's arrival on the client's clock."""
 
+    OUTCOME = re.compile(rb'"outcome":"([a-z]+)"')
+
     def __init__(self, kafka: KafkaSettings) -> None:
         self.kafka = kafka
         self.received_ms: dict[str, float] = {}
         self.outcomes: dict[str, str] = {}
-        self._reader: AIOKafkaConsumer | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._reader = TopicReader(kafka, Topics(kafka.topic_prefix).results(MODEL))
+        self._task: asyncio.Task[bool] | None = None
 
     async def start(self) -> None:
-        self._reader = AIOKafkaConsumer(
-            Topics(self.kafka.topic_prefix).results(MODEL),
-            **client_options(self.kafka),
-            auto_offset_reset="earliest",
-            enable_auto_commit=False,
-        )
         await self._reader.start()
-        self._task = asyncio.create_task(self._read())
+        self._task = asyncio.create_task(self._reader.read(self._stamp, poll_ms=50))
 
-    async def _read(self) -> None:
-        reader = self._reader
-        assert reader is not None
-        outcome = re.compile(rb'"outcome":"([a-z]+)"')
-        while True:
-            batch = await reader.getmany(timeout_ms=50)
-            now = time.time() * 1000.0
-            for records in batch.values():
-                for record in records:
-                    key = record.key.decode() if record.key else ""
-                    if key not in self.received_ms:
-                        self.received_ms[key] = now
-                        found = outcome.search(record.value or b"")
-                        self.outcomes[key] = found.group(1).decode() if found else "undecodable"
+    def _stamp(self, record: Record) -> None:
+        key = record.key.decode() if record.key else ""
+        if key not in self.received_ms:
+            self.received_ms[key] = time.time() * 1000.0
+            found = self.OUTCOME.search(record.value or b"")
+            self.outcomes[key] = found.group(1).decode() if found else "undecodable"
 
     async def wait_for(self, ids: list[str], timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -261,8 +249,7 @@ class ResultCollector:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-        if self._reader is not None:
-            await self._reader.stop()
+        await self._reader.stop()
 
 
 async def wait_for_group(kafka: KafkaSettings, consumers: ConsumerProcesses, timeout_s: float = 120.0) -> None:
@@ -299,23 +286,16 @@ class EventFigures:
 async def event_figures(kafka: KafkaSettings, received_ms: dict[str, float], timeout_s: float = 20.0) -> EventFigures:
     """Tokens, batch sizes and per-stage latency of the answered requests (id -> client arrival
     stamp), from the consumers' latency events."""
-    reader = AIOKafkaConsumer(
-        Topics(kafka.topic_prefix).latency_events, **client_options(kafka), auto_offset_reset="earliest", enable_auto_commit=False
-    )
-    await reader.start()
     events: dict[str, dict[str, Any]] = {}
-    deadline = time.monotonic() + timeout_s
-    try:
-        while len(events) < len(received_ms) and time.monotonic() < deadline:
-            batch = await reader.getmany(timeout_ms=500)
-            for records in batch.values():
-                for record in records:
-                    event = json.loads(record.value)
-                    rid = event["request_id"]
-                    if rid in received_ms and rid not in events:
-                        events[rid] = event | {"received_ms": received_ms[rid]}
-    finally:
-        await reader.stop()
+
+    def keep(record: Record) -> None:
+        event = json.loads(record.value)
+        rid = event["request_id"]
+        if rid in received_ms and rid not in events:
+            events[rid] = event | {"received_ms": received_ms[rid]}
+
+    async with TopicReader(kafka, Topics(kafka.topic_prefix).latency_events) as reader:
+        await reader.read(keep, until=lambda: len(events) >= len(received_ms), timeout_s=timeout_s, poll_ms=500)
     if not events:
         return EventFigures()
     rows = list(events.values())

@@ -38,6 +38,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from pipeline.kafka.client import Topics, client_options, ensure_topics, stable_group_size
+from pipeline.kafka.reader import Record, TopicReader
 from pipeline.devtools.localkafka import LocalKafka, port_is_free
 from consumers.runners.cost_model import POISON_MARKER
 from pipeline.config import KafkaSettings
@@ -187,40 +188,29 @@ class Collector:
         self._dlq_topic = topics.dlq
         self._latency_topic = topics.latency_events
         self._ledger = ledger
-        self._consumer = AIOKafkaConsumer(
-            self._results_topic,
-            self._dlq_topic,
-            *([self._latency_topic] if latency_events else []),
-            group_id=None,
-            auto_offset_reset="earliest",
-            enable_auto_commit=False,
-            isolation_level="read_committed",
+        self._reader = TopicReader(
+            settings,
+            [self._results_topic, self._dlq_topic, *([self._latency_topic] if latency_events else [])],
             request_timeout_ms=30_000,
-            **client_options(settings),
         )
-        self._task: asyncio.Task[None] | None = None
+        self._task: asyncio.Task[bool] | None = None
         self._result_decoder = msgspec.json.Decoder(Result)
         self._dead_decoder = msgspec.json.Decoder(DeadLetter)
         self._latency_decoder = msgspec.json.Decoder(LatencyEvent)
 
     async def start(self) -> None:
-        await self._consumer.start()
-        self._task = asyncio.create_task(self._run())
+        await self._reader.start()
+        self._task = asyncio.create_task(self._reader.read(self._record, poll_ms=200))
 
-    async def _run(self) -> None:
-        while True:
-            batches = await self._consumer.getmany(timeout_ms=200, max_records=2000)
-            now = time.time()
-            for tp, records in batches.items():
-                for record in records:
-                    if record.value is None:
-                        continue
-                    if tp.topic == self._results_topic:
-                        self._ledger.record_result(self._result_decoder.decode(record.value), now)
-                    elif tp.topic == self._latency_topic:
-                        self._ledger.record_timing(self._latency_decoder.decode(record.value))
-                    else:
-                        self._ledger.record_dead(self._dead_decoder.decode(record.value), now)
+    def _record(self, record: Record) -> None:
+        if record.value is None:
+            return
+        if record.topic == self._results_topic:
+            self._ledger.record_result(self._result_decoder.decode(record.value), time.time())
+        elif record.topic == self._latency_topic:
+            self._ledger.record_timing(self._latency_decoder.decode(record.value))
+        else:
+            self._ledger.record_dead(self._dead_decoder.decode(record.value), time.time())
 
     async def wait_answered(self, ids: Iterable[str], timeout_s: float) -> bool:
         wanted = list(ids)
@@ -240,7 +230,7 @@ class Collector:
                 await self._task
             except asyncio.CancelledError:
                 pass
-        await self._consumer.stop()
+        await self._reader.stop()
 
 
 class Traffic:

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Callable, Optional
+from typing import Annotated, Any, Callable, Optional
 
 import typer
 
@@ -71,30 +71,22 @@ async def _read_results(
 ) -> dict[str, str]:
     """Outcome per request id on the model's result topic, read until `enough` says so."""
     import msgspec
-    from aiokafka import AIOKafkaConsumer
 
-    from pipeline.kafka.client import Topics, client_options
     from pipeline.config import load_config
+    from pipeline.kafka.client import Topics
+    from pipeline.kafka.reader import TopicReader
     from schemas.messages import Result
 
     cfg = load_config(config_path)
-    consumer = AIOKafkaConsumer(
-        Topics(cfg.kafka.topic_prefix).results(model),
-        **client_options(cfg.kafka),
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-    )
-    await consumer.start()
     outcomes: dict[str, str] = {}
-    deadline = time.monotonic() + timeout_s
-    try:
-        while not enough(outcomes) and time.monotonic() < deadline:
-            for records in (await consumer.getmany(timeout_ms=500)).values():
-                for record in records:
-                    result = msgspec.json.decode(record.value, type=Result)
-                    outcomes.setdefault(result.id, result.outcome)
-    finally:
-        await consumer.stop()
+    decode = msgspec.json.Decoder(Result).decode
+
+    def add(record: Any) -> None:
+        result = decode(record.value)
+        outcomes.setdefault(result.id, result.outcome)
+
+    async with TopicReader(cfg.kafka, Topics(cfg.kafka.topic_prefix).results(model)) as reader:
+        await reader.read(add, until=lambda: enough(outcomes), timeout_s=timeout_s)
     return outcomes
 
 

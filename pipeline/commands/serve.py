@@ -114,9 +114,8 @@ def results(
     config: Optional[Path] = typer.Option(None, "--config", help="TOML config file (Kafka settings)."),
 ) -> None:
     """Print results as JSON lines (id, outcome, end-to-end ms, ...)."""
-    from aiokafka import AIOKafkaConsumer
-
-    from pipeline.kafka.client import Topics, client_options
+    from pipeline.kafka.client import Topics
+    from pipeline.kafka.reader import TopicReader
 
     cfg = _config(config)
     topic = Topics(cfg.kafka.topic_prefix).results(model)
@@ -124,29 +123,13 @@ def results(
     async def main() -> None:
         stop = asyncio.Event()
         _stop_on_signals(stop)
-        consumer = AIOKafkaConsumer(
-            topic,
-            **client_options(cfg.kafka),
-            auto_offset_reset="earliest" if from_beginning else "latest",
-            enable_auto_commit=False,
-            isolation_level="read_committed",
-        )
-        await consumer.start()
-        quiet = 0
-        try:
-            while not stop.is_set():
-                batch = await consumer.getmany(timeout_ms=1000)
-                if not batch:
-                    quiet += 1
-                    if not follow and quiet >= 2:
-                        break
-                    continue
-                quiet = 0
-                for records in batch.values():
-                    for record in records:
-                        typer.echo(_result_line(record.value, record.timestamp))
-        finally:
-            await consumer.stop()
+        async with TopicReader(cfg.kafka, topic, from_beginning=from_beginning) as reader:
+            await reader.read(
+                lambda record: typer.echo(_result_line(record.value, record.timestamp)),
+                until=stop.is_set,
+                idle_s=None if follow else 2.0,
+                poll_ms=1000,
+            )
 
     asyncio.run(main())
 

@@ -16,6 +16,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer
 
 from pipeline.kafka.client import Topics, client_options, ensure_topics
+from pipeline.kafka.reader import Isolation, Record, TopicReader
 from consumers.runners import make_runner
 from consumers.worker import Consumer
 from pipeline.config import BatchProfile, ConsumerSettings, KafkaSettings, ModelConfig
@@ -120,33 +121,17 @@ async def collect(
     timeout_s: float = 60.0,
     grace_s: float = 0.5,
     key_field: str = "id",
-    isolation_level: str = "read_committed",
+    isolation_level: Isolation = "read_committed",
 ) -> Answers:
     """Read `topic` from the start until every id in `ids` arrived (plus `grace_s` for duplicates)."""
-    reader = AIOKafkaConsumer(
-        topic,
-        **client_options(kafka),
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-        isolation_level=isolation_level,
-    )
-    await reader.start()
     answers = Answers()
-    deadline = time.monotonic() + timeout_s
-    done_at: float | None = None
-    try:
-        while time.monotonic() < deadline:
-            if done_at is None and ids <= answers.by_id.keys():
-                done_at = time.monotonic()
-            if done_at is not None and time.monotonic() - done_at >= grace_s:
-                break
-            batch = await reader.getmany(timeout_ms=100)
-            for records in batch.values():
-                for record in records:
-                    value = json.loads(record.value)
-                    answers.add(value, value.get(key_field) or "")
-    finally:
-        await reader.stop()
+
+    def add(record: Record) -> None:
+        value = json.loads(record.value)
+        answers.add(value, value.get(key_field) or "")
+
+    async with TopicReader(kafka, topic, isolation_level=isolation_level) as reader:
+        await reader.read(add, until=lambda: ids <= answers.by_id.keys(), grace_s=grace_s, timeout_s=timeout_s)
     return answers
 
 

@@ -13,16 +13,16 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import time
 import uuid
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord, RecordMetadata
 
 from pipeline.kafka.client import client_options
+from pipeline.kafka.reader import Isolation, TopicReader
 from pipeline.devtools.localkafka import LocalKafka
 from pipeline.config import KafkaSettings
 
@@ -156,37 +156,19 @@ async def consume_n(
     *,
     timeout_s: float = 30.0,
     group_id: str | None = None,
-    isolation_level: str = "read_uncommitted",
+    isolation_level: Isolation = "read_committed",
 ) -> list[ConsumerRecord[bytes, bytes]]:
     """Read `n` records from the beginning of `topics`; fail if they do not arrive in time.
 
     Without `group_id` nothing is committed. With one, the group's offsets are
     committed after the read, so a second call continues where this one stopped.
     """
-    names = [topics] if isinstance(topics, str) else list(topics)
-    consumer = AIOKafkaConsumer(
-        *names,
-        **client_options(settings),
-        group_id=group_id,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-        isolation_level=isolation_level,
-    )
-    await consumer.start()
     records: list[ConsumerRecord[bytes, bytes]] = []
-    deadline = time.monotonic() + timeout_s
-    try:
-        while len(records) < n:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"got {len(records)} of {n} records from {names} in {timeout_s} s")
-            batch = await consumer.getmany(timeout_ms=int(min(left, 1.0) * 1000), max_records=n - len(records))
-            for partition_records in batch.values():
-                records.extend(partition_records)
+    async with TopicReader(settings, topics, group_id=group_id, isolation_level=isolation_level) as reader:
+        if not await reader.read(records.append, limit=n, timeout_s=timeout_s):
+            raise TimeoutError(f"got {len(records)} of {n} records from {reader.topics} in {timeout_s} s")
         if group_id is not None:
-            await consumer.commit()
-    finally:
-        await consumer.stop()
+            await reader.commit()
     return records
 
 
