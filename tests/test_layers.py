@@ -1,0 +1,108 @@
+"""Lower layers never import higher ones; the product never imports the development tools.
+
+Read from the source with `ast` (every import, also those inside functions),
+so a new upward arrow fails here before anyone has to untangle it.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("pipeline", "consumers", "schemas", "dashboards")
+
+LAYERS: dict[str, int] = {
+    # 0: the ground: messages, typed config, the pure engine, the simulator
+    "schemas": 0,
+    "pipeline": 0,
+    "pipeline.config": 0,
+    "pipeline.config_reference": 0,
+    "pipeline.engine": 0,
+    "pipeline.sim": 0,
+    # 1: plumbing: Kafka clients and topics, the ClickHouse store
+    "pipeline.kafka": 1,
+    "pipeline.store": 1,
+    # 2: the product's processes, and the tools that stand in for the world around them
+    "consumers": 2,
+    "pipeline.store.sink": 2,
+    "pipeline.devtools": 2,
+    # 3: what people look at
+    "dashboards": 3,
+    "pipeline.views": 3,
+    # 4: what measures and breaks the rest
+    "pipeline.bench": 4,
+    "pipeline.chaos": 4,
+    # 5: the command line
+    "pipeline.commands": 5,
+    "pipeline.cli": 5,
+}
+"""Module prefix -> layer; the longest matching prefix wins."""
+
+APART = {("consumers", "pipeline.devtools"), ("pipeline.store.sink", "pipeline.devtools"), ("pipeline.devtools", "consumers")}
+"""Same-layer neighbours that must not import each other: the product never leans on a dev tool."""
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def placed(module: str) -> str | None:
+    """The LAYERS prefix a module belongs to."""
+    best = None
+    for prefix in LAYERS:
+        if (module == prefix or module.startswith(prefix + ".")) and (best is None or len(prefix) > len(best)):
+            best = prefix
+    return best
+
+
+def imports(path: Path, known: set[str]) -> set[str]:
+    """Every first-party module `path` imports (`from a import b` counts as a.b when that is a module)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            for alias in node.names:
+                candidate = f"{node.module}.{alias.name}"
+                found.add(candidate if candidate in known else node.module)
+    return {name for name in found if name.split(".")[0] in PACKAGES}
+
+
+def sources() -> dict[str, Path]:
+    return {module_name(p): p for package in PACKAGES for p in (ROOT / package).rglob("*.py")}
+
+
+def arrows() -> list[str]:
+    """Every import that breaks the layering, as readable lines."""
+    modules = sources()
+    known = set(modules)
+    broken: list[str] = []
+    for module, path in sorted(modules.items()):
+        here = placed(module)
+        assert here is not None, f"{module} is in no layer: add its folder to LAYERS"
+        for target in sorted(imports(path, known)):
+            there = placed(target)
+            assert there is not None, f"{module} imports {target}, which is in no layer"
+            if LAYERS[there] > LAYERS[here]:
+                broken.append(f"{module} (layer {LAYERS[here]}) imports {target} (layer {LAYERS[there]})")
+            elif (here, there) in APART:
+                broken.append(f"{module} imports {target}: {here} must not lean on {there}")
+    return broken
+
+
+def test_no_import_points_upward() -> None:
+    assert arrows() == []
+
+
+def test_the_check_sees_an_upward_arrow(tmp_path: Path) -> None:
+    """The checker itself catches what it is for: an engine module importing the consumer."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f():\n    from consumers.worker import Consumer\n    from pipeline import config\n")
+    found = imports(probe, {"consumers.worker", "pipeline.config"})
+    assert found == {"consumers.worker", "pipeline.config"}
+    assert LAYERS[placed("consumers.worker")] > LAYERS[placed("pipeline.engine.engine")]  # type: ignore[index]
+    assert placed("pipeline.store.sink") == "pipeline.store.sink" and placed("pipeline.store.client") == "pipeline.store"
