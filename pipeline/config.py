@@ -241,6 +241,16 @@ class ClickHouseSettings:
     """Per-minute rollup rows (latency_minute, batches_minute) older than this are dropped."""
     insert_retry_max_s: float = 30.0
     """Sink: longest pause between insert retries while ClickHouse is down (backoff cap)."""
+    serve_http: bool = True
+    """Embedded engine only: while the sink runs it serves read-only SQL over ClickHouse's HTTP
+    interface, so `report`, `board`, clickhouse-connect and Grafana read live (chDB allows one process)."""
+    http_host: str = "127.0.0.1"
+    """Interface of the sink's read-only server (loopback; 0.0.0.0 exposes it to the network)."""
+    http_port: int = 0
+    """Port of the sink's read-only server; 0 picks a free one. Published in <data_dir>/batchtide-live.json."""
+    http_user: str = "reader"
+    """User of the read-only server. Password: env BATCHTIDE_CLICKHOUSE_READ_PASSWORD,
+    else a random one written (mode 0600) to the live file, where report and board find it."""
 
 
 @dataclass(frozen=True)

@@ -84,16 +84,16 @@ def push(
 
 
 def _clickhouse_client(config: Optional[Path], clickhouse_url: Optional[str]) -> Any:
-    """The embedded chDB (default) or the server at --clickhouse-url, on the batchtide database."""
+    """The embedded store (read live through a running sink's server), or the server at --clickhouse-url."""
     from dataclasses import replace
 
     from pipeline.config import load_config
-    from pipeline.store.client import connect
+    from pipeline.store.client import connect_reader
 
     settings = load_config(config).clickhouse
     if clickhouse_url:
         settings = replace(settings, url=clickhouse_url)
-    return connect(settings, database=settings.database)
+    return connect_reader(settings, database=settings.database)
 
 
 def board(

@@ -32,11 +32,12 @@ def _config(path: Optional[Path], clickhouse_url: Optional[str]) -> Config:
     return config
 
 
-def _connect(config: Config, database: str | None = None):  # type: ignore[no-untyped-def]
-    from pipeline.store.client import ClickHouseUnavailable, connect
+def _connect(config: Config, database: str | None = None, *, reading: bool = False):  # type: ignore[no-untyped-def]
+    """A ClickHouse client; `reading` ones use a running sink's read-only server when it holds the embedded store."""
+    from pipeline.store.client import ClickHouseUnavailable, connect, connect_reader
 
     try:
-        return connect(config.clickhouse, database=database)
+        return (connect_reader if reading else connect)(config.clickhouse, database=database)
     except ClickHouseUnavailable as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from None
@@ -150,6 +151,7 @@ def sink_command(
 
     from pipeline.store.sink import build_sink
     from pipeline.store.client import describe
+    from pipeline.store.live import publish
     from pipeline.store.migrations import migrate
 
     cfg = _config(config, clickhouse_url)
@@ -161,10 +163,15 @@ def sink_command(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     sink = build_sink(cfg)
     typer.echo(f"sink: {sink.topics.latency_events}, {sink.topics.batch_events} -> {describe(cfg.clickhouse)}")
+    live = publish(cfg.clickhouse)
+    if live is not None:
+        typer.echo(f"sink: read-only ClickHouse HTTP interface on {live.server.url} (user {cfg.clickhouse.http_user})")
     sys.argv = sys.argv[:1]
     try:
         faust.Worker(sink.app, loglevel=log_level).execute_from_commandline()
     finally:
+        if live is not None:
+            live.close()
         sink.store.close()
 
 
@@ -188,7 +195,7 @@ def report_command(
     except ValueError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
-    client = _connect(cfg, cfg.clickhouse.database)
+    client = _connect(cfg, cfg.clickhouse.database, reading=True)
     try:
         now = int(time.time() * 1000)
         report = run_report(client, time_from_ms=now - span, time_to_ms=now, model=model, interval_ms=bucket)

@@ -63,3 +63,20 @@ def connect(settings: ClickHouseSettings, *, database: str | None = None) -> Cli
         raise ClickHouseUnavailable(f"cannot open {describe(settings)}: {e}") from e
     except Exception as e:  # network, auth, unknown database: all mean "not usable now"
         raise ClickHouseUnavailable(f"cannot connect to {describe(settings)}: {e}") from e
+
+
+def connect_reader(settings: ClickHouseSettings, *, database: str | None = None) -> Client:
+    """A client for reading (report, board): while a sink holds the embedded store, its read-only
+    HTTP server (pipeline/store/live.py); otherwise the same as `connect`."""
+    if not settings.url:
+        from pipeline.store.live import connect_live, find
+
+        endpoint = find(settings)
+        if endpoint is not None:
+            if database is not None:
+                checked_identifier(database)
+            try:
+                return connect_live(endpoint, database)
+            except Exception as e:  # noqa: BLE001 - same contract as connect(): "not usable now"
+                raise ClickHouseUnavailable(f"cannot read the running sink's store at {endpoint.url}: {e}") from e
+    return connect(settings, database=database)
