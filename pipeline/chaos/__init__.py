@@ -1,1 +1,7 @@
-"""Fault injection against the real pipeline: scenarios, the harness that runs them, the ledger of lost and duplicated requests."""
+"""Fault injection against the real pipeline, every request accounted for.
+
+`harness` deploys the pipeline (real broker, real consumer and sink processes)
+and drives traffic; `ledger` counts what was lost and duplicated; one module
+per fault (`consumer_kill`, `broker_restart`, `clickhouse_outage`, `sink_kill`,
+`poison`, `overload`, `rebalance_storm`); `catalogue` lists them for `batchtide chaos`.
+"""

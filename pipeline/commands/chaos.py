@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 if TYPE_CHECKING:
-    from pipeline.chaos.harness import FaultReport
+    from pipeline.chaos.ledger import FaultReport
 
 
 def chaos(
@@ -36,7 +36,8 @@ def chaos(
     """Inject faults into a real local pipeline and report lost and duplicated requests."""
     import dataclasses
 
-    from pipeline.chaos.harness import SCENARIOS, ChaosSizes, report_rows, run_scenarios
+    from pipeline.chaos.catalogue import SCENARIOS, report_rows, run_scenarios
+    from pipeline.chaos.harness import ChaosSizes
 
     if list_only:
         for name, entry in SCENARIOS.items():

@@ -11,7 +11,8 @@ import asyncio
 
 import pytest
 
-from pipeline.chaos.harness import ChaosSizes, Stage, broker_restart
+from pipeline.chaos.broker_restart import broker_restart
+from pipeline.chaos.harness import ChaosSizes, Stage
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

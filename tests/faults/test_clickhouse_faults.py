@@ -10,7 +10,9 @@ import asyncio
 
 import pytest
 
-from pipeline.chaos.harness import ChaosSizes, Stage, clickhouse_outage, sink_kill
+from pipeline.chaos.clickhouse_outage import clickhouse_outage
+from pipeline.chaos.harness import ChaosSizes, Stage
+from pipeline.chaos.sink_kill import sink_kill
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

@@ -12,7 +12,12 @@ import asyncio
 
 import pytest
 
-from pipeline.chaos.harness import ChaosSizes, FaultReport, Stage, consumer_kill, overload, poison_request, rebalance_storm
+from pipeline.chaos.consumer_kill import consumer_kill
+from pipeline.chaos.harness import ChaosSizes, Stage
+from pipeline.chaos.ledger import FaultReport
+from pipeline.chaos.overload import overload
+from pipeline.chaos.poison import poison_request
+from pipeline.chaos.rebalance_storm import rebalance_storm
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

@@ -1,0 +1,164 @@
+"""The ledger: every request id sent, every answer seen for it, and the row of the chaos table it adds up to.
+
+Lost and duplicated are counted here and only here, for every fault alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from schemas.messages import DeadLetter, LatencyEvent, Result
+
+
+@dataclass
+class FaultReport:
+    """One row of the chaos table, plus the figures behind its verdict."""
+
+    fault: str
+    injections: int
+    requests_in: int
+    results_out: int
+    """Distinct request ids answered (a Result, or a dead letter for rejected input)."""
+    lost: int
+    duplicated: int
+    """Extra Results beyond the first per request id."""
+    duplicate_bound: int | None
+    """Most duplicates the scenario's promise allows (None: duplicates are reported, not bounded)."""
+    recovery_s: float | None
+    failures: list[str] = field(default_factory=list)
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+
+@dataclass(frozen=True)
+class Answer:
+    at: float
+    """Wall-clock seconds when the harness saw the Result."""
+    outcome: str
+    consumer_id: str | None
+    batch_id: int | None
+    enqueue_ms: int
+    done_ms: int
+
+
+class Ledger:
+    """Every id sent, and every Result and dead letter seen for it."""
+
+    def __init__(self) -> None:
+        self.sent: dict[str, float] = {}
+        self.results: dict[str, list[Answer]] = {}
+        self.dead: dict[str, list[DeadLetter]] = {}
+        self.dispatched_ms: dict[str, int] = {}
+        """When the consumer put each request into a batch (first LatencyEvent; collected on demand)."""
+        self._first_answer: dict[str, float] = {}
+
+    def record_sent(self, request_id: str, at: float) -> None:
+        self.sent[request_id] = at
+
+    def record_result(self, result: Result, at: float) -> None:
+        answer = Answer(at, result.outcome, result.consumer_id, result.batch_id, result.enqueue_ms, result.done_ms)
+        self.results.setdefault(result.id, []).append(answer)
+        self._first_answer.setdefault(result.id, at)
+
+    def record_timing(self, event: LatencyEvent) -> None:
+        if event.outcome == "ok":
+            self.dispatched_ms.setdefault(event.request_id, event.dispatch_ms)
+
+    def record_dead(self, letter: DeadLetter, at: float) -> None:
+        if letter.request_id is None:
+            return
+        self.dead.setdefault(letter.request_id, []).append(letter)
+        self._first_answer.setdefault(letter.request_id, at)
+
+    def unanswered(self, ids: Iterable[str] | None = None) -> list[str]:
+        return [i for i in (self.sent if ids is None else ids) if i not in self._first_answer]
+
+    @property
+    def answered_count(self) -> int:
+        return sum(1 for i in self.sent if i in self._first_answer)
+
+    @property
+    def duplicated(self) -> int:
+        return sum(len(answers) - 1 for i, answers in self.results.items() if i in self.sent and len(answers) > 1)
+
+    def duplicated_ids(self) -> list[str]:
+        return [i for i, answers in self.results.items() if i in self.sent and len(answers) > 1]
+
+    def outcomes(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for i, answers in self.results.items():
+            if i in self.sent:
+                counts[answers[0].outcome] = counts.get(answers[0].outcome, 0) + 1
+        return counts
+
+    def caught_up_at(self, moment: float) -> float | None:
+        """When every request sent before `moment` had its first answer (None: not all have)."""
+        latest = moment
+        for request_id, sent_at in self.sent.items():
+            if sent_at > moment:
+                continue
+            first = self._first_answer.get(request_id)
+            if first is None:
+                return None
+            latest = max(latest, first)
+        return latest
+
+    def recovery_after(self, fault_end: float) -> float | None:
+        caught_up = self.caught_up_at(fault_end)
+        return None if caught_up is None else round(caught_up - fault_end, 2)
+
+    def report(
+        self,
+        fault: str,
+        injections: int,
+        *,
+        fault_end: float | None,
+        duplicate_bound: int | None = 0,
+        failures: list[str] | None = None,
+        details: dict[str, Any] | None = None,
+        events: tuple[int, int] | None = None,
+    ) -> FaultReport:
+        """Turn the ledger into a report row; every broken promise becomes a failure line.
+
+        `events`: (latency events lost, counted twice) in ClickHouse, for the
+        scenarios that check the sink; they add to the row's lost and duplicated.
+        """
+        lost = len(self.unanswered())
+        duplicated = self.duplicated
+        problems = list(failures or [])
+        events_lost, events_double = events or (0, 0)
+        if events_lost:
+            problems.append(f"{events_lost} latency events never reached ClickHouse")
+        if events_double:
+            problems.append(f"{events_double} latency events counted twice")
+        if lost:
+            sample = ", ".join(self.unanswered()[:5])
+            problems.append(f"{lost} requests never answered (e.g. {sample})")
+        if duplicate_bound is not None and duplicated > duplicate_bound:
+            problems.append(f"{duplicated} duplicate results, more than the bound {duplicate_bound}")
+        return FaultReport(
+            fault=fault,
+            injections=injections,
+            requests_in=len(self.sent),
+            results_out=self.answered_count,
+            lost=lost + events_lost,
+            duplicated=duplicated + events_double,
+            duplicate_bound=duplicate_bound,
+            recovery_s=self.recovery_after(fault_end) if fault_end is not None else None,
+            failures=problems,
+            details={"outcomes": self.outcomes(), **(details or {})},
+        )
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in [0, 100]); 0.0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, int(round(q / 100.0 * len(ordered) + 0.5)) - 1))
+    return ordered[rank]

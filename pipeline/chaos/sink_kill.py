@@ -1,0 +1,54 @@
+"""Fault: SIGKILL the sink while events flow, and restart it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from pipeline.chaos.harness import ChaosSizes, Deployment, Device, Stage, settle_answers, stop_sink_and_count
+from pipeline.chaos.ledger import FaultReport
+
+
+async def sink_kill(stage: Stage, sizes: ChaosSizes) -> FaultReport:
+    """SIGKILL the sink while events flow (`sink_kills` times), restarting it each time.
+
+    Events inserted but not yet committed are delivered again to the new sink:
+    every latency event must be a ClickHouse row, and none twice.
+    """
+    device = Device(a_ms=10.0, c_ms=1.0, target_size=8, hard_cap=16, max_wait_ms=10.0)
+    kills = sizes.sink_kills
+    async with Deployment(stage, device, partitions=4) as d:
+        d.consumer("only")
+        d.sink()
+        await d.warm_up(consumers=1)
+        await d.sink_ready(sizes.answer_timeout_s)
+        sending = asyncio.create_task(d.traffic.open_loop(sizes.requests, sizes.rate_rps))
+        gap_s = sizes.requests / sizes.rate_rps / (kills + 1)
+        fault_end = time.time()
+        for _ in range(kills):
+            await asyncio.sleep(gap_s)
+            d.check_alive()
+            d.sinks[-1].kill()
+            await asyncio.sleep(1.0)
+            d.sink()
+            fault_end = time.time()
+        target = await d.latency_end_offsets()
+        caught_up = await d.events_caught_up(sizes.answer_timeout_s, target)
+        await sending
+        await settle_answers(d, sizes)
+        d.check_alive()
+        events_lost, events_double, event_details = await stop_sink_and_count(d, sizes)
+        failures = []
+        if caught_up is None:
+            failures.append("the restarted sink did not catch up with the events produced before its restart")
+        report = d.ledger.report(
+            "sink SIGKILL + restart",
+            kills,
+            fault_end=None,
+            failures=failures,
+            details=event_details,
+            events=(events_lost, events_double),
+        )
+        report.recovery_s = None if caught_up is None else round(caught_up - fault_end, 2)
+        return report
