@@ -47,22 +47,61 @@ def _q(name: str, title: str, fmt: Literal["time_series", "table"], description:
     return AnalysisQuery(name=name, title=title, sql=sql.strip(), format=fmt, description=description)
 
 
+LATENCY_ROWS = f"FROM request_latency FINAL\nWHERE $__timeFilter(enqueue_time) AND {MODEL_FILTER}"
+BATCH_ROWS = f"FROM batches FINAL\nWHERE $__timeFilter(dispatch_time) AND {MODEL_FILTER}"
+EXACT_QUANTILES = (
+    "quantilesExactInclusive(0.5, 0.99, 0.999)(e2e_ms) AS e2e",
+    "quantilesExactInclusive(0.5, 0.99, 0.999)(wait_ms) AS wait",
+)
+QUANTILE_COLUMNS = (
+    "e2e[1] AS e2e_p50_ms, e2e[2] AS e2e_p99_ms, e2e[3] AS e2e_p999_ms,\n"
+    "    wait[1] AS wait_p50_ms, wait[2] AS wait_p99_ms, wait[3] AS wait_p999_ms"
+)
+
+
+def _columns(columns: tuple[str, ...]) -> str:
+    return ",\n".join(f"    {c}" for c in columns)
+
+
+def per_bucket(time_column: str, columns: tuple[str, ...], rows: str, *, ordered: bool = True) -> str:
+    """A time series: one row per `$__timeInterval` bucket and model."""
+    order = "\nORDER BY time, model" if ordered else ""
+    return (
+        f"SELECT\n    $__timeInterval({time_column}) AS time,\n    model,\n{_columns(columns)}\n"
+        f"{rows}\nGROUP BY time, model{order}"
+    )
+
+
+def per_model(key: str, columns: tuple[str, ...], rows: str, *, order: str | None = None) -> str:
+    """A table: one row per model and `key` (an expression, `... AS name` groups by the name)."""
+    name = key.rsplit(" AS ", 1)[-1]
+    return (
+        f"SELECT\n    model,\n    {key},\n{_columns(columns)}\n"
+        f"{rows}\nGROUP BY model, {name}\nORDER BY model, {order or name}"
+    )
+
+
+def quantile_series(time_column: str, requests: str, e2e: str, wait: str, rows: str) -> str:
+    """p50/p99/p999 of e2e and wait per bucket, named the same for the raw and the rollup source."""
+    inner = per_bucket(time_column, (f"{requests} AS requests", e2e, wait), rows, ordered=False)
+    indented = "\n".join(f"    {line}" for line in inner.splitlines())
+    return f"SELECT\n    time, model, requests,\n    {QUANTILE_COLUMNS}\nFROM (\n{indented}\n)\nORDER BY time, model"
+
+
+def share_of_model(count: str) -> str:
+    return f"{count} / sum({count}) OVER (PARTITION BY model) AS share"
+
+
 _ALL = [
     _q("models", "Models seen in the range", "table",
        "The `model` template variable's options (not filtered by the variable itself).",
-       """
-SELECT DISTINCT model
-FROM request_latency
-WHERE $__timeFilter(enqueue_time)
-ORDER BY model
-"""),
+       "SELECT DISTINCT model\nFROM request_latency\nWHERE $__timeFilter(enqueue_time)\nORDER BY model"),
     _q("summary", "Per-model summary", "table",
        "Requests, throughput, exact e2e and queue-wait quantiles, long waits and tail marking over the range.",
        f"""
 SELECT
     model, requests, requests_per_s, tokens_per_s,
-    e2e[1] AS e2e_p50_ms, e2e[2] AS e2e_p99_ms, e2e[3] AS e2e_p999_ms,
-    wait[1] AS wait_p50_ms, wait[2] AS wait_p99_ms, wait[3] AS wait_p999_ms,
+    {QUANTILE_COLUMNS},
     share_wait_over_1s, marked_share, marked_wait_p99_ms, unmarked_wait_p99_ms, not_ok_share
 FROM (
     SELECT
@@ -70,222 +109,94 @@ FROM (
         count() AS requests,
         count() / greatest(dateDiff('second', $__fromTime, $__toTime), 1) AS requests_per_s,
         sum(tokens_in + tokens_out) / greatest(dateDiff('second', $__fromTime, $__toTime), 1) AS tokens_per_s,
-        quantilesExactInclusive(0.5, 0.99, 0.999)(e2e_ms) AS e2e,
-        quantilesExactInclusive(0.5, 0.99, 0.999)(wait_ms) AS wait,
+        {EXACT_QUANTILES[0]},
+        {EXACT_QUANTILES[1]},
         countIf(wait_ms > 1000) / count() AS share_wait_over_1s,
         countIf(tail_marked) / count() AS marked_share,
         quantileExactInclusiveIf(0.99)(wait_ms, tail_marked) AS marked_wait_p99_ms,
         quantileExactInclusiveIf(0.99)(wait_ms, NOT tail_marked) AS unmarked_wait_p99_ms,
         countIf(outcome != 'ok') / count() AS not_ok_share
-    FROM request_latency FINAL
-    WHERE $__timeFilter(enqueue_time) AND {MODEL_FILTER}
+    {LATENCY_ROWS.replace(chr(10), chr(10) + "    ")}
     GROUP BY model
 )
 ORDER BY model
 """),
     _q("latency_quantiles", "End-to-end and queue-wait p50 / p99 / p999", "time_series",
        "Exact quantiles per model and time bucket, from the raw rows.",
-       f"""
-SELECT
-    time, model, requests,
-    e2e[1] AS e2e_p50_ms, e2e[2] AS e2e_p99_ms, e2e[3] AS e2e_p999_ms,
-    wait[1] AS wait_p50_ms, wait[2] AS wait_p99_ms, wait[3] AS wait_p999_ms
-FROM (
-    SELECT
-        $__timeInterval(enqueue_time) AS time,
-        model,
-        count() AS requests,
-        quantilesExactInclusive(0.5, 0.99, 0.999)(e2e_ms) AS e2e,
-        quantilesExactInclusive(0.5, 0.99, 0.999)(wait_ms) AS wait
-    FROM request_latency FINAL
-    WHERE $__timeFilter(enqueue_time) AND {MODEL_FILTER}
-    GROUP BY time, model
-)
-ORDER BY time, model
-"""),
+       quantile_series("enqueue_time", "count()", *EXACT_QUANTILES, LATENCY_ROWS)),
     _q("throughput", "Throughput: requests/s and tokens/s", "time_series",
        "Answered requests and tokens per second per bucket (edge buckets may be partial).",
-       f"""
-SELECT
-    $__timeInterval(enqueue_time) AS time,
-    model,
-    count() / $__interval_s AS requests_per_s,
-    sum(tokens_in) / $__interval_s AS tokens_in_per_s,
-    sum(tokens_out) / $__interval_s AS tokens_out_per_s
-FROM request_latency FINAL
-WHERE $__timeFilter(enqueue_time) AND {MODEL_FILTER}
-GROUP BY time, model
-ORDER BY time, model
-"""),
+       per_bucket("enqueue_time", (
+           "count() / $__interval_s AS requests_per_s",
+           "sum(tokens_in) / $__interval_s AS tokens_in_per_s",
+           "sum(tokens_out) / $__interval_s AS tokens_out_per_s",
+       ), LATENCY_ROWS)),
     _q("long_waits", "Share of requests waiting > 1 s", "time_series",
        "Per bucket: share of requests whose queue wait exceeded one second.",
-       f"""
-SELECT
-    $__timeInterval(enqueue_time) AS time,
-    model,
-    countIf(wait_ms > 1000) / count() AS share_wait_over_1s
-FROM request_latency FINAL
-WHERE $__timeFilter(enqueue_time) AND {MODEL_FILTER}
-GROUP BY time, model
-ORDER BY time, model
-"""),
+       per_bucket("enqueue_time", ("countIf(wait_ms > 1000) / count() AS share_wait_over_1s",), LATENCY_ROWS)),
     _q("tail_marking", "Tail marking: marked share, marked vs unmarked p99 wait", "time_series",
        "A large marked share means tail_mark_ratio is too low (everything is marked, so nothing is).",
-       f"""
-SELECT
-    $__timeInterval(enqueue_time) AS time,
-    model,
-    countIf(tail_marked) / count() AS marked_share,
-    quantileExactInclusiveIf(0.99)(wait_ms, tail_marked) AS marked_wait_p99_ms,
-    quantileExactInclusiveIf(0.99)(wait_ms, NOT tail_marked) AS unmarked_wait_p99_ms
-FROM request_latency FINAL
-WHERE $__timeFilter(enqueue_time) AND {MODEL_FILTER}
-GROUP BY time, model
-ORDER BY time, model
-"""),
+       per_bucket("enqueue_time", (
+           "countIf(tail_marked) / count() AS marked_share",
+           "quantileExactInclusiveIf(0.99)(wait_ms, tail_marked) AS marked_wait_p99_ms",
+           "quantileExactInclusiveIf(0.99)(wait_ms, NOT tail_marked) AS unmarked_wait_p99_ms",
+       ), LATENCY_ROWS)),
     _q("wait_histogram", "Queue-wait distribution", "table",
        "Requests per wait bucket (upper bound in ms; inf for the rest).",
-       f"""
-SELECT
-    model,
-    arrayFirst(b -> wait_ms <= b, [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, inf]) AS wait_le_ms,
-    count() AS requests
-FROM request_latency FINAL
-WHERE $__timeFilter(enqueue_time) AND {MODEL_FILTER}
-GROUP BY model, wait_le_ms
-ORDER BY model, wait_le_ms
-"""),
+       per_model("arrayFirst(b -> wait_ms <= b, [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, inf]) AS wait_le_ms",
+                 ("count() AS requests",), LATENCY_ROWS)),
     _q("batch_sizes", "Batch size distribution", "table",
        "Batches per size and their share of the model's batches.",
-       f"""
-SELECT
-    model,
-    size,
-    count() AS batches,
-    count() / sum(count()) OVER (PARTITION BY model) AS share
-FROM batches FINAL
-WHERE $__timeFilter(dispatch_time) AND {MODEL_FILTER}
-GROUP BY model, size
-ORDER BY model, size
-"""),
+       per_model("size", ("count() AS batches", share_of_model("count()")), BATCH_ROWS)),
     _q("target_hit_ratio", "Target hit ratio, busy vs idle", "table",
        "Share of batches that reached target_size; busy = one device cycle at the arrival rate "
        "(compute + window) brings at least a target batch.",
-       f"""
-SELECT
-    model,
-    if({BUSY}, 'busy', 'idle') AS load,
-    count() AS batches,
-    avg(hit_target) AS hit_ratio,
-    avg(size) AS mean_size
-FROM batches FINAL
-WHERE $__timeFilter(dispatch_time) AND {MODEL_FILTER}
-GROUP BY model, load
-ORDER BY model, load
-"""),
+       per_model(f"if({BUSY}, 'busy', 'idle') AS load",
+                 ("count() AS batches", "avg(hit_target) AS hit_ratio", "avg(size) AS mean_size"), BATCH_ROWS)),
     _q("dispatch_reasons", "Dispatch reasons", "table",
        "Why batches left: hard_cap, target, max_wait, idle (and any other reason the engine reports).",
-       f"""
-SELECT
-    model,
-    reason,
-    count() AS batches,
-    count() / sum(count()) OVER (PARTITION BY model) AS share
-FROM batches FINAL
-WHERE $__timeFilter(dispatch_time) AND {MODEL_FILTER}
-GROUP BY model, reason
-ORDER BY model, batches DESC
-"""),
+       per_model("reason", ("count() AS batches", share_of_model("count()")), BATCH_ROWS, order="batches DESC")),
     _q("device_memory", "Device memory p50 / max", "table",
        "Per-batch device memory (cuda max allocated, or process RSS on CPU).",
-       f"""
-SELECT
-    model,
-    device_mem_kind,
-    quantileExactInclusive(0.5)(device_mem_bytes) AS mem_p50_bytes,
-    max(device_mem_bytes) AS mem_max_bytes
-FROM batches FINAL
-WHERE $__timeFilter(dispatch_time) AND {MODEL_FILTER}
-GROUP BY model, device_mem_kind
-ORDER BY model, device_mem_kind
-"""),
+       per_model("device_mem_kind", (
+           "quantileExactInclusive(0.5)(device_mem_bytes) AS mem_p50_bytes",
+           "max(device_mem_bytes) AS mem_max_bytes",
+       ), BATCH_ROWS)),
     _q("window_over_time", "Batching window, arrival rate and cap over time", "time_series",
        "How the adaptive window followed load: mean window, arrival rate, batch size and effective cap.",
-       f"""
-SELECT
-    $__timeInterval(dispatch_time) AS time,
-    model,
-    avg(window_ms) AS window_ms,
-    avg(arrival_rate_per_s) AS arrival_rate_per_s,
-    avg(size) AS mean_batch_size,
-    avg(effective_cap) AS effective_cap
-FROM batches FINAL
-WHERE $__timeFilter(dispatch_time) AND {MODEL_FILTER}
-GROUP BY time, model
-ORDER BY time, model
-"""),
+       per_bucket("dispatch_time", (
+           "avg(window_ms) AS window_ms",
+           "avg(arrival_rate_per_s) AS arrival_rate_per_s",
+           "avg(size) AS mean_batch_size",
+           "avg(effective_cap) AS effective_cap",
+       ), BATCH_ROWS)),
     _q("compute_by_batch_size", "Per-batch compute time by batch size", "table",
        "t(b): compute p50/p99 per batch size and per request; the cost curve the engine learns.",
-       f"""
-SELECT
-    model,
-    size,
-    count() AS batches,
-    quantileExactInclusive(0.5)(compute_ms) AS compute_p50_ms,
-    quantileExactInclusive(0.99)(compute_ms) AS compute_p99_ms,
-    quantileExactInclusive(0.5)(compute_ms / size) AS ms_per_request_p50
-FROM batches FINAL
-WHERE $__timeFilter(dispatch_time) AND {MODEL_FILTER}
-GROUP BY model, size
-ORDER BY model, size
-"""),
+       per_model("size", (
+           "count() AS batches",
+           "quantileExactInclusive(0.5)(compute_ms) AS compute_p50_ms",
+           "quantileExactInclusive(0.99)(compute_ms) AS compute_p99_ms",
+           "quantileExactInclusive(0.5)(compute_ms / size) AS ms_per_request_p50",
+       ), BATCH_ROWS)),
     _q("compute_over_time", "Compute per request over time (a heavier model shows here)", "time_series",
        "Batch sizes flat while ms per request rises = the backend got slower, not the window.",
-       f"""
-SELECT
-    $__timeInterval(dispatch_time) AS time,
-    model,
-    avg(size) AS mean_batch_size,
-    quantileExactInclusive(0.5)(compute_ms) AS compute_p50_ms,
-    quantileExactInclusive(0.5)(compute_ms / size) AS ms_per_request_p50
-FROM batches FINAL
-WHERE $__timeFilter(dispatch_time) AND {MODEL_FILTER}
-GROUP BY time, model
-ORDER BY time, model
-"""),
+       per_bucket("dispatch_time", (
+           "avg(size) AS mean_batch_size",
+           "quantileExactInclusive(0.5)(compute_ms) AS compute_p50_ms",
+           "quantileExactInclusive(0.5)(compute_ms / size) AS ms_per_request_p50",
+       ), BATCH_ROWS)),
     _q("latency_quantiles_rollup", "p50 / p99 / p999 from the per-minute rollup", "time_series",
        "Long ranges at low cost: merged quantileTiming states (nearest rank, 1 ms resolution below 1 s, capped at 30 s).",
-       f"""
-SELECT
-    time, model, requests,
-    e2e[1] AS e2e_p50_ms, e2e[2] AS e2e_p99_ms, e2e[3] AS e2e_p999_ms,
-    wait[1] AS wait_p50_ms, wait[2] AS wait_p99_ms, wait[3] AS wait_p999_ms
-FROM (
-    SELECT
-        $__timeInterval(minute) AS time,
-        model,
-        sum(requests) AS requests,
-        quantilesTimingMerge(0.5, 0.99, 0.999)(e2e_ms_q) AS e2e,
-        quantilesTimingMerge(0.5, 0.99, 0.999)(wait_ms_q) AS wait
-    FROM latency_minute
-    WHERE $__timeFilter(minute) AND {MODEL_FILTER}
-    GROUP BY time, model
-)
-ORDER BY time, model
-"""),
+       quantile_series(
+           "minute", "sum(requests)",
+           "quantilesTimingMerge(0.5, 0.99, 0.999)(e2e_ms_q) AS e2e",
+           "quantilesTimingMerge(0.5, 0.99, 0.999)(wait_ms_q) AS wait",
+           f"FROM latency_minute\nWHERE $__timeFilter(minute) AND {MODEL_FILTER}",
+       )),
     _q("batch_sizes_rollup", "Batch size distribution from the per-minute rollup", "table",
        "Exact counts (sums of per-minute counts) at any range.",
-       f"""
-SELECT
-    model,
-    size,
-    sum(batches) AS batch_count,
-    batch_count / sum(batch_count) OVER (PARTITION BY model) AS share
-FROM batches_minute
-WHERE $__timeFilter(minute) AND {MODEL_FILTER}
-GROUP BY model, size
-ORDER BY model, size
-"""),
+       per_model("size", ("sum(batches) AS batch_count", share_of_model("batch_count")),
+                 f"FROM batches_minute\nWHERE $__timeFilter(minute) AND {MODEL_FILTER}")),
 ]  # fmt: skip
 
 QUERIES: dict[str, AnalysisQuery] = {q.name: q for q in _ALL}
