@@ -10,7 +10,7 @@ disagree.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 PanelKind = Literal["timeseries", "barchart"]
 QueryFormat = Literal["time_series", "table"]
@@ -77,6 +77,20 @@ class BoardSpec:
     refresh: str = "30s"
 
 
+def timeseries(key: str, title: str, query: str, unit: str, at: tuple[int, int, int, int], description: str, **options: Any) -> PanelSpec:
+    """A time-series panel at (x, y, w, h) on the grid; its query returns the plugin's time_series format."""
+    x, y, w, h = at
+    return PanelSpec(key, title, "timeseries", query, "time_series", unit, description, x, y, w, h, **options)
+
+
+def bars(
+    key: str, title: str, query: str, unit: str, at: tuple[int, int, int, int], x_field: str, description: str, **options: Any
+) -> PanelSpec:
+    """A bar chart at (x, y, w, h) with `x_field` on its x axis; its query returns a table."""
+    x, y, w, h = at
+    return PanelSpec(key, title, "barchart", query, "table", unit, description, x, y, w, h, x_field=x_field, **options)
+
+
 _SLO_MS = (Threshold(1000.0, "orange"), Threshold(2000.0, "red"))
 
 TAIL_LATENCY = BoardSpec(
@@ -88,213 +102,65 @@ TAIL_LATENCY = BoardSpec(
     ),
     tags=("batchtide", "latency", "clickhouse"),
     panels=(
-        PanelSpec(
-            key="tail_latency",
-            title="p99 / p999 over time",
-            kind="timeseries",
-            query="latency_quantiles",
-            fmt="time_series",
-            unit="ms",
-            description=(
-                "End-to-end and queue-wait p99/p999 per time bucket. If e2e rises but "
-                "queue wait does not, the time is spent in compute (backend); if wait "
-                "rises with it, look at the window, the cap and the arrival rate. "
-                "Dashed lines: 1 s and 2 s."
-            ),
-            x=0, y=0, w=12, h=8,
-            thresholds=_SLO_MS,
-            hidden=("requests", "e2e_p50_ms", "wait_p50_ms"),
-        ),
-        PanelSpec(
-            key="batch_sizes",
-            title="Batch size distribution",
-            kind="barchart",
-            query="batch_sizes",
-            fmt="table",
-            unit="short",
-            description=(
-                "Batches per size in the range. A spike at the hard cap means bursts "
-                "fill the cap: check per-batch compute at that size before raising it. "
-                "Sizes unchanged while p99 grew points at the backend, not the window."
-            ),
-            x=12, y=0, w=6, h=8,
-            x_field="size",
-            hidden=("share",),
-        ),
-        PanelSpec(
-            key="wait_distribution",
-            title="Queue wait distribution",
-            kind="barchart",
-            query="wait_histogram",
-            fmt="table",
-            unit="short",
-            description=(
-                "Requests per queue-wait bucket (x: upper bound in ms, Kafka record "
-                "time to dispatch). A long right tail with small batches is a "
-                "window/backlog problem; waits over 1000 ms are the ones users feel."
-            ),
-            x=18, y=0, w=6, h=8,
-            x_field="wait_le_ms",
-        ),
-        PanelSpec(
-            key="device_memory",
-            title="Device memory",
-            kind="barchart",
-            query="device_memory",
-            fmt="table",
-            unit="bytes",
-            description=(
-                "Per-batch device memory, p50 and max over the range (CUDA max "
-                "allocated, or process RSS on CPU). Max far above p50 means the "
-                "largest batches set the memory: keep peaks below ~80% of the device."
-            ),
-            x=0, y=8, w=5, h=7,
-            x_field="device_mem_kind",
-        ),
-        PanelSpec(
-            key="throughput",
-            title="Throughput",
-            kind="timeseries",
-            query="throughput",
-            fmt="time_series",
-            unit="reqps",
-            description=(
-                "Requests/s (left axis) and tokens/s (right axis) answered. Flat while "
-                "p99 climbs: the device is saturated, lower the cap or add consumers; "
-                "falling at equal load: the model got slower."
-            ),
-            x=5, y=8, w=9, h=7,
-            field_units={"tokens_in_per_s": "tokens/s", "tokens_out_per_s": "tokens/s"},
-        ),
-        PanelSpec(
-            key="target_hit_ratio",
-            title="Target hit ratio, busy vs idle",
-            kind="barchart",
-            query="target_hit_ratio",
-            fmt="table",
-            unit="percentunit",
-            description=(
-                "Share of batches that reached target_size, split by load. About 0.9 "
-                "busy and 0.6 idle is healthy; low when busy means the window is too "
-                "short or the target too high for the arrival rate."
-            ),
-            x=14, y=8, w=5, h=7,
-            thresholds=(Threshold(0.5, "orange"), Threshold(0.8, "green")),
-            base_color="red",
-            max_value=1.0,
-            x_field="load",
-            hidden=("batches", "mean_size"),
-        ),
-        PanelSpec(
-            key="long_waits",
-            title="Requests waiting > 1 s",
-            kind="timeseries",
-            query="long_waits",
-            fmt="time_series",
-            unit="percentunit",
-            description=(
-                "Share of requests whose queue wait exceeded one second. The field "
-                "report moved it from ~4% to ~0.6%; a rise with unchanged batch sizes "
-                "is the backend, a rise with full batches at the cap is load."
-            ),
-            x=19, y=8, w=5, h=7,
-            thresholds=(Threshold(0.01, "orange"), Threshold(0.04, "red")),
-        ),
-        PanelSpec(
-            key="tail_marked_share",
-            title="Tail-marked share",
-            kind="timeseries",
-            query="tail_marking",
-            fmt="time_series",
-            unit="percentunit",
-            description=(
-                "Share of requests marked as tail (waited > tail_mark_ratio x p50 "
-                "wait). A few percent is expected; a large share means the mark "
-                "threshold is too low and marking no longer means anything."
-            ),
-            x=0, y=15, w=6, h=7,
-            thresholds=(Threshold(0.05, "orange"), Threshold(0.2, "red")),
-            hidden=("marked_wait_p99_ms", "unmarked_wait_p99_ms"),
-        ),
-        PanelSpec(
-            key="marked_vs_unmarked",
-            title="Marked vs unmarked p99 wait",
-            kind="timeseries",
-            query="tail_marking",
-            fmt="time_series",
-            unit="ms",
-            description=(
-                "p99 queue wait of marked and unmarked requests. Marked requests go "
-                "first, so after marking their wait should stop growing; the field "
-                "report saw 0.9 s marked vs 1.2 s unmarked."
-            ),
-            x=6, y=15, w=6, h=7,
-            thresholds=_SLO_MS,
-            hidden=("marked_share",),
-        ),
-        PanelSpec(
-            key="window",
-            title="Batching window vs arrival rate",
-            kind="timeseries",
-            query="window_over_time",
-            fmt="time_series",
-            unit="ms",
-            description=(
-                "Mean window per dispatch (left) and arrival rate (right). The window "
-                "should shrink when busy and grow toward max_wait_ms when idle; a "
-                "window pinned at max_wait_ms under load is a static knob again."
-            ),
-            x=12, y=15, w=6, h=7,
-            field_units={"arrival_rate_per_s": "reqps"},
-            hidden=("mean_batch_size", "effective_cap"),
-        ),
-        PanelSpec(
-            key="dispatch_reasons",
-            title="Dispatch reasons",
-            kind="barchart",
-            query="dispatch_reasons",
-            fmt="table",
-            unit="short",
-            description=(
-                "Why batches left: target, hard_cap, max_wait, idle. Mostly hard_cap "
-                "means bursts fill the cap (check compute at the cap); mostly "
-                "max_wait under load means the target is out of reach."
-            ),
-            x=18, y=15, w=6, h=7,
-            x_field="reason",
-            hidden=("share",),
-        ),
-        PanelSpec(
-            key="compute_over_time",
-            title="Per-batch compute time by batch size",
-            kind="timeseries",
-            query="compute_over_time",
-            fmt="time_series",
-            unit="ms",
-            description=(
-                "p50 compute per batch and per request (left) against mean batch "
-                "size (right). Batch sizes unchanged but compute time up -> backend "
-                "(a heavier model), not the window: lower that model's cap."
-            ),
-            x=0, y=22, w=14, h=8,
-            field_units={"mean_batch_size": "short"},
-        ),
-        PanelSpec(
-            key="compute_curve",
-            title="Compute time vs batch size",
-            kind="barchart",
-            query="compute_by_batch_size",
-            fmt="table",
-            unit="ms",
-            description=(
-                "p50/p99 compute per batch size in the range: the cost curve t(b). "
-                "Where it bends upward the model stops being batch friendly; the "
-                "effective cap belongs at that knee."
-            ),
-            x=14, y=22, w=10, h=8,
-            x_field="size",
-            hidden=("batches", "ms_per_request_p50"),
-        ),
+        timeseries("tail_latency", "p99 / p999 over time", "latency_quantiles", "ms", (0, 0, 12, 8),
+            "End-to-end and queue-wait p99/p999 per time bucket. If e2e rises but queue wait does not, the "
+            "time is spent in compute (backend); if wait rises with it, look at the window, the cap and the "
+            "arrival rate. Dashed lines: 1 s and 2 s.",
+            thresholds=_SLO_MS, hidden=("requests", "e2e_p50_ms", "wait_p50_ms")),
+        bars("batch_sizes", "Batch size distribution", "batch_sizes", "short", (12, 0, 6, 8), "size",
+            "Batches per size in the range. A spike at the hard cap means bursts fill the cap: check "
+            "per-batch compute at that size before raising it. Sizes unchanged while p99 grew points at the "
+            "backend, not the window.",
+            hidden=("share",)),
+        bars("wait_distribution", "Queue wait distribution", "wait_histogram", "short", (18, 0, 6, 8), "wait_le_ms",
+            "Requests per queue-wait bucket (x: upper bound in ms, Kafka record time to dispatch). A long "
+            "right tail with small batches is a window/backlog problem; waits over 1000 ms are the ones users"
+            " feel."),
+        bars("device_memory", "Device memory", "device_memory", "bytes", (0, 8, 5, 7), "device_mem_kind",
+            "Per-batch device memory, p50 and max over the range (CUDA max allocated, or process RSS on CPU)."
+            " Max far above p50 means the largest batches set the memory: keep peaks below ~80% of the "
+            "device."),
+        timeseries("throughput", "Throughput", "throughput", "reqps", (5, 8, 9, 7),
+            "Requests/s (left axis) and tokens/s (right axis) answered. Flat while p99 climbs: the device is "
+            "saturated, lower the cap or add consumers; falling at equal load: the model got slower.",
+            field_units={"tokens_in_per_s": "tokens/s", "tokens_out_per_s": "tokens/s"}),
+        bars("target_hit_ratio", "Target hit ratio, busy vs idle", "target_hit_ratio", "percentunit", (14, 8, 5, 7), "load",
+            "Share of batches that reached target_size, split by load. About 0.9 busy and 0.6 idle is "
+            "healthy; low when busy means the window is too short or the target too high for the arrival "
+            "rate.",
+            thresholds=(Threshold(0.5, "orange"), Threshold(0.8, "green")), base_color="red", max_value=1.0, hidden=("batches", "mean_size")),
+        timeseries("long_waits", "Requests waiting > 1 s", "long_waits", "percentunit", (19, 8, 5, 7),
+            "Share of requests whose queue wait exceeded one second. The field report moved it from ~4% to "
+            "~0.6%; a rise with unchanged batch sizes is the backend, a rise with full batches at the cap is "
+            "load.",
+            thresholds=(Threshold(0.01, "orange"), Threshold(0.04, "red"))),
+        timeseries("tail_marked_share", "Tail-marked share", "tail_marking", "percentunit", (0, 15, 6, 7),
+            "Share of requests marked as tail (waited > tail_mark_ratio x p50 wait). A few percent is "
+            "expected; a large share means the mark threshold is too low and marking no longer means "
+            "anything.",
+            thresholds=(Threshold(0.05, "orange"), Threshold(0.2, "red")), hidden=("marked_wait_p99_ms", "unmarked_wait_p99_ms")),
+        timeseries("marked_vs_unmarked", "Marked vs unmarked p99 wait", "tail_marking", "ms", (6, 15, 6, 7),
+            "p99 queue wait of marked and unmarked requests. Marked requests go first, so after marking their"
+            " wait should stop growing; the field report saw 0.9 s marked vs 1.2 s unmarked.",
+            thresholds=_SLO_MS, hidden=("marked_share",)),
+        timeseries("window", "Batching window vs arrival rate", "window_over_time", "ms", (12, 15, 6, 7),
+            "Mean window per dispatch (left) and arrival rate (right). The window should shrink when busy and"
+            " grow toward max_wait_ms when idle; a window pinned at max_wait_ms under load is a static knob "
+            "again.",
+            field_units={"arrival_rate_per_s": "reqps"}, hidden=("mean_batch_size", "effective_cap")),
+        bars("dispatch_reasons", "Dispatch reasons", "dispatch_reasons", "short", (18, 15, 6, 7), "reason",
+            "Why batches left: target, hard_cap, max_wait, idle. Mostly hard_cap means bursts fill the cap "
+            "(check compute at the cap); mostly max_wait under load means the target is out of reach.",
+            hidden=("share",)),
+        timeseries("compute_over_time", "Per-batch compute time by batch size", "compute_over_time", "ms", (0, 22, 14, 8),
+            "p50 compute per batch and per request (left) against mean batch size (right). Batch sizes "
+            "unchanged but compute time up -> backend (a heavier model), not the window: lower that model's "
+            "cap.",
+            field_units={"mean_batch_size": "short"}),
+        bars("compute_curve", "Compute time vs batch size", "compute_by_batch_size", "ms", (14, 22, 10, 8), "size",
+            "p50/p99 compute per batch size in the range: the cost curve t(b). Where it bends upward the "
+            "model stops being batch friendly; the effective cap belongs at that knee.",
+            hidden=("batches", "ms_per_request_p50")),
     ),
 )
 
