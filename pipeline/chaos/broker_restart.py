@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from pipeline.chaos.harness import ChaosError, ChaosSizes, Deployment, Device, Stage, settle_answers, stop_sink_and_count
+from pipeline.chaos.harness import ChaosError, ChaosSizes, Deployment, Device, Stage, drain_events
 from pipeline.chaos.ledger import FaultReport
 from pipeline.devtools.localkafka import port_is_free
 
@@ -48,22 +48,17 @@ async def broker_restart(stage: Stage, sizes: ChaosSizes) -> FaultReport:
         fault_end = time.time()
         await sending
         sending = asyncio.create_task(d.traffic.open_loop(int(sizes.rate_rps * after_s), sizes.rate_rps))
-        target = await d.latency_end_offsets()
-        caught_up = await d.events_caught_up(sizes.answer_timeout_s, target)
-        await sending
-        await settle_answers(d, sizes)
-        d.check_alive()
-        events_lost, events_double, event_details = await stop_sink_and_count(d, sizes)
+        events = await drain_events(d, sizes, sending)
         report = d.ledger.report(
             f"broker stopped {sizes.outage_s:g} s, restarted",
             1,
             fault_end=fault_end,
             duplicate_bound=None,
-            events=(events_lost, events_double),
+            events=(events.lost, events.double),
             details={
                 "outage_s": round(fault_end - fault_start, 1),
-                "events_recovery_s": None if caught_up is None else round(caught_up - fault_end, 1),
-                **event_details,
+                "events_recovery_s": None if events.caught_up is None else round(events.caught_up - fault_end, 1),
+                **events.details,
             },
         )
         return report

@@ -48,20 +48,6 @@ SCENARIOS: dict[str, Scenario] = {
 }
 
 
-def _failed_setup(name: str, error: BaseException) -> FaultReport:
-    return FaultReport(
-        fault=name,
-        injections=0,
-        requests_in=0,
-        results_out=0,
-        lost=0,
-        duplicated=0,
-        duplicate_bound=None,
-        recovery_s=None,
-        failures=[f"harness error: {type(error).__name__}: {error}"],
-    )
-
-
 async def run_scenarios(names: list[str], sizes: ChaosSizes, workdir: Path) -> list[FaultReport]:
     """Run scenarios one after another on a private broker started in `workdir`."""
     broker = LocalKafka(workdir / "kafka")
@@ -81,7 +67,7 @@ async def run_scenarios(names: list[str], sizes: ChaosSizes, workdir: Path) -> l
             try:
                 reports.append(await scenario.run(stage, sizes))
             except Exception as e:  # noqa: BLE001 - one broken scenario must not hide the others' rows
-                reports.append(_failed_setup(name, e))
+                reports.append(FaultReport.harness_error(name, e))
     finally:
         await asyncio.to_thread(broker.stop)
     return reports

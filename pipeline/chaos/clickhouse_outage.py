@@ -8,7 +8,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from pipeline.chaos.harness import ChaosError, ChaosSizes, Deployment, Device, Stage, settle_answers, stop_sink_and_count
+from pipeline.chaos.harness import ChaosError, ChaosSizes, Deployment, Device, Stage, drain_events
 from pipeline.chaos.ledger import FaultReport, percentile
 
 
@@ -77,12 +77,7 @@ async def clickhouse_outage(stage: Stage, sizes: ChaosSizes) -> FaultReport:
         finally:
             freeze.thaw()
         outage_end = time.time()
-        target = await d.latency_end_offsets()
-        caught_up = await d.events_caught_up(sizes.answer_timeout_s, target)
-        await sending
-        await settle_answers(d, sizes)
-        d.check_alive()
-        events_lost, events_double, event_details = await stop_sink_and_count(d, sizes)
+        events = await drain_events(d, sizes, sending)
         during = [rid for rid, at in d.ledger.sent.items() if outage_start <= at <= outage_end - 1.0]
         served_in_time = [
             rid for rid in during if d.ledger.results.get(rid) and d.ledger.results[rid][0].at <= outage_end
@@ -99,21 +94,21 @@ async def clickhouse_outage(stage: Stage, sizes: ChaosSizes) -> FaultReport:
             failures.append("the sink caught up during the outage: ClickHouse did not really refuse inserts")
         if len(served_in_time) < 0.95 * len(during):
             failures.append(f"only {len(served_in_time)} of {len(during)} requests sent during the outage were served in it")
-        if caught_up is None:
+        if events.caught_up is None:
             failures.append("the sink did not load the outage's events after ClickHouse recovered")
         report = d.ledger.report(
             f"ClickHouse refusing inserts {sizes.outage_s:g} s",
             1,
             fault_end=None,
             failures=failures,
-            events=(events_lost, events_double),
+            events=(events.lost, events.double),
             details={
                 "outage_s": round(outage_end - outage_start, 1),
                 "served_during_outage": f"{len(served_in_time)}/{len(during)}",
                 "e2e_p99_during_ms": round(p99_during, 1),
                 "e2e_p99_outside_ms": round(p99_outside, 1),
-                **event_details,
+                **events.details,
             },
         )
-        report.recovery_s = None if caught_up is None else round(caught_up - outage_end, 2)
+        report.recovery_s = events.recovery_after(outage_end)
         return report

@@ -106,12 +106,7 @@ class Collector:
         return not self._ledger.unanswered(wanted)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await stop_task(self._task)
         await self._reader.stop()
 
 
@@ -615,16 +610,8 @@ class ChaosSizes:
 
     @classmethod
     def quick(cls) -> "ChaosSizes":
-        return cls(
-            rate_rps=60.0,
-            requests=600,
-            outage_s=10.0,
-            overload_s=15.0,
-            sink_kills=1,
-            storm_s=20.0,
-            storm_period_s=2.0,
-            answer_timeout_s=90.0,
-        )
+        return cls(rate_rps=60.0, requests=600, outage_s=10.0, overload_s=15.0, sink_kills=1,
+                   storm_s=20.0, storm_period_s=2.0, answer_timeout_s=90.0)  # fmt: skip
 
 
 async def settle_answers(d: Deployment, sizes: ChaosSizes, linger_s: float = 2.0) -> None:
@@ -634,9 +621,41 @@ async def settle_answers(d: Deployment, sizes: ChaosSizes, linger_s: float = 2.0
     await asyncio.sleep(linger_s)
 
 
-async def stop_sink_and_count(d: Deployment, sizes: ChaosSizes) -> tuple[int, int, dict[str, Any]]:
-    """Wait for the sink to commit every latency event, stop it, and account for the rows."""
+@dataclass
+class EventTally:
+    """What reached ClickHouse after a fault on the events path."""
+
+    caught_up: float | None
+    """Wall-clock time the sink had committed every event produced before the fault ended (None: never)."""
+    lost: int
+    double: int
+    details: dict[str, Any]
+
+    def recovery_after(self, moment: float) -> float | None:
+        return None if self.caught_up is None else round(self.caught_up - moment, 2)
+
+
+async def drain_events(d: Deployment, sizes: ChaosSizes, sending: asyncio.Task[Any]) -> EventTally:
+    """After a fault on the events path: wait for the sink to catch up with what was produced so
+    far, let the traffic finish and every answer arrive, then stop the sink and count its rows."""
+    target = await d.latency_end_offsets()
+    caught_up = await d.events_caught_up(sizes.answer_timeout_s, target)
+    await sending
+    await settle_answers(d, sizes)
+    d.check_alive()
     await d.events_caught_up(sizes.answer_timeout_s)
     for sink in d.sinks:
         sink.terminate()
-    return d.event_accounting(await d.clickhouse_rows())
+    lost, double, details = d.event_accounting(await d.clickhouse_rows())
+    return EventTally(caught_up, lost, double, details)
+
+
+async def stop_task(task: asyncio.Task[Any] | None) -> None:
+    """Cancel a background task and wait until it is gone."""
+    if task is None:
+        return
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from pipeline.chaos.harness import ChaosSizes, Deployment, Device, Proc, Stage, settle_answers
+from pipeline.chaos.harness import ChaosSizes, Deployment, Device, Proc, Stage, settle_answers, stop_task
 from pipeline.chaos.ledger import FaultReport, percentile
 
 
@@ -33,12 +33,7 @@ class RssSampler:
             await asyncio.sleep(self._every_s)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await stop_task(self._task)
 
 
 async def overload(stage: Stage, sizes: ChaosSizes) -> FaultReport:

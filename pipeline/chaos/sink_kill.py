@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from pipeline.chaos.harness import ChaosSizes, Deployment, Device, Stage, settle_answers, stop_sink_and_count
+from pipeline.chaos.harness import ChaosSizes, Deployment, Device, Stage, drain_events
 from pipeline.chaos.ledger import FaultReport
 
 
@@ -33,22 +33,17 @@ async def sink_kill(stage: Stage, sizes: ChaosSizes) -> FaultReport:
             await asyncio.sleep(1.0)
             d.sink()
             fault_end = time.time()
-        target = await d.latency_end_offsets()
-        caught_up = await d.events_caught_up(sizes.answer_timeout_s, target)
-        await sending
-        await settle_answers(d, sizes)
-        d.check_alive()
-        events_lost, events_double, event_details = await stop_sink_and_count(d, sizes)
+        events = await drain_events(d, sizes, sending)
         failures = []
-        if caught_up is None:
+        if events.caught_up is None:
             failures.append("the restarted sink did not catch up with the events produced before its restart")
         report = d.ledger.report(
             "sink SIGKILL + restart",
             kills,
             fault_end=None,
             failures=failures,
-            details=event_details,
-            events=(events_lost, events_double),
+            details=events.details,
+            events=(events.lost, events.double),
         )
-        report.recovery_s = None if caught_up is None else round(caught_up - fault_end, 2)
+        report.recovery_s = events.recovery_after(fault_end)
         return report

@@ -16,6 +16,7 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 from clickhouse_connect.driver.client import Client
 
 from pipeline.config import ClickHouseSettings
@@ -37,16 +38,6 @@ def live_file(settings: ClickHouseSettings) -> Path:
     return Path(settings.data_dir).resolve() / LIVE_FILE
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def find(settings: ClickHouseSettings) -> Endpoint | None:
     """The live server of a running sink on this embedded store, or None (no sink, or a stale file)."""
     from pipeline.store.http_server import wait_until_up
@@ -58,7 +49,7 @@ def find(settings: ClickHouseSettings) -> Endpoint | None:
         return None
     password = data.get("password") or os.environ.get(PASSWORD_ENV, "")
     endpoint = Endpoint(url=data["url"], user=data["user"], password=password, pid=int(data["pid"]))
-    if not _alive(endpoint.pid) or not wait_until_up(endpoint.url, timeout_s=2.0):
+    if not psutil.pid_exists(endpoint.pid) or not wait_until_up(endpoint.url, timeout_s=2.0):
         return None
     return endpoint
 
