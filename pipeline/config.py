@@ -359,11 +359,15 @@ def load_config(path: str | Path | None) -> Config:
     """Load and validate a TOML config; None gives the built-in defaults."""
     if path is None:
         return parse_config({}, "<defaults>")
+    return parse_config(read_toml(path, ConfigError, "config file"), str(Path(path)))
+
+
+def read_toml(path: str | Path, error: type[Exception], what: str) -> dict[str, Any]:
+    """A TOML file's tables, or `error` saying plainly that the file is missing or not TOML."""
     p = Path(path)
     try:
-        data = tomllib.loads(p.read_text())
+        return tomllib.loads(p.read_text())
     except FileNotFoundError:
-        raise ConfigError(f"config file {p} does not exist") from None
+        raise error(f"{what} {p} does not exist") from None
     except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{p}: not valid TOML: {e}") from None
-    return parse_config(data, str(p))
+        raise error(f"{p}: not valid TOML: {e}") from None

@@ -19,6 +19,12 @@ def _served_latency(row) -> np.ndarray:  # type: ignore[no-untyped-def]
     return (o.done_ms - o.arrivals.create_ms)[served]
 
 
+def _save(fig, path: Path) -> Path:  # type: ignore[no-untyped-def]
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
 def write_plots(bench: PolicyBench, directory: str | Path) -> list[Path]:
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
@@ -37,9 +43,7 @@ def write_plots(bench: PolicyBench, directory: str | Path) -> list[Path]:
     ax.set_ylabel("share of requests")
     ax.set_title(f"{name}: latency CDF at nominal load (upper half)")
     ax.legend(fontsize=7, ncol=2)
-    written.append(out / f"{name}-latency-cdf.png")
-    fig.savefig(written[-1], dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    written.append(_save(fig, out / f"{name}-latency-cdf.png"))
 
     fig, ax = plt.subplots(figsize=(9, 5.5))
     sizes = [np.asarray(r.outcome.batches.size) for r in bench.rows]
@@ -52,9 +56,7 @@ def write_plots(bench: PolicyBench, directory: str | Path) -> list[Path]:
     ax.set_ylabel("share of batches")
     ax.set_title(f"{name}: batch size distribution at nominal load")
     ax.legend(fontsize=7, ncol=2)
-    written.append(out / f"{name}-batch-sizes.png")
-    fig.savefig(written[-1], dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    written.append(_save(fig, out / f"{name}-batch-sizes.png"))
 
     fig, (ax, cap_ax) = plt.subplots(2, 1, figsize=(9, 8), sharex=True)
     for row in bench.rows:
@@ -73,7 +75,5 @@ def write_plots(bench: PolicyBench, directory: str | Path) -> list[Path]:
     ax.legend(fontsize=7, ncol=2)
     cap_ax.set_ylabel("effective cap")
     cap_ax.set_xlabel("time (s)")
-    written.append(out / f"{name}-window.png")
-    fig.savefig(written[-1], dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    written.append(_save(fig, out / f"{name}-window.png"))
     return written

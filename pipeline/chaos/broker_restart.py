@@ -54,11 +54,10 @@ async def broker_restart(stage: Stage, sizes: ChaosSizes) -> FaultReport:
             1,
             fault_end=fault_end,
             duplicate_bound=None,
-            events=(events.lost, events.double),
+            events=events,
             details={
                 "outage_s": round(fault_end - fault_start, 1),
                 "events_recovery_s": None if events.caught_up is None else round(events.caught_up - fault_end, 1),
-                **events.details,
             },
         )
         return report

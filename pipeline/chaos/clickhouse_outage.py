@@ -101,13 +101,12 @@ async def clickhouse_outage(stage: Stage, sizes: ChaosSizes) -> FaultReport:
             1,
             fault_end=None,
             failures=failures,
-            events=(events.lost, events.double),
+            events=events,
             details={
                 "outage_s": round(outage_end - outage_start, 1),
                 "served_during_outage": f"{len(served_in_time)}/{len(during)}",
                 "e2e_p99_during_ms": round(p99_during, 1),
                 "e2e_p99_outside_ms": round(p99_outside, 1),
-                **events.details,
             },
         )
         report.recovery_s = events.recovery_after(outage_end)

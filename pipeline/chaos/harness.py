@@ -37,7 +37,7 @@ import psutil
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from pipeline.chaos.ledger import Ledger
+from pipeline.chaos.ledger import EventTally, Ledger
 from pipeline.config import KafkaSettings
 from pipeline.devtools.localkafka import LocalKafka
 from pipeline.kafka.client import Topics, client_options, ensure_topics, stable_group_size
@@ -619,20 +619,6 @@ async def settle_answers(d: Deployment, sizes: ChaosSizes, linger_s: float = 2.0
     await d.traffic.flush()
     await d.collector.wait_answered(list(d.ledger.sent), sizes.answer_timeout_s)
     await asyncio.sleep(linger_s)
-
-
-@dataclass
-class EventTally:
-    """What reached ClickHouse after a fault on the events path."""
-
-    caught_up: float | None
-    """Wall-clock time the sink had committed every event produced before the fault ended (None: never)."""
-    lost: int
-    double: int
-    details: dict[str, Any]
-
-    def recovery_after(self, moment: float) -> float | None:
-        return None if self.caught_up is None else round(self.caught_up - moment, 2)
 
 
 async def drain_events(d: Deployment, sizes: ChaosSizes, sending: asyncio.Task[Any]) -> EventTally:

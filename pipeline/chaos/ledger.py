@@ -126,17 +126,17 @@ class Ledger:
         duplicate_bound: int | None = 0,
         failures: list[str] | None = None,
         details: dict[str, Any] | None = None,
-        events: tuple[int, int] | None = None,
+        events: EventTally | None = None,
     ) -> FaultReport:
         """Turn the ledger into a report row; every broken promise becomes a failure line.
 
-        `events`: (latency events lost, counted twice) in ClickHouse, for the
-        scenarios that check the sink; they add to the row's lost and duplicated.
+        `events`: what reached ClickHouse, for the scenarios that check the sink;
+        its lost and double-counted events add to the row's lost and duplicated.
         """
         lost = len(self.unanswered())
         duplicated = self.duplicated
         problems = list(failures or [])
-        events_lost, events_double = events or (0, 0)
+        events_lost, events_double = (events.lost, events.double) if events else (0, 0)
         if events_lost:
             problems.append(f"{events_lost} latency events never reached ClickHouse")
         if events_double:
@@ -156,8 +156,22 @@ class Ledger:
             duplicate_bound=duplicate_bound,
             recovery_s=self.recovery_after(fault_end) if fault_end is not None else None,
             failures=problems,
-            details={"outcomes": self.outcomes(), **(details or {})},
+            details={"outcomes": self.outcomes(), **(details or {}), **(events.details if events else {})},
         )
+
+
+@dataclass
+class EventTally:
+    """What reached ClickHouse after a fault on the events path."""
+
+    caught_up: float | None
+    """Wall-clock time the sink had committed every event produced before the fault ended (None: never)."""
+    lost: int
+    double: int
+    details: dict[str, Any]
+
+    def recovery_after(self, moment: float) -> float | None:
+        return None if self.caught_up is None else round(self.caught_up - moment, 2)
 
 
 def percentile(values: list[float], q: float) -> float:

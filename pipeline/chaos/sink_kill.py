@@ -42,8 +42,7 @@ async def sink_kill(stage: Stage, sizes: ChaosSizes) -> FaultReport:
             kills,
             fault_end=None,
             failures=failures,
-            details=events.details,
-            events=(events.lost, events.double),
+            events=events,
         )
         report.recovery_s = events.recovery_after(fault_end)
         return report

@@ -10,13 +10,13 @@ file and the key. The format is documented in docs/benchmarks.md.
 from __future__ import annotations
 
 import bisect
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
+from pipeline.config import read_toml
 from pipeline.sim.costmodel import CostCurve, CostModel
 
 TopologyMode = Literal["own-queues", "shared-queue", "shared-device"]
@@ -394,11 +394,4 @@ def parse_scenario(data: dict[str, Any], source: str = "<scenario>") -> Scenario
 
 
 def load_scenario(path: str | Path) -> Scenario:
-    p = Path(path)
-    try:
-        data = tomllib.loads(p.read_text())
-    except FileNotFoundError:
-        raise ScenarioError(f"scenario file {p} does not exist") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ScenarioError(f"{p}: not valid TOML: {e}") from None
-    return parse_scenario(data, str(p))
+    return parse_scenario(read_toml(path, ScenarioError, "scenario file"), str(Path(path)))
