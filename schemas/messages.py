@@ -49,6 +49,8 @@ class Request(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     timeout_ms: Annotated[int, msgspec.Meta(gt=0, le=86_400_000)] | None = None
     """Relative deadline from the record timestamp (used when deadline_ms is unset)."""
     reply_topic: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_TOPIC_LEN, pattern=r"^[A-Za-z0-9._-]+$")] | None = None
+    warmup: bool = False
+    """Warm-up traffic, set by whoever sends it: answered as usual, left out of the latency figures."""
     v: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -100,6 +102,8 @@ class LatencyEvent(msgspec.Struct, omit_defaults=False):
     partition: int
     offset: int
     forwarded: bool = False
+    warmup: bool = False
+    """The request was warm-up traffic (Request.warmup): stored, but not counted in latency figures."""
     v: int = SCHEMA_VERSION
 
 

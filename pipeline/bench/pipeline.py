@@ -328,7 +328,7 @@ async def run_trial(
         await wait_for_group(kafka, consumers)
         async with LoadProducer(kafka, MODEL, run_id="bench", seed=options.seed) as producer:
             warmup = poisson_load(50.0, WARMUP_REQUESTS / 50.0, options.seed, tokens=options.tokens)
-            await producer.send(warmup, tag="warm-")
+            await producer.send(warmup, tag="warm-", warmup=True)
             warm_ids = list(producer.sent_ms)
             for _ in range(int(120 / 0.5)):
                 await collector.wait_for(warm_ids, 0.5)

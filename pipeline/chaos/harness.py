@@ -137,9 +137,11 @@ class Traffic:
         self._next += 1
         return f"{self._run_id}-{self._next:07d}"
 
-    async def send(self, text: str = "chaos", *, timeout_ms: int | None = None, request_id: str | None = None) -> str:
+    async def send(
+        self, text: str = "chaos", *, timeout_ms: int | None = None, request_id: str | None = None, warmup: bool = False
+    ) -> str:
         request_id = request_id or self.new_id()
-        req = Request(id=request_id, model=self._model, text=text, timeout_ms=timeout_ms)
+        req = Request(id=request_id, model=self._model, text=text, timeout_ms=timeout_ms, warmup=warmup)
         delivery = await self._producer.send(self._topic, msgspec.json.encode(req), key=request_id.encode())
         self._ledger.record_sent(request_id, time.time())
         delivery.add_done_callback(lambda f, rid=request_id: self._placed(rid, f))
@@ -442,7 +444,7 @@ class Deployment:
         """Return once `consumers` processes are in the group and answering requests."""
         deadline = time.monotonic() + timeout_s
         await self.wait_group_size(consumers, deadline - time.monotonic())
-        ids = [await self.traffic.send("warm-up") for _ in range(max(4, 2 * self.partitions))]
+        ids = [await self.traffic.send("warm-up", warmup=True) for _ in range(max(4, 2 * self.partitions))]
         await self.traffic.flush()
         if not await self.collector.wait_answered(ids, max(5.0, deadline - time.monotonic())):
             self.check_alive()

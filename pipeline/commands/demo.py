@@ -60,7 +60,7 @@ async def _send_warmup(config_path: Path, model: str) -> None:
     producer = AIOKafkaProducer(**client_options(cfg.kafka))
     await producer.start()
     try:
-        value = b'{"id": "%s", "model": "%s", "text": "warm up the model"}' % (WARMUP_ID.encode(), model.encode())
+        value = b'{"id": "%s", "model": "%s", "text": "warm up the model", "warmup": true}' % (WARMUP_ID.encode(), model.encode())
         await producer.send_and_wait(Topics(cfg.kafka.topic_prefix).requests(model), value, key=WARMUP_ID.encode())
     finally:
         await producer.stop()

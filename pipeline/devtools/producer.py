@@ -114,22 +114,24 @@ class LoadProducer:
         if self._producer is not None:
             await self._producer.stop()
 
-    def payloads(self, load: Load, tag: str = "") -> list[bytes]:
+    def payloads(self, load: Load, tag: str = "", *, warmup: bool = False) -> list[bytes]:
         """Encode every request before the clock starts, so sending is cheap. Each request
         gets its own text (words drawn in order from one seeded stream), so batches pad
-        to their longest input as real traffic does."""
+        to their longest input as real traffic does. `warmup` tags them as warm-up traffic."""
         rng = np.random.default_rng(self._seed)
         encode = msgspec.json.Encoder().encode
         return [
-            encode(Request(id=self.request_id(i, tag), model=self.model, text=request_text(rng, int(t)), priority=int(p)))
+            encode(Request(id=self.request_id(i, tag), model=self.model, text=request_text(rng, int(t)), priority=int(p), warmup=warmup))
             for i, (t, p) in enumerate(zip(load.tokens, load.priority))
         ]
 
-    async def send(self, load: Load, on_progress: Callable[[int], None] | None = None, *, tag: str = "") -> SendReport:
+    async def send(
+        self, load: Load, on_progress: Callable[[int], None] | None = None, *, tag: str = "", warmup: bool = False
+    ) -> SendReport:
         """Send `load` on schedule; request ids are `<run_id>-<tag><index>`."""
         producer = self._producer
         assert producer is not None, "use `async with LoadProducer(...)`"
-        payloads = self.payloads(load, tag)
+        payloads = self.payloads(load, tag, warmup=warmup)
         schedule = load.send_ms.tolist()
         partitions = load.partition.tolist() if load.partition is not None else None
         futures: list[asyncio.Future[object]] = []

@@ -47,7 +47,11 @@ def _q(name: str, title: str, fmt: Literal["time_series", "table"], description:
     return AnalysisQuery(name=name, title=title, sql=sql.strip(), format=fmt, description=description)
 
 
-LATENCY_ROWS = f"FROM request_latency FINAL\nWHERE $__timeFilter(enqueue_time) AND {MODEL_FILTER}"
+LATENCY_ROWS = f"FROM request_latency FINAL\nWHERE $__timeFilter(enqueue_time) AND NOT warmup AND {MODEL_FILTER}"
+"""The rows every latency figure reads: warm-up requests are left out (the `warmup` query counts them)."""
+DATA_SPAN_S = "greatest((toUnixTimestamp64Milli(max(produce_time)) - toUnixTimestamp64Milli(min(enqueue_time))) / 1000, 1)"
+"""Seconds from the first request to the last answer in the range (at least 1): throughput is over
+the span that has data, not over the range asked for (a 2-minute run reported over 3 h is not 0.3 req/s)."""
 BATCH_ROWS = f"FROM batches FINAL\nWHERE $__timeFilter(dispatch_time) AND {MODEL_FILTER}"
 EXACT_QUANTILES = (
     "quantilesExactInclusive(0.5, 0.99, 0.999)(e2e_ms) AS e2e",
@@ -97,18 +101,20 @@ _ALL = [
        "The `model` template variable's options (not filtered by the variable itself).",
        "SELECT DISTINCT model\nFROM request_latency\nWHERE $__timeFilter(enqueue_time)\nORDER BY model"),
     _q("summary", "Per-model summary", "table",
-       "Requests, throughput, exact e2e and queue-wait quantiles, long waits and tail marking over the range.",
+       "Requests, throughput over the span with data, exact e2e and queue-wait quantiles, long waits and tail "
+       "marking over the range (warm-up requests left out).",
        f"""
 SELECT
-    model, requests, requests_per_s, tokens_per_s,
+    model, requests, span_s, requests_per_s, tokens_per_s,
     {QUANTILE_COLUMNS},
     share_wait_over_1s, marked_share, marked_wait_p99_ms, unmarked_wait_p99_ms, not_ok_share
 FROM (
     SELECT
         model,
         count() AS requests,
-        count() / greatest(dateDiff('second', $__fromTime, $__toTime), 1) AS requests_per_s,
-        sum(tokens_in + tokens_out) / greatest(dateDiff('second', $__fromTime, $__toTime), 1) AS tokens_per_s,
+        {DATA_SPAN_S} AS span_s,
+        count() / span_s AS requests_per_s,
+        sum(tokens_in + tokens_out) / span_s AS tokens_per_s,
         {EXACT_QUANTILES[0]},
         {EXACT_QUANTILES[1]},
         countIf(wait_ms > 1000) / count() AS share_wait_over_1s,
@@ -119,6 +125,19 @@ FROM (
     {LATENCY_ROWS.replace(chr(10), chr(10) + "    ")}
     GROUP BY model
 )
+ORDER BY model
+"""),
+    _q("warmup", "Warm-up requests (left out of every latency figure)", "table",
+       "Requests their sender tagged as warm-up: answered and stored, counted here and nowhere else.",
+       f"""
+SELECT
+    model,
+    count() AS requests,
+    quantileExactInclusive(0.5)(e2e_ms) AS e2e_p50_ms,
+    max(e2e_ms) AS e2e_max_ms
+FROM request_latency FINAL
+WHERE $__timeFilter(enqueue_time) AND warmup AND {MODEL_FILTER}
+GROUP BY model
 ORDER BY model
 """),
     _q("latency_quantiles", "End-to-end and queue-wait p50 / p99 / p999", "time_series",
@@ -201,6 +220,6 @@ ORDER BY model
 
 QUERIES: dict[str, AnalysisQuery] = {q.name: q for q in _ALL}
 REPORT_QUERIES = (
-    "summary", "latency_quantiles", "throughput", "batch_sizes", "target_hit_ratio",
+    "summary", "warmup", "latency_quantiles", "throughput", "batch_sizes", "target_hit_ratio",
     "dispatch_reasons", "device_memory", "compute_by_batch_size", "window_over_time",
 )  # fmt: skip

@@ -182,6 +182,7 @@ def _model_chunk(
         "kafka_offset": row_index // 4,
         "forwarded": marked & (rng.random(n) < 0.02),
         "schema_version": np.ones(n, np.int64),
+        "warmup": np.zeros(n, bool),
     }
     batches = {
         "batch_id": batch_id,
@@ -292,7 +293,7 @@ def latency_events(chunk: SeedChunk) -> list[LatencyEvent]:
             tokens_in=_value(c["tokens_in"], i), tokens_out=_value(c["tokens_out"], i),
             device_mem_bytes=_value(c["device_mem_bytes"], i), device_mem_kind=c["device_mem_kind"][i],
             partition=_value(c["kafka_partition"], i), offset=_value(c["kafka_offset"], i),
-            forwarded=_value(c["forwarded"], i),
+            forwarded=_value(c["forwarded"], i), warmup=_value(c["warmup"], i),
         )
         for i in range(chunk.rows)
     ]  # fmt: skip

@@ -25,7 +25,7 @@ LATENCY_COLUMNS = (
     "enqueue_time", "fetch_time", "dispatch_time", "compute_start_time", "compute_end_time", "produce_time",
     "wait_ms", "compute_ms", "e2e_ms", "batch_id", "batch_size", "tail_marked", "priority",
     "tokens_in", "tokens_out", "device_mem_bytes", "device_mem_kind",
-    "kafka_partition", "kafka_offset", "forwarded", "schema_version",
+    "kafka_partition", "kafka_offset", "forwarded", "schema_version", "warmup",
 )  # fmt: skip
 
 BATCH_COLUMNS = (
@@ -45,7 +45,7 @@ def latency_row(e: LatencyEvent) -> list[Any]:
         e.enqueue_ms, e.fetch_ms, e.dispatch_ms, e.compute_start_ms, e.compute_end_ms, e.produce_ms,
         e.wait_ms, e.compute_ms, e.e2e_ms, e.batch_id, e.batch_size, e.tail_marked, e.priority,
         e.tokens_in, e.tokens_out, e.device_mem_bytes, e.device_mem_kind,
-        e.partition, e.offset, e.forwarded, e.v,
+        e.partition, e.offset, e.forwarded, e.v, e.warmup,
     ]  # fmt: skip
 
 

@@ -144,13 +144,17 @@ def render(report: Report, console: Console) -> None:
         console.print(f"no latency rows in {span} (is the sink running? try a longer --since)")
         return
     console.print(f"[bold]batchtide report[/bold]  {span}, buckets of {report.interval_ms / 1000:g} s")
-    console.print(_table("Per model (ms)", [
-        "model", "requests", "req/s", "tokens/s", "e2e p50", "e2e p99", "e2e p999", "wait p50", "wait p99", "wait p999",
+    console.print(_table("Per model (ms; req/s over the span with data)", [
+        "model", "requests", "span s", "req/s", "tokens/s", "e2e p50", "e2e p99", "e2e p999", "wait p50", "wait p99", "wait p999",
     ], [[
-        r["model"], _num(r["requests"]), _num(r["requests_per_s"]), _num(r["tokens_per_s"], 0),
+        r["model"], _num(r["requests"]), _num(r["span_s"]), _num(r["requests_per_s"]), _num(r["tokens_per_s"], 0),
         _num(r["e2e_p50_ms"]), _num(r["e2e_p99_ms"]), _num(r["e2e_p999_ms"]),
         _num(r["wait_p50_ms"]), _num(r["wait_p99_ms"]), _num(r["wait_p999_ms"]),
     ] for r in s["summary"]]))  # fmt: skip
+    if s.get("warmup"):
+        console.print(_table("Warm-up requests (not in any figure above or below)", ["model", "requests", "e2e p50 ms", "e2e max ms"], [
+            [r["model"], _num(r["requests"]), _num(r["e2e_p50_ms"]), _num(r["e2e_max_ms"])] for r in s["warmup"]
+        ]))  # fmt: skip
     console.print(_table("Tails", [
         "model", "waited > 1 s", "tail-marked", "marked wait p99 ms", "unmarked wait p99 ms", "not ok",
     ], [[

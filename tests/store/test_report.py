@@ -7,10 +7,15 @@ from collections import Counter
 from datetime import timezone
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from pipeline.config import ClickHouseSettings
+from pipeline.store.client import connect
+from pipeline.store.seed import generate, latency_events, recent_start_ms
+from pipeline.store.writer import insert_latency_events
 from pipeline.views.report import Report, pick_interval_ms, run_query, run_report
 from tests.support.clickhouse import SeededClickHouse
 
@@ -32,13 +37,14 @@ def test_summary_matches_numpy(seeded_clickhouse: SeededClickHouse, report: Repo
     s = seeded_clickhouse
     rows = {r["model"]: r for r in report.sections["summary"]}
     assert sorted(rows) == sorted(s.summary.models)
-    seconds = s.time_to_ms // 1000 - s.time_from_ms // 1000
     for model, row in rows.items():
+        seconds = max((_column(s, "latency", model, "produce_time").max() - _column(s, "latency", model, "enqueue_time").min()) / 1000, 1)
         e2e = _column(s, "latency", model, "e2e_ms")
         wait = _column(s, "latency", model, "wait_ms")
         marked = _column(s, "latency", model, "tail_marked")
         tokens = _column(s, "latency", model, "tokens_in") + _column(s, "latency", model, "tokens_out")
         assert row["requests"] == len(e2e)
+        assert row["span_s"] == pytest.approx(seconds, rel=1e-12)
         assert row["requests_per_s"] == pytest.approx(len(e2e) / seconds, rel=1e-12)
         assert row["tokens_per_s"] == pytest.approx(tokens.sum() / seconds, rel=1e-12)
         assert [row["e2e_p50_ms"], row["e2e_p99_ms"], row["e2e_p999_ms"]] == pytest.approx(
@@ -170,3 +176,29 @@ def test_durations_and_buckets() -> None:
     assert pick_interval_ms(15 * 60_000) == 120_000, "15 minutes -> 2-minute buckets (<= 12)"
     assert pick_interval_ms(3_600_000) == 300_000
     assert pick_interval_ms(10**12) == 86_400_000
+
+
+def test_throughput_is_over_the_data_and_warmup_is_left_out(clickhouse_settings: ClickHouseSettings, ch_database: str) -> None:
+    """A 20 s run asked about over 3 h: req/s over the 20 s; warm-up requests (slow, as warm-ups are)
+    are counted apart and move no latency figure."""
+    start = recent_start_ms(60_000)
+    chunk = next(iter(generate(400, seed=3, start_ms=start, duration_ms=20_000)))
+    events = latency_events(chunk)
+    warm = [msgspec.structs.replace(e, request_id=f"warm-{i}", e2e_ms=9_000.0, wait_ms=8_000.0, warmup=True)
+            for i, e in enumerate(events[:5])]  # fmt: skip
+    client = connect(clickhouse_settings, database=ch_database)
+    try:
+        insert_latency_events(client, ch_database, events + warm)
+        now = start + 60_000
+        report = run_report(client, time_from_ms=now - 3 * 3_600_000, time_to_ms=now, names=("summary", "warmup"))
+    finally:
+        client.close()
+    for model, row in {r["model"]: r for r in report.sections["summary"]}.items():
+        mine = [e for e in events if e.model == model]
+        span_s = (max(e.produce_ms for e in mine) - min(e.enqueue_ms for e in mine)) / 1000
+        assert row["requests"] == len(mine)
+        assert row["span_s"] == pytest.approx(span_s) and span_s < 25
+        assert row["requests_per_s"] == pytest.approx(len(mine) / span_s)
+        assert row["e2e_p999_ms"] == pytest.approx(np.quantile([e.e2e_ms for e in mine], 0.999))
+    warm_rows = {r["model"]: r["requests"] for r in report.sections["warmup"]}
+    assert sum(warm_rows.values()) == len(warm) and all(r["e2e_max_ms"] == 9_000.0 for r in report.sections["warmup"])
