@@ -27,20 +27,21 @@ def _req(i: int, text: str, model: str = "tiny", **kw: object) -> Request:
     return Request(id=f"r{i}", model=model, text=text, **kw)  # type: ignore[arg-type]
 
 
-@pytest.fixture(scope="module")
-def bert(tiny_bert_dir: Path) -> TransformersRunner:
-    runner = make_runner(ModelConfig(name="tiny", model_path=str(tiny_bert_dir), torch_threads=1))
+def _loaded(model: ModelConfig) -> TransformersRunner:
+    runner = make_runner(model)
     assert isinstance(runner, TransformersRunner)
     runner.load()
     return runner
+
+
+@pytest.fixture(scope="module")
+def bert(tiny_bert_dir: Path) -> TransformersRunner:
+    return _loaded(ModelConfig(name="tiny", model_path=str(tiny_bert_dir), torch_threads=1))
 
 
 @pytest.fixture(scope="module")
 def gpt2(tiny_gpt2_dir: Path) -> TransformersRunner:
-    runner = make_runner(ModelConfig(name="tiny", model_path=str(tiny_gpt2_dir), max_new_tokens=6))
-    assert isinstance(runner, TransformersRunner)
-    runner.load()
-    return runner
+    return _loaded(ModelConfig(name="tiny", model_path=str(tiny_gpt2_dir), max_new_tokens=6))
 
 
 def test_runner_satisfies_protocol_and_detects_tasks(bert: TransformersRunner, gpt2: TransformersRunner) -> None:

@@ -81,37 +81,32 @@ def kafka_settings(kafka_broker: LocalKafka, request: pytest.FixtureRequest) -> 
     return KafkaSettings(bootstrap_servers=kafka_broker.bootstrap, topic_prefix=unique_prefix(request.node.name))
 
 
+def _secured(broker: LocalKafka, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, **security: str) -> KafkaSettings:
+    """Settings for a secured broker; the password is set in the environment, as in production."""
+    user, password = next(iter(SASL_USERS.items()))
+    monkeypatch.setenv("BATCHTIDE_KAFKA_PASSWORD", password)
+    return KafkaSettings(
+        bootstrap_servers=broker.bootstrap, topic_prefix=unique_prefix(request.node.name), sasl_username=user, **security
+    )
+
+
 @pytest.fixture
 def sasl_kafka_settings(
     sasl_kafka_broker: LocalKafka, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> KafkaSettings:
-    """Settings for the SASL broker; the password is set in the environment, as in production."""
-    user, password = next(iter(SASL_USERS.items()))
-    monkeypatch.setenv("BATCHTIDE_KAFKA_PASSWORD", password)
-    return KafkaSettings(
-        bootstrap_servers=sasl_kafka_broker.bootstrap,
-        topic_prefix=unique_prefix(request.node.name),
-        security_protocol="SASL_PLAINTEXT",
-        sasl_mechanism="PLAIN",
-        sasl_username=user,
-    )
+    """SASL_PLAINTEXT with PLAIN."""
+    return _secured(sasl_kafka_broker, request, monkeypatch, security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN")
 
 
 @pytest.fixture
 def tls_kafka_settings(
     tls_kafka_broker: LocalKafka, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> KafkaSettings:
-    """SASL_SSL settings for the TLS broker: SCRAM-SHA-256, its CA, the password from the environment."""
-    user, password = next(iter(SASL_USERS.items()))
-    monkeypatch.setenv("BATCHTIDE_KAFKA_PASSWORD", password)
-    return KafkaSettings(
-        bootstrap_servers=tls_kafka_broker.bootstrap,
-        topic_prefix=unique_prefix(request.node.name),
-        security_protocol="SASL_SSL",
-        sasl_mechanism="SCRAM-SHA-256",
-        sasl_username=user,
-        ssl_cafile=str(tls_kafka_broker.ca_file),
-    )
+    """SASL_SSL: SCRAM-SHA-256 and the broker's CA."""
+    return _secured(
+        tls_kafka_broker, request, monkeypatch,
+        security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-256", ssl_cafile=str(tls_kafka_broker.ca_file),
+    )  # fmt: skip
 
 
 async def produce_json(

@@ -55,47 +55,37 @@ def _tokenizer(vocab_size: int = 400):
     )
 
 
-def build_tiny_bert(directory: Path) -> Path:
-    """A 2-layer BERT encoder (hidden 32) with the tiny tokenizer, saved to `directory`."""
+def _save(directory: Path, model_class: type, config_class: type, **shape: object) -> Path:
+    """A seeded random model of `config_class(**shape)` with the tiny tokenizer, saved to `directory`."""
     import torch
-    from transformers import BertConfig, BertModel
 
     tokenizer = _tokenizer()
-    config = BertConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=HIDDEN,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=MAX_POSITIONS,
-        pad_token_id=tokenizer.pad_token_id,
-    )
     torch.manual_seed(0)
-    BertModel(config).eval().save_pretrained(directory)
+    config = config_class(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, **shape)
+    model_class(config).eval().save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
+
+
+def build_tiny_bert(directory: Path) -> Path:
+    """A 2-layer BERT encoder (hidden 32) with the tiny tokenizer, saved to `directory`."""
+    from transformers import BertConfig, BertModel
+
+    return _save(
+        directory, BertModel, BertConfig, hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=2,
+        intermediate_size=64, max_position_embeddings=MAX_POSITIONS,
+    )  # fmt: skip
 
 
 def build_tiny_gpt2(directory: Path) -> Path:
     """A 2-layer GPT-2 causal LM (hidden 32) with the tiny tokenizer, saved to `directory`."""
-    import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    tokenizer = _tokenizer()
-    config = GPT2Config(
-        vocab_size=len(tokenizer),
-        n_embd=HIDDEN,
-        n_layer=LAYERS,
-        n_head=2,
-        n_positions=MAX_POSITIONS,
-        bos_token_id=tokenizer.eos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    torch.manual_seed(0)
-    GPT2LMHeadModel(config).eval().save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
+    eos = _tokenizer().eos_token_id
+    return _save(
+        directory, GPT2LMHeadModel, GPT2Config, n_embd=HIDDEN, n_layer=LAYERS, n_head=2, n_positions=MAX_POSITIONS,
+        bos_token_id=eos, eos_token_id=eos,
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="session")
