@@ -6,8 +6,8 @@ process is the sink. So the sink serves the engine it already has: `report`,
 (HTTP protocol) ask their SQL here while events flow.
 
 Enough of ClickHouse's protocol for those clients: the query in the `query`
-parameter and/or the POST body, `database`, `default_format` or a trailing
-`FORMAT`, server-side parameters `param_<name>`, HTTP compression (gzip,
+parameter and/or the POST body, `database` (or X-ClickHouse-Database),
+`default_format` (or X-ClickHouse-Format) or a trailing `FORMAT`, server-side parameters `param_<name>`, HTTP compression (gzip,
 deflate), basic auth or the X-ClickHouse-User/Key headers or user/password
 parameters, and the X-ClickHouse-* response headers. The engine formats the
 answer itself, so every output format ClickHouse has works.
@@ -178,9 +178,12 @@ class _Handler(BaseHTTPRequestHandler):
                 raise Refused(SYNTAX_CODE, HTTPStatus.BAD_REQUEST, "compress=1 (ClickHouse block compression) is not supported; use HTTP compression")
             check_read_only(sql)
             named = TRAILING_FORMAT.search(statement(sql))
-            fmt = named.group(1) if named else params.get("default_format") or "TabSeparated"
+            fmt = named.group(1) if named else (
+                params.get("default_format") or self.headers.get("X-ClickHouse-Format") or "TabSeparated"
+            )
+            database = params.get("database") or self.headers.get("X-ClickHouse-Database") or self.server.database
             bound = {k[len("param_"):]: v for k, v in params.items() if k.startswith("param_")}
-            data, summary = self.server.engine.run(sql, fmt, params.get("database") or self.server.database, bound)
+            data, summary = self.server.engine.run(sql, fmt, database, bound)
         except Refused as e:
             self._error(e.status, e.code, str(e), query_id)
             return

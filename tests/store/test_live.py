@@ -83,6 +83,8 @@ def test_plain_http_formats_parameters_and_compression(server: LiveServer, seede
     assert json.loads(body)["n"] == seeded_clickhouse.summary.rows
     status, headers, body = _http(server, "SELECT {x:UInt32} * 2 AS y", default_format="TSVWithNames", param_x="21")
     assert (status, body) == (200, b"y\n42\n")
+    status, headers, body = _http(server, "SELECT currentDatabase()", headers={"X-ClickHouse-Format": "CSV", "X-ClickHouse-Database": "system"})
+    assert (status, headers["X-ClickHouse-Format"], body) == (200, "CSV", b'"system"\n')
     status, headers, body = _http(
         server, "SELECT 1", headers={"Accept-Encoding": "gzip"}, enable_http_compression="1", database="system"
     )
