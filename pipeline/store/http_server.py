@@ -43,7 +43,6 @@ from pipeline.store.client import checked_identifier
 READING = re.compile(r"^(SELECT|WITH|SHOW|DESCRIBE|DESC|EXISTS|EXPLAIN)\b", re.IGNORECASE)
 OUTFILE = re.compile(r"\bINTO\s+OUTFILE\b", re.IGNORECASE)
 TRAILING_FORMAT = re.compile(r"\bFORMAT\s+([A-Za-z][A-Za-z0-9_]*)\s*;?\s*$", re.IGNORECASE)
-COMMENTS = re.compile(r"(--[^\n]*(\n|$))|(/\*.*?\*/)", re.DOTALL)
 CONTENT_TYPES = {
     "TabSeparated": "text/tab-separated-values; charset=UTF-8",
     "TSV": "text/tab-separated-values; charset=UTF-8",
@@ -81,20 +80,43 @@ class Credentials:
         )
 
 
-def statement(sql: str) -> str:
-    """The SQL with comments and leading brackets gone, for the read-only check."""
-    return COMMENTS.sub(" ", sql).strip().lstrip("(").strip()
+def code_only(sql: str) -> str:
+    """The SQL with every comment and quoted literal or identifier blanked, scanned left to right
+    (so a quote inside a comment, or `--` inside a string, cannot hide what follows)."""
+    out: list[str] = []
+    i, n = 0, len(sql)
+    while i < n:
+        two = sql[i : i + 2]
+        if two == "--" or sql[i] == "#":
+            end = sql.find("\n", i)
+            i = n if end < 0 else end
+        elif two == "/*":
+            end = sql.find("*/", i + 2)
+            i = n if end < 0 else end + 2
+        elif sql[i] in "'\"`":
+            quote, i = sql[i], i + 1
+            while i < n and sql[i] != quote:
+                i += 2 if sql[i] == "\\" else 1
+            i += 1
+            out.append(" '' ")
+            continue
+        else:
+            out.append(sql[i])
+            i += 1
+            continue
+        out.append(" ")
+    return "".join(out).strip()
 
 
 def check_read_only(sql: str) -> None:
     """Refuse anything that is not one reading statement."""
-    bare = statement(sql)
-    if not READING.match(bare):
-        first = bare.split(None, 1)[0] if bare else "(empty)"
+    code = code_only(sql).lstrip("(").strip()
+    if not READING.match(code):
+        first = code.split(None, 1)[0] if code else "(empty)"
         raise Refused(READONLY_CODE, HTTPStatus.FORBIDDEN, f"{first} is not a read: this server runs SELECT, WITH, SHOW, DESCRIBE, EXISTS and EXPLAIN only")
-    if OUTFILE.search(bare):
+    if OUTFILE.search(code):
         raise Refused(READONLY_CODE, HTTPStatus.FORBIDDEN, "INTO OUTFILE writes a file: refused")
-    if ";" in bare.rstrip().rstrip(";"):
+    if ";" in code.rstrip().rstrip(";"):
         raise Refused(SYNTAX_CODE, HTTPStatus.BAD_REQUEST, "one statement per request")
 
 
@@ -177,7 +199,7 @@ class _Handler(BaseHTTPRequestHandler):
             if params.get("compress") == "1":
                 raise Refused(SYNTAX_CODE, HTTPStatus.BAD_REQUEST, "compress=1 (ClickHouse block compression) is not supported; use HTTP compression")
             check_read_only(sql)
-            named = TRAILING_FORMAT.search(statement(sql))
+            named = TRAILING_FORMAT.search(code_only(sql))
             fmt = named.group(1) if named else (
                 params.get("default_format") or self.headers.get("X-ClickHouse-Format") or "TabSeparated"
             )

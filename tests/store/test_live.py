@@ -102,6 +102,8 @@ def test_plain_http_formats_parameters_and_compression(server: LiveServer, seede
         "SELECT 1; DROP TABLE request_latency",
         "SELECT 1 SETTINGS readonly = 0",
         "/* hide */ TRUNCATE TABLE request_latency",
+        "SELECT '--', 1 INTO OUTFILE '/tmp/batchtide-live-test.txt'",
+        "SELECT 1 -- it's\n INTO OUTFILE '/tmp/batchtide-live-test.txt'",
     ],
 )
 def test_writes_are_refused(server: LiveServer, seeded_clickhouse: SeededClickHouse, sql: str) -> None:
