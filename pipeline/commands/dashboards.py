@@ -67,8 +67,9 @@ def push(
         url = clickhouse_url or settings.url
         if not url:
             raise ConfigError(
-                "Grafana cannot read the embedded ClickHouse; pass --clickhouse-url "
-                "(or set BATCHTIDE_CLICKHOUSE_URL) to a ClickHouse server Grafana can reach"
+                "Grafana cannot open the embedded ClickHouse; pass --clickhouse-url "
+                "(or set BATCHTIDE_CLICKHOUSE_URL) to a ClickHouse server Grafana can reach, or to the "
+                "running sink's read-only HTTP interface (<data_dir>/batchtide-live.json)"
             )
         target = ClickHouseTarget.from_url(url, settings.database)
         api = connect(grafana_url, timeout_s)
