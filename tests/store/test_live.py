@@ -175,6 +175,12 @@ def test_report_answers_live_while_the_sink_runs(kafka_settings: KafkaSettings, 
             time.sleep(1.0)
         assert sum(row["requests"] for row in report["sections"]["summary"]) == len(events), report
 
+        board = tmp_path / "board.html"
+        done = subprocess.run(_cli("board", "--since", "1h", "--out", str(board), config=config), capture_output=True, text=True, env=env, cwd=ROOT)
+        assert done.returncode == 0, done.stderr
+        page = board.read_text()
+        assert all(model in page for model in {e.model for e in events}), "the board drew the live store's models"
+
         endpoint = find(settings)
         assert endpoint is not None and endpoint.pid == sink.pid
         assert oct((data_dir / LIVE_FILE).stat().st_mode & 0o777) == "0o600", "the live file holds a password"
