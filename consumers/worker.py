@@ -21,7 +21,6 @@ Data flow, in the order a request meets it:
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import logging
 import os
@@ -32,34 +31,30 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import CommitFailedError, KafkaError
 
-from consumers.events import BatchTiming, Held, batch_event, latency_event
+from consumers.answers import Answers, BatchTiming, Held
+from consumers.delivery import Delivery
 from consumers.forwarding import forward_headers, tails_to_forward
 from consumers.heap import freeze_heap
-from consumers.intake import Rejection, RecentIds, decode_request, parse_forward_headers
+from consumers.intake import Rejection, RecentIds, check_reply_topic, decode_request, parse_forward_headers
 from consumers.kafka import Topics, client_options
 from consumers.offsets import OffsetTracker
-from consumers.outbox import Message, Outbox
+from consumers.outbox import BATCH_BYTES, Failure, Message, Outbox
+from consumers.topic_limits import TopicLimits
 from consumers.runners import serving_runner
 from consumers.runners.base import Output, Runner, run_isolating
 from pipeline.config import Config, ConsumerSettings, KafkaSettings, ModelConfig
 from pipeline.engine.decisions import Batch, PendingRequest
 from pipeline.engine.engine import BatchingEngine
-from schemas.messages import DeadLetter, Outcome, Request, Result
+from schemas.messages import Outcome, Request
 
 log = logging.getLogger("batchtide.consumer")
 
-_encode = msgspec.json.Encoder().encode
 FORWARD_SCAN_INTERVAL_MS = 20.0
 """Looking for tails to forward scans the local queue; at most this often."""
-REPLY_TOPIC_CHECK_S = 2.0
-"""How long to wait for metadata of a request's reply topic before falling back."""
-REPLY_TOPIC_RECHECK_S = 60.0
-"""A reply topic found missing is not asked about again for this long."""
 RESUME_FRACTION = 0.75
 """Paused partitions resume once the queue is back under this share of max_queue."""
 WARM_UP_TEXT = "warm up the device before the group hands this consumer its partitions"
@@ -112,6 +107,18 @@ class ConsumerStats:
     """Kafka lag of the assigned partitions at the last fetch."""
     warm_up_sizes: list[int] = field(default_factory=list)
     """Batch sizes run before joining the group."""
+    rebuilt: int = 0
+    """Records rebuilt to fit their topic or moved off a reply topic that could not take them."""
+    delivery_retries: int = 0
+    """Produce attempts that had to wait and try again (the broker or one of our topics unavailable)."""
+
+
+class _Refused(Exception):
+    """Aborts a transaction in which the broker refused records."""
+
+    def __init__(self, failures: list[Failure]) -> None:
+        super().__init__(f"{len(failures)} records refused")
+        self.failures = failures
 
 
 class _Rebalance(ConsumerRebalanceListener):
@@ -176,11 +183,12 @@ class Consumer:
             self.priority_topic,
             *self.topics.shared,
         }
-        self._reply_topics: dict[str, tuple[bool, float]] = {}
-        """Reply topic -> (exists, when checked): answers to a missing one go to the results topic."""
+        self._limits = TopicLimits(kafka)
+        self._answers = Answers(model.name, self.consumer_id, self.topics, self._limits, model.profile.target_size)
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
         self._outbox: Outbox | None = None
+        self._delivery: Delivery | None = None
         self._device = ThreadPoolExecutor(model.profile.max_inflight_batches, thread_name_prefix="batchtide-device")
         """Batches run here, one thread per in-flight batch, so fetching goes on meanwhile."""
 
@@ -191,13 +199,17 @@ class Consumer:
         model is ready holds partitions it cannot serve)."""
         options = client_options(self.kafka)
         await asyncio.get_running_loop().run_in_executor(self._device, self._warm_up)
-        producer_options: dict[str, Any] = dict(linger_ms=0, max_batch_size=256 * 1024)
+        producer_options: dict[str, Any] = dict(linger_ms=0, max_batch_size=BATCH_BYTES)
         if self.kafka.transactional:
             producer_options["transactional_id"] = f"{self.group_id}.{self.consumer_id}"
         self._producer = AIOKafkaProducer(**options, **producer_options)
         await self._producer.start()
-        self._outbox = Outbox(self._producer, set(self.topics.shared))
+        self._outbox = Outbox(self._producer, set(self.topics.shared), self._limits)
         self._outbox.start()
+        self._delivery = Delivery(
+            self._producer, self._outbox, self._limits, self._own_topics, self.topics.results(self.model.name)
+        )
+        await self._limits.prefetch(sorted(self._own_topics))
         self._consumer = AIOKafkaConsumer(
             **options,
             group_id=self.group_id,
@@ -396,6 +408,9 @@ class Consumer:
             self._dead_letter(rejected)
 
     def _refuse(self, request: Request) -> Rejection | None:
+        misdirected = check_reply_topic(request, self.topics.prefix, self.topics.results(self.model.name))
+        if misdirected is not None:
+            return misdirected
         duplicate = self._answered_ids.check(request)
         if duplicate is not None:
             return duplicate
@@ -499,40 +514,34 @@ class Consumer:
         self.engine.completed(batch, end, end - start)
         self._drive()
         timing = BatchTiming(int(dispatch_ms), int(start), int(end), 0, memory[0], memory[1])
+        answers = self._answers
         messages: list[Message] = []
         answered: list[Held] = []
         tokens_in = tokens_out = 0
-        timing.produce_ms = int(now_ms())
+        timing.produce_ms = done = int(now_ms())
         for index, pr in enumerate(batch.requests):
             held: Held = pr.payload
             output = outputs.get(index)
             if output is None:
                 error = failures.get(index, "runner returned no output")
-                messages.append(self._dead_letter_message(held, "runner_error", error))
+                messages.append(answers.dead_letter_of(held, "runner_error", error))
                 self.stats.dead_letters += 1
-                result = self._result(held, "error", batch.batch_id, timing.produce_ms, error=error)
+                messages.append(answers.answered(held, "error", done, batch_id=batch.batch_id, error=error))
                 outcome: Outcome = "error"
             else:
                 held.tokens_out = output.tokens_out
                 tokens_in += held.tokens_in
                 tokens_out += output.tokens_out
-                result = self._result(held, "ok", batch.batch_id, timing.produce_ms, output=output)
+                messages.append(answers.answered(held, "ok", done, batch_id=batch.batch_id, output=output))
                 outcome = "ok"
-            messages.append(self._result_message(held, result))
-            messages.append(self._latency_message(held, outcome, timing, batch.batch_id, batch.size, pr))
+            messages.append(
+                answers.latency(
+                    held, outcome, timing, batch_id=batch.batch_id, batch_size=batch.size, marked=pr.marked, priority=pr.priority
+                )
+            )
             answered.append(held)
             self.stats.answered[outcome] += 1
-        event = batch_event(
-            batch,
-            model=self.model.name,
-            consumer_id=self.consumer_id,
-            target_size=self._profile.target_size,
-            compute_ms=end - start,
-            tokens_in=tokens_in,
-            tokens_out=tokens_out,
-            timing=timing,
-        )
-        messages.append((self.topics.batch_events, None, _encode(event), None))
+        messages.append(answers.batch(batch, timing, compute_ms=end - start, tokens_in=tokens_in, tokens_out=tokens_out))
         try:
             await self._publish(messages, answered)
         finally:
@@ -542,51 +551,8 @@ class Consumer:
         outputs, failures = run_isolating(self.runner, reqs)
         return outputs, failures, self.runner.device_memory()
 
-    def _result(
-        self,
-        held: Held,
-        outcome: Outcome,
-        batch_id: int | None,
-        done_ms: int,
-        *,
-        output: Output | None = None,
-        error: str | None = None,
-    ) -> Result:
-        return Result(
-            id=held.request.id,
-            model=self.model.name,
-            outcome=outcome,
-            embedding=output.embedding if output else None,
-            text=output.text if output else None,
-            token_ids=output.token_ids if output else None,
-            error=error,
-            batch_id=batch_id,
-            consumer_id=self.consumer_id,
-            enqueue_ms=held.enqueue_ms,
-            done_ms=done_ms,
-        )
-
-    def _result_message(self, held: Held, result: Result) -> Message:
-        topic = held.request.reply_topic or self.topics.results(self.model.name)
-        return (topic, held.request.id.encode(), _encode(result), None)
-
-    def _latency_message(
-        self, held: Held, outcome: Outcome, timing: BatchTiming, batch_id: int, size: int, pr: PendingRequest
-    ) -> Message:
-        event = latency_event(
-            held,
-            model=self.model.name,
-            consumer_id=self.consumer_id,
-            outcome=outcome,
-            timing=timing,
-            batch_id=batch_id,
-            batch_size=size,
-            marked=pr.marked,
-            priority=pr.priority,
-        )
-        return (self.topics.latency_events, held.request.id.encode(), _encode(event), None)
-
     def _expire(self, expired: list[PendingRequest], now: float) -> None:
+        answers = self._answers
         messages: list[Message] = []
         answered: list[Held] = []
         stamp = int(now)
@@ -594,62 +560,47 @@ class Consumer:
         for pr in expired:
             held: Held = pr.payload
             self._unwait(held)
-            result = self._result(held, "expired", None, stamp, error="deadline passed before the request could run")
-            messages.append(self._result_message(held, result))
-            messages.append(self._latency_message(held, "expired", timing, -1, 0, pr))
+            messages.append(answers.answered(held, "expired", stamp, error="deadline passed before the request could run"))
+            messages.append(answers.latency(held, "expired", timing, batch_id=-1, batch_size=0, marked=pr.marked, priority=pr.priority))
             answered.append(held)
             self.stats.answered["expired"] += 1
         if messages:
             self._track(self._publishing, self._publish(messages, answered))
 
     def _dead_letter(self, rejected: list[tuple[ConsumerRecord, Rejection]]) -> None:
+        """A dead letter for each refused record, and a `rejected` answer when it has an id
+        (except duplicates: the first answer stands)."""
+        answers = self._answers
         messages: list[Message] = []
         offsets: list[tuple[TopicPartition, int]] = []
         for record, rejection in rejected:
             tp = TopicPartition(record.topic, record.partition)
-            letter = DeadLetter(
-                reason=rejection.reason,
-                detail=rejection.detail,
-                topic=record.topic,
-                partition=record.partition,
-                offset=record.offset,
-                timestamp_ms=record.timestamp,
-                consumer_id=self.consumer_id,
-                original_b64=base64.b64encode(record.value or b"").decode("ascii"),
-                request_id=rejection.request_id,
+            messages.append(
+                answers.dead_letter(
+                    rejection.reason,
+                    rejection.detail,
+                    source=tp,
+                    offset=record.offset,
+                    timestamp_ms=record.timestamp,
+                    original=record.value or b"",
+                    request_id=rejection.request_id,
+                )
             )
-            key = rejection.request_id.encode() if rejection.request_id else None
-            messages.append((self.topics.dlq, key, _encode(letter), None))
             self.stats.dead_letters += 1
             if rejection.request_id is not None and rejection.reason != "duplicate":
-                result = Result(
-                    id=rejection.request_id,
-                    model=self.model.name,
-                    outcome="rejected",
-                    error=f"{rejection.reason}: {rejection.detail}",
-                    consumer_id=self.consumer_id,
-                    enqueue_ms=record.timestamp,
-                    done_ms=int(now_ms()),
+                messages.append(
+                    answers.result(
+                        rejection.request_id,
+                        rejection.reply_topic,
+                        "rejected",
+                        enqueue_ms=record.timestamp,
+                        done_ms=int(now_ms()),
+                        error=f"{rejection.reason}: {rejection.detail}",
+                    )
                 )
-                topic = rejection.reply_topic or self.topics.results(self.model.name)
-                messages.append((topic, key, _encode(result), None))
                 self.stats.answered["rejected"] += 1
             offsets.append((tp, record.offset))
         self._track(self._publishing, self._publish(messages, [], offsets))
-
-    def _dead_letter_message(self, held: Held, reason: str, detail: str) -> Message:
-        letter = DeadLetter(
-            reason=reason,
-            detail=detail,
-            topic=held.tp.topic,
-            partition=held.tp.partition,
-            offset=held.offset,
-            timestamp_ms=held.enqueue_ms,
-            consumer_id=self.consumer_id,
-            original_b64=base64.b64encode(held.raw).decode("ascii"),
-            request_id=held.request.id,
-        )
-        return (self.topics.dlq, held.request.id.encode(), _encode(letter), None)
 
     # ---- tail forwarding ---------------------------------------------------
 
@@ -657,20 +608,22 @@ class Consumer:
         cap = self._next_batch_cap
         if self.engine.pending <= cap or not self._others_share_priority():
             return
+        room = self._limits.cached(self.priority_topic)
         chosen = tails_to_forward(self._waiting.values(), cap)
-        if not chosen:
-            return
         messages: list[Message] = []
         answered: list[Held] = []
         for pr in chosen:
             held: Held = pr.payload
+            message = Message(self.priority_topic, held.request.id.encode(), held.raw, forward_headers(held, self.consumer_id))
+            if room is None or message.size > room:
+                continue  # the priority topic would refuse it: it stays here
             self.engine.withdraw(pr)
             self._unwait(held)
-            messages.append(
-                (self.priority_topic, held.request.id.encode(), held.raw, forward_headers(held, self.consumer_id))
-            )
+            messages.append(message)
             answered.append(held)
-        self.stats.forwarded += len(chosen)
+        if not messages:
+            return
+        self.stats.forwarded += len(messages)
         self._track(self._publishing, self._publish(messages, answered, remember=False))
 
     def _others_share_priority(self) -> bool:
@@ -691,69 +644,54 @@ class Consumer:
         *,
         remember: bool = True,
     ) -> None:
-        """Produce `messages`; once the broker has them, their requests count as answered."""
-        outbox = self._outbox
-        assert outbox is not None
+        """Produce `messages` (or what `Delivery` makes of them); then their requests count as answered."""
+        delivery = self._delivery
+        assert delivery is not None
         done = [(h.tp, h.offset) for h in answered] + list(offsets)
-        messages = await self._routed(messages)
-        if self.kafka.transactional:
-            await self._publish_transaction(outbox, messages, done)
-        else:
-            await outbox.publish(messages)
-            for tp, offset in done:
-                self._tracker.answered(tp, offset)
+        try:
+            if self.kafka.transactional:
+                await self._publish_transaction(delivery, messages, done)
+            else:
+                await delivery.deliver(messages)
+                for tp, offset in done:
+                    self._tracker.answered(tp, offset)
+        finally:
+            self.stats.rebuilt, self.stats.delivery_retries = delivery.rebuilt, delivery.retries
         if remember:
             for held in answered:
                 self._answered_ids.add(held.request.id)
 
-    async def _routed(self, messages: list[Message]) -> list[Message]:
-        """Send answers for a reply topic that does not exist to the model's results topic instead.
-
-        A client's typo in `reply_topic` must not stall or stop the consumer
-        (producing to a missing topic blocks for the request timeout, then fails).
-        """
-        if all(m[0] in self._own_topics for m in messages):
-            return messages
-        fallback = self.topics.results(self.model.name)
-        routed: list[Message] = []
-        for topic, key, value, headers in messages:
-            if topic not in self._own_topics and not await self._reply_topic_exists(topic):
-                topic = fallback
-            routed.append((topic, key, value, headers))
-        return routed
-
-    async def _reply_topic_exists(self, topic: str) -> bool:
-        known = self._reply_topics.get(topic)
-        now = time.monotonic()
-        if known is not None and (known[0] or now - known[1] < REPLY_TOPIC_RECHECK_S):
-            return known[0]
-        producer = self._producer
-        assert producer is not None
-        try:
-            exists = bool(await asyncio.wait_for(producer.partitions_for(topic), REPLY_TOPIC_CHECK_S))
-        except (asyncio.TimeoutError, KafkaError):
-            exists = False
-        if not exists:
-            log.warning("reply topic %r does not exist; its answers go to %s", topic, self.topics.results(self.model.name))
-        self._reply_topics[topic] = (exists, now)
-        return exists
-
     async def _publish_transaction(
-        self, outbox: Outbox, messages: list[Message], done: list[tuple[TopicPartition, int]]
+        self, delivery: Delivery, messages: list[Message], done: list[tuple[TopicPartition, int]]
     ) -> None:
-        """Answers and the offsets they free in one transaction: exactly-once results."""
-        producer = self._producer
-        assert producer is not None
+        """Answers and the offsets they free in one transaction: exactly-once results.
+
+        A record the broker refuses aborts the transaction; `Delivery` replaces it and
+        the whole transaction runs again.
+        """
+        producer, outbox = self._producer, self._outbox
+        assert producer is not None and outbox is not None
         async with self._txn_lock:
-            async with producer.transaction():
-                await outbox.send_all(messages)
-                for tp, offset in done:
-                    self._tracker.answered(tp, offset)
-                offsets = self._owned(self._tracker.to_commit())
-                if offsets:
-                    await producer.send_offsets_to_transaction(offsets, self.group_id)
-            self._tracker.committed(offsets)
-            self.stats.commits += 1 if offsets else 0
+
+            async def attempt(batch: "list[Message] | tuple[Message, ...]") -> list[Failure]:
+                try:
+                    async with producer.transaction():
+                        errors = await outbox.send_all(batch)
+                        refused = [(m, e) for m, e in zip(batch, errors) if e is not None]
+                        if refused:
+                            raise _Refused(refused)
+                        for tp, offset in done:
+                            self._tracker.answered(tp, offset)
+                        offsets = self._owned(self._tracker.to_commit())
+                        if offsets:
+                            await producer.send_offsets_to_transaction(offsets, self.group_id)
+                except _Refused as refusal:
+                    return refusal.failures
+                self._tracker.committed(offsets)
+                self.stats.commits += 1 if offsets else 0
+                return []
+
+            await delivery.until_accepted(messages, attempt, all_or_nothing=True)
 
     def _owned(self, offsets: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
         consumer = self._consumer
