@@ -40,6 +40,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from consumers.kafka import Topics, client_options, ensure_topics, stable_group_size
 from consumers.localkafka import LocalKafka, port_is_free
 from consumers.runners.cost_model import POISON_MARKER
+from pipeline.chaos_hostile import hostile_input
 from pipeline.config import KafkaSettings
 from schemas.messages import DeadLetter, LatencyEvent, Request, Result
 
@@ -1406,6 +1407,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("poison", poison_request),
         Scenario("overload", overload),
         Scenario("rebalance-storm", rebalance_storm),
+        Scenario("hostile-input", hostile_input),
     )
 }
 
