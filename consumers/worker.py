@@ -1,21 +1,23 @@
-"""The GPU consumer: the aiokafka loop that drives one model's batching engine.
+"""The GPU consumer's loop: fetch, drive one model's batching engine, run, hand answers on.
 
-Data flow, in the order a request meets it:
+A record's path, and the module for each step:
 
-1. `_fetch_loop` pulls records (priority partitions first), decodes each with
-   `consumers.intake`, dead-letters the bad ones and offers the rest to the
-   engine with the record's CreateTime as enqueue time. Past
-   `ConsumerSettings.max_queue` pending requests it pauses its partitions
-   (backpressure: memory stays bounded while the backlog waits in Kafka).
-2. `_drive` asks the engine what to do. It runs on every arrival, every
+1. fetch (here, `_fetch_loop`): records from the priority partitions first.
+   Past `ConsumerSettings.max_queue` pending requests the partitions are
+   paused (backpressure: the backlog waits in Kafka, not in memory).
+2. admit (`consumers.admit`): decode, check, dedup, date: a `PendingRequest`
+   offered to the engine with the record's CreateTime, or a `Rejection`.
+3. decide (here, `_drive`, asking `pipeline.engine`): on every arrival,
    completion and at the engine's `wake_at_ms`, never on a fixed tick.
-3. `_run_batch` runs the batch in a worker thread (`run_isolating`, so one
-   poison request fails alone) while fetching goes on, then publishes the
-   results, one LatencyEvent per request and one BatchEvent per batch.
-4. Offsets are committed only up to the first unanswered record of each
-   partition (`consumers.offsets`), after the answers are acknowledged by the
-   broker: at-least-once, or exactly-once inside a Kafka transaction when
-   `KafkaSettings.transactional` is set.
+4. run (here, `_run_batch`): in a device thread (`run_isolating`, so one
+   poison request fails alone) while fetching goes on.
+5. answer (`consumers.answers`): Result, DeadLetter, LatencyEvent and
+   BatchEvent records, each knowing how to shrink or reroute itself.
+6. publish and commit (`consumers.publish`, `consumers.delivery`): the
+   records reach the broker in some form whatever it refuses, and only then
+   do their offsets count as answered; commits stop at the first unanswered
+   record of each partition (at-least-once), or go into the same Kafka
+   transaction (exactly-once) when `KafkaSettings.transactional` is set.
 """
 
 from __future__ import annotations
@@ -28,24 +30,25 @@ import socket
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
-from aiokafka.errors import CommitFailedError, KafkaError
 
+from consumers.admit import Admission
 from consumers.answers import Answers, BatchTiming, Held
 from consumers.delivery import Delivery
 from consumers.forwarding import forward_headers, tails_to_forward
 from consumers.heap import freeze_heap
-from consumers.intake import Rejection, RecentIds, check_reply_topic, decode_request, parse_forward_headers
+from consumers.intake import Rejection
 from consumers.kafka import Topics, client_options
 from consumers.offsets import OffsetTracker
-from consumers.outbox import BATCH_BYTES, Failure, Message, Outbox
-from consumers.topic_limits import TopicLimits
+from consumers.outbox import BATCH_BYTES, Message, Outbox
+from consumers.publish import Publisher
 from consumers.runners import serving_runner
 from consumers.runners.base import Output, Runner, run_isolating
+from consumers.stats import ConsumerStats
+from consumers.topic_limits import TopicLimits
 from pipeline.config import Config, ConsumerSettings, KafkaSettings, ModelConfig
 from pipeline.engine.decisions import Batch, PendingRequest
 from pipeline.engine.engine import BatchingEngine
@@ -88,39 +91,6 @@ def build_consumer(
     )
 
 
-@dataclass
-class ConsumerStats:
-    """Counters a test or the CLI can read while the consumer runs."""
-
-    fetched: int = 0
-    answered: dict[str, int] = field(default_factory=lambda: {"ok": 0, "expired": 0, "error": 0, "rejected": 0})
-    dead_letters: int = 0
-    batches: int = 0
-    forwarded: int = 0
-    queue: int = 0
-    """Requests held in the engine right now."""
-    max_queue_seen: int = 0
-    """Highest `queue` ever observed; never above ConsumerSettings.max_queue."""
-    pauses: int = 0
-    commits: int = 0
-    backlog: int = 0
-    """Kafka lag of the assigned partitions at the last fetch."""
-    warm_up_sizes: list[int] = field(default_factory=list)
-    """Batch sizes run before joining the group."""
-    rebuilt: int = 0
-    """Records rebuilt to fit their topic or moved off a reply topic that could not take them."""
-    delivery_retries: int = 0
-    """Produce attempts that had to wait and try again (the broker or one of our topics unavailable)."""
-
-
-class _Refused(Exception):
-    """Aborts a transaction in which the broker refused records."""
-
-    def __init__(self, failures: list[Failure]) -> None:
-        super().__init__(f"{len(failures)} records refused")
-        self.failures = failures
-
-
 class _Rebalance(ConsumerRebalanceListener):
     def __init__(self, consumer: "Consumer") -> None:
         self._consumer = consumer
@@ -157,13 +127,7 @@ class Consumer:
         self.group_id = Topics(kafka.topic_prefix).group(model.name)
         self.stats = ConsumerStats()
         self._profile = model.profile
-        self._tracker: OffsetTracker[TopicPartition] = OffsetTracker()
-        self._answered_ids = RecentIds()
-        self._waiting: dict[tuple[TopicPartition, int], PendingRequest] = {}
-        """Requests offered to the engine and not yet dispatched, expired or forwarded."""
-        self._waiting_ids: set[str] = set()
-        self._running_ids: set[str] = set()
-        """Ids of dispatched requests until their answers are published (then `_answered_ids` knows them)."""
+        self._admission = Admission(model, runner, self.topics, settings.max_message_bytes)
         self._inflight: set[asyncio.Task[None]] = set()
         self._computing = 0
         """Batches on the device now (the inflight tasks may still be publishing)."""
@@ -177,7 +141,6 @@ class Consumer:
         self._next_batch_cap = model.profile.hard_cap
         self._stopping = False
         self._failure: BaseException | None = None
-        self._txn_lock = asyncio.Lock()
         self._own_topics = {
             self.topics.results(model.name),
             self.priority_topic,
@@ -188,7 +151,7 @@ class Consumer:
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
         self._outbox: Outbox | None = None
-        self._delivery: Delivery | None = None
+        self._publisher: Publisher | None = None
         self._device = ThreadPoolExecutor(model.profile.max_inflight_batches, thread_name_prefix="batchtide-device")
         """Batches run here, one thread per in-flight batch, so fetching goes on meanwhile."""
 
@@ -206,7 +169,7 @@ class Consumer:
         await self._producer.start()
         self._outbox = Outbox(self._producer, set(self.topics.shared), self._limits)
         self._outbox.start()
-        self._delivery = Delivery(
+        delivery = Delivery(
             self._producer, self._outbox, self._limits, self._own_topics, self.topics.results(self.model.name)
         )
         await self._limits.prefetch(sorted(self._own_topics))
@@ -220,6 +183,15 @@ class Consumer:
             max_partition_fetch_bytes=1024 * 1024,
         )
         await self._consumer.start()
+        self._publisher = Publisher(
+            transactional=self.kafka.transactional,
+            group_id=self.group_id,
+            producer=self._producer,
+            consumer=self._consumer,
+            outbox=self._outbox,
+            delivery=delivery,
+            stats=self.stats,
+        )
         self._consumer.subscribe([self.request_topic, self.priority_topic], listener=_Rebalance(self))
 
     def _warm_up(self) -> None:
@@ -356,50 +328,18 @@ class Consumer:
     def _intake(self, records: dict[TopicPartition, list[ConsumerRecord]]) -> None:
         now = now_ms()
         fetch_ms = int(now)
-        profile = self._profile
-        tokens_cost = profile.cost_unit == "tokens"
-        top_level = profile.priority_levels - 1
+        tracker = self._tracker
+        admission = self._admission
         rejected: list[tuple[ConsumerRecord, Rejection]] = []
-        name = self.model.name
-        max_bytes = self.settings.max_message_bytes
         for tp, batch in records.items():
-            from_priority = tp.topic == self.priority_topic
             for record in batch:
                 self.stats.fetched += 1
-                self._tracker.received(tp, record.offset)
-                decoded = decode_request(record.value, model=name, max_bytes=max_bytes)
-                if isinstance(decoded, Rejection):
-                    rejected.append((record, decoded))
-                    continue
-                refusal = self._refuse(decoded)
-                if refusal is not None:
-                    rejected.append((record, refusal))
-                    continue
-                forwarded_at = parse_forward_headers(record.headers) if from_priority else None
-                enqueue = forwarded_at or (record.timestamp if record.timestamp > 0 else fetch_ms)
-                tokens_in, tokens_out = self.runner.measure(decoded)
-                held = Held(
-                    request=decoded,
-                    raw=record.value or b"",
-                    tp=tp,
-                    offset=record.offset,
-                    enqueue_ms=enqueue,
-                    fetch_ms=fetch_ms,
-                    tokens_in=tokens_in,
-                    tokens_out=tokens_out,
-                    forwarded_in=forwarded_at is not None,
-                )
-                pending = PendingRequest(
-                    request_id=decoded.id,
-                    enqueue_ms=float(enqueue),
-                    cost=tokens_in + tokens_out if tokens_cost else 1,
-                    priority=0 if from_priority else min(decoded.priority, top_level),
-                    deadline_ms=self._deadline(decoded, enqueue),
-                    payload=held,
-                )
-                self._waiting[(tp, record.offset)] = pending
-                self._waiting_ids.add(decoded.id)
-                self.engine.offer(pending, now)
+                tracker.received(tp, record.offset)
+                admitted = admission.admit(tp, record, fetch_ms)
+                if isinstance(admitted, Rejection):
+                    rejected.append((record, admitted))
+                else:
+                    self.engine.offer(admitted, now)
         queued = self.engine.pending
         self.stats.queue = queued
         if queued > self.stats.max_queue_seen:
@@ -407,32 +347,11 @@ class Consumer:
         if rejected:
             self._dead_letter(rejected)
 
-    def _refuse(self, request: Request) -> Rejection | None:
-        misdirected = check_reply_topic(request, self.topics.prefix, self.topics.results(self.model.name))
-        if misdirected is not None:
-            return misdirected
-        duplicate = self._answered_ids.check(request)
-        if duplicate is not None:
-            return duplicate
-        if request.id in self._waiting_ids or request.id in self._running_ids:
-            return Rejection(
-                "duplicate",
-                f"request id {request.id[:40]!r} is already waiting or running in this consumer",
-                request.id,
-                request.reply_topic,
-            )
-        why = self.runner.check(request)
-        if why is not None:
-            return Rejection("input_too_long", why, request.id, request.reply_topic)
-        return None
-
-    def _deadline(self, request: Request, enqueue_ms: int) -> float | None:
-        if request.deadline_ms is not None:
-            return float(request.deadline_ms)
-        if request.timeout_ms is not None:
-            return float(enqueue_ms + request.timeout_ms)
-        default = self._profile.default_deadline_ms
-        return enqueue_ms + default if default is not None else None
+    @property
+    def _tracker(self) -> OffsetTracker[TopicPartition]:
+        publisher = self._publisher
+        assert publisher is not None
+        return publisher.tracker
 
     # ---- deciding ---------------------------------------------------------
 
@@ -480,15 +399,13 @@ class Consumer:
     def _dispatch(self, batch: Batch, now: float) -> None:
         self._next_batch_cap = batch.record.effective_cap
         for pr in batch.requests:
-            self._unwait(pr.payload)
-            self._running_ids.add(pr.payload.request.id)
+            self._admission.running(pr.payload)
         self.stats.batches += 1
         self._computing += 1
         self._track(self._inflight, self._run_batch(batch, now))
 
     def _unwait(self, held: Held) -> None:
-        if self._waiting.pop((held.tp, held.offset), None) is not None:
-            self._waiting_ids.discard(held.request.id)
+        self._admission.unwait(held)
 
     def _track(self, tasks: set[asyncio.Task[None]], coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -545,7 +462,7 @@ class Consumer:
         try:
             await self._publish(messages, answered)
         finally:
-            self._running_ids.difference_update(pr.payload.request.id for pr in batch.requests)
+            self._admission.done_running([pr.payload.request.id for pr in batch.requests])
 
     def _compute(self, reqs: list[Request]) -> tuple[dict[int, Output], dict[int, str], tuple[int, str]]:
         outputs, failures = run_isolating(self.runner, reqs)
@@ -609,7 +526,7 @@ class Consumer:
         if self.engine.pending <= cap or not self._others_share_priority():
             return
         room = self._limits.cached(self.priority_topic)
-        chosen = tails_to_forward(self._waiting.values(), cap)
+        chosen = tails_to_forward(self._admission.waiting.values(), cap)
         messages: list[Message] = []
         answered: list[Held] = []
         for pr in chosen:
@@ -644,59 +561,11 @@ class Consumer:
         *,
         remember: bool = True,
     ) -> None:
-        """Produce `messages` (or what `Delivery` makes of them); then their requests count as answered."""
-        delivery = self._delivery
-        assert delivery is not None
-        done = [(h.tp, h.offset) for h in answered] + list(offsets)
-        try:
-            if self.kafka.transactional:
-                await self._publish_transaction(delivery, messages, done)
-            else:
-                await delivery.deliver(messages)
-                for tp, offset in done:
-                    self._tracker.answered(tp, offset)
-        finally:
-            self.stats.rebuilt, self.stats.delivery_retries = delivery.rebuilt, delivery.retries
-        if remember:
-            for held in answered:
-                self._answered_ids.add(held.request.id)
-
-    async def _publish_transaction(
-        self, delivery: Delivery, messages: list[Message], done: list[tuple[TopicPartition, int]]
-    ) -> None:
-        """Answers and the offsets they free in one transaction: exactly-once results.
-
-        A record the broker refuses aborts the transaction; `Delivery` replaces it and
-        the whole transaction runs again.
-        """
-        producer, outbox = self._producer, self._outbox
-        assert producer is not None and outbox is not None
-        async with self._txn_lock:
-
-            async def attempt(batch: "list[Message] | tuple[Message, ...]") -> list[Failure]:
-                try:
-                    async with producer.transaction():
-                        errors = await outbox.send_all(batch)
-                        refused = [(m, e) for m, e in zip(batch, errors) if e is not None]
-                        if refused:
-                            raise _Refused(refused)
-                        for tp, offset in done:
-                            self._tracker.answered(tp, offset)
-                        offsets = self._owned(self._tracker.to_commit())
-                        if offsets:
-                            await producer.send_offsets_to_transaction(offsets, self.group_id)
-                except _Refused as refusal:
-                    return refusal.failures
-                self._tracker.committed(offsets)
-                self.stats.commits += 1 if offsets else 0
-                return []
-
-            await delivery.until_accepted(messages, attempt, all_or_nothing=True)
-
-    def _owned(self, offsets: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
-        consumer = self._consumer
-        assigned = consumer.assignment() if consumer is not None else set()
-        return {tp: offset for tp, offset in offsets.items() if tp in assigned}
+        """Publish, then count the requests (and `offsets`) as answered."""
+        publisher = self._publisher
+        assert publisher is not None
+        await publisher.publish(messages, [(h.tp, h.offset) for h in answered] + list(offsets))
+        self._admission.published([h.request.id for h in answered], remember=remember)
 
     async def _commit_loop(self) -> None:
         interval = self.settings.commit_interval_ms / 1000.0
@@ -705,33 +574,9 @@ class Consumer:
             await self._commit()
 
     async def _commit(self, partitions: set[TopicPartition] | None = None) -> None:
-        consumer = self._consumer
-        if consumer is None or self._failure is not None:
+        if self._publisher is None or self._failure is not None:
             return
-        if self.kafka.transactional:
-            await self._commit_transaction(partitions)
-            return
-        offsets = self._owned(self._tracker.to_commit(partitions))
-        if not offsets:
-            return
-        try:
-            await consumer.commit(offsets)
-        except (CommitFailedError, KafkaError) as e:
-            log.warning("commit of %s failed (%r); the next owner re-reads from the last commit", offsets, e)
-            return
-        self._tracker.committed(offsets)
-        self.stats.commits += 1
-
-    async def _commit_transaction(self, partitions: set[TopicPartition] | None) -> None:
-        producer = self._producer
-        assert producer is not None
-        async with self._txn_lock:
-            offsets = self._owned(self._tracker.to_commit(partitions))
-            if not offsets:
-                return
-            async with producer.transaction():
-                await producer.send_offsets_to_transaction(offsets, self.group_id)
-            self._tracker.committed(offsets)
+        await self._publisher.commit(partitions)
 
     async def _settle(self, timeout_s: float = 30.0) -> None:
         """Wait for running batches and pending publishes to finish."""
@@ -745,8 +590,7 @@ class Consumer:
         """Finish in-flight work, commit what it answered, abandon the rest uncommitted."""
         if not revoked:
             return
-        for key in [k for k in self._waiting if k[0] in revoked]:
-            pending = self._waiting[key]
+        for pending in self._admission.waiting_on(revoked):
             self.engine.withdraw(pending)
             self._unwait(pending.payload)
         await self._settle()
