@@ -37,6 +37,8 @@ REPLY_TOPIC_CHECK_S = 2.0
 """How long to wait for metadata of a request's reply topic before falling back."""
 REPLY_TOPIC_RECHECK_S = 60.0
 """A reply topic found missing is not asked about again for this long."""
+REPLY_TOPICS_REMEMBERED = 10_000
+"""Reply topics whose state is cached (oldest forgotten first): hostile names cannot grow it without bound."""
 RETRY_FIRST_S = 0.1
 RETRY_MAX_S = 30.0
 """Backoff between attempts at records no fallback can help (doubling, capped)."""
@@ -148,7 +150,10 @@ class Delivery:
             exists, why = False, _reason(e)
         if not exists:
             log.warning("reply topic %r: %s; its answers go to %s", topic, why, self._fallback)
+        self._reply_topics.pop(topic, None)
         self._reply_topics[topic] = (exists, now)
+        if len(self._reply_topics) > REPLY_TOPICS_REMEMBERED:
+            self._reply_topics.pop(next(iter(self._reply_topics)))
         return why
 
 
