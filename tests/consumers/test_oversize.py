@@ -8,7 +8,9 @@ import base64
 import dataclasses
 import hashlib
 import json
+from pathlib import Path
 
+import jsonschema
 import pytest
 
 from consumers.topic_limits import KAFKA_DEFAULT_MAX_MESSAGE_BYTES
@@ -31,6 +33,8 @@ from tests.consumers.harness import (
 from tests.support.kafka import consume_n, json_values
 
 TEN_MB = 10 * 1024 * 1024
+SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
+DEAD_LETTER_SCHEMA = jsonschema.Draft202012Validator(json.loads((SCHEMAS / "dead_letter.schema.json").read_text()))
 
 
 def _big_request(request_id: str, size: int) -> bytes:
@@ -50,6 +54,7 @@ async def _wait_committed(kafka: KafkaSettings, consumer: Consumer, expected: in
 
 
 def _check_letter(letter: dict, original: bytes, limit: int) -> bytes:
+    DEAD_LETTER_SCHEMA.validate(letter)
     kept = base64.b64decode(letter["original_b64"])
     assert letter["original_size"] == len(original)
     assert letter["original_sha256"] == hashlib.sha256(original).hexdigest()

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
+from pathlib import Path
+
+import jsonschema
 
 from pipeline.config import KafkaSettings
 from tests.consumers.harness import (
@@ -18,6 +22,12 @@ from tests.consumers.harness import (
     topics,
 )
 from tests.support.kafka import consume_n, json_values
+
+SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
+
+
+def _validator(name: str) -> jsonschema.Draft202012Validator:
+    return jsonschema.Draft202012Validator(json.loads((SCHEMAS / f"{name}.schema.json").read_text()))
 
 
 def test_reply_topics_follow_the_documented_rules(kafka_settings: KafkaSettings) -> None:
@@ -50,6 +60,11 @@ def test_reply_topics_follow_the_documented_rules(kafka_settings: KafkaSettings)
             letters = json_values(await consume_n(kafka_settings, names.dlq, len(refused) + 1))
         assert consumer._failure is None
         assert not results.duplicates and set(results.by_id) == on_results
+        result_schema, letter_schema = _validator("result"), _validator("dead_letter")
+        for answers in [*results.by_id.values(), *replies.by_id.values()]:
+            result_schema.validate(answers[0])
+        for letter in letters:
+            letter_schema.validate(letter)
         for rid in {r["id"] for r in plain} | {own["id"]}:
             assert results.by_id[rid][0]["outcome"] == "ok" and "reply_error" not in results.by_id[rid][0]
         for rid, reason in refused.items():
