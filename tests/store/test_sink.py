@@ -5,6 +5,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -288,3 +292,33 @@ def test_sink_started_while_clickhouse_and_kafka_are_down_waits_and_loses_nothin
 
     asyncio.run(scenario())
     assert _counts(clickhouse_client, db)[:2] == (len(latency), len(batches))
+
+
+def test_batchtide_sink_started_without_a_broker_keeps_waiting_and_says_so(tmp_path: Path) -> None:
+    """The command itself: no broker on the configured address, and it neither exits nor stays silent."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # free once closed: nothing listens there
+    config = tmp_path / "batchtide.toml"
+    config.write_text(
+        f'[kafka]\nbootstrap_servers = "127.0.0.1:{port}"\ntopic_prefix = "nobroker"\n'
+        f'[clickhouse]\ndata_dir = "{tmp_path / "clickhouse"}"\n'
+    )
+    log = tmp_path / "sink.log"
+    root = Path(__file__).resolve().parents[2]
+    with open(log, "wb") as out:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "pipeline.cli", "sink", "--config", str(config)],
+            cwd=root, env=dict(os.environ, PYTHONPATH=str(root)), stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and log.read_text().count("sink waiting for Kafka") < 2:
+            assert child.poll() is None, log.read_text()[-2000:]
+            time.sleep(0.2)
+        assert child.poll() is None
+    finally:
+        child.kill()
+        child.wait()
+    text = log.read_text()
+    assert f"sink waiting for Kafka at 127.0.0.1:{port}" in text and "next try in" in text, text[-2000:]
