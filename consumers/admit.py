@@ -13,10 +13,19 @@ against all three.
 
 from __future__ import annotations
 
+import dataclasses
+
 from aiokafka import ConsumerRecord, TopicPartition
 
 from consumers.answers import Held
-from consumers.intake import Rejection, RecentIds, check_reply_topic, decode_request, parse_forward_headers
+from consumers.intake import (
+    Rejection,
+    RecentIds,
+    check_reply_topic,
+    decode_request,
+    parse_forward_headers,
+    reply_topic_problem,
+)
 from consumers.kafka import Topics
 from consumers.runners.base import Runner
 from pipeline.config import ModelConfig
@@ -45,6 +54,8 @@ class Admission:
     def admit(self, tp: TopicPartition, record: ConsumerRecord, fetch_ms: int) -> PendingRequest | Rejection:
         decoded = decode_request(record.value, model=self._model, max_bytes=self._max_bytes)
         if isinstance(decoded, Rejection):
+            if reply_topic_problem(decoded.reply_topic, self._prefix, self._results_topic) is not None:
+                return dataclasses.replace(decoded, reply_topic=None)  # refused or not, never answered there
             return decoded
         refusal = self._refuse(decoded)
         if refusal is not None:

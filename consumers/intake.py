@@ -204,19 +204,22 @@ def check_reply_topic(req: Request, prefix: str, results_topic: str) -> Rejectio
     is allowed (it is the default anyway). The rejection has no reply topic,
     so its answer goes to the model's results topic.
     """
-    topic = req.reply_topic
+    why = reply_topic_problem(req.reply_topic, prefix, results_topic)
+    return None if why is None else Rejection("reply_topic", bounded(why), req.id)
+
+
+def reply_topic_problem(topic: str | None, prefix: str, results_topic: str) -> str | None:
+    """Why answers may not go to `topic` (None: they may)."""
     if topic is None or topic == results_topic:
         return None
     if topic.startswith("__"):
-        detail = f"reply_topic {_preview(topic)} is a Kafka internal topic"
-    elif topic.startswith(f"{prefix}."):
-        detail = (
+        return f"reply_topic {_preview(topic)} is a Kafka internal topic"
+    if topic.startswith(f"{prefix}."):
+        return (
             f"reply_topic {_preview(topic)} is one of the pipeline's own topics ({prefix}.*); "
             f"leave it out or use {results_topic!r} for this model's results topic"
         )
-    else:
-        return None
-    return Rejection("reply_topic", bounded(detail), req.id)
+    return None
 
 
 def parse_forward_headers(headers: Iterable[tuple[str, bytes | None]] | None) -> int | None:

@@ -43,21 +43,28 @@ def test_reply_topics_follow_the_documented_rules(kafka_settings: KafkaSettings)
     tiny = request(0, "tiny", reply_topic=f"{app}.tiny")
     wrong_model = dict(request(0, "wrong-model"), model="nobody")
     wrong_model_replied = dict(request(0, "wrong-model-replied", reply_topic=f"{app}.answers"), model="nobody")
+    wrong_model_into = dict(request(0, "wrong-model-into", reply_topic=names.results("another")), model="nobody")
+    bad_priority_into = request(0, "bad-priority-into", reply_topic=names.results("another"), priority=99)
     plain = [request(i) for i in range(10)]
     refused = {other_model["id"]: "reply_topic", request_topic["id"]: "reply_topic", internal["id"]: "reply_topic"}
     refused[wrong_model["id"]] = "model_mismatch"
+    refused[wrong_model_into["id"]] = "model_mismatch"  # refused for its model, answered on ours all the same
+    refused[bad_priority_into["id"]] = "schema"
 
     async def scenario() -> None:
         await create_topics(kafka_settings, model)
         await configure_topic(kafka_settings, f"{app}.answers", {})
         await configure_topic(kafka_settings, f"{app}.tiny", {"max.message.bytes": "150"})
+        await configure_topic(kafka_settings, names.results("another"), {})  # where a leak would land
         async with running(make_consumer(model, kafka_settings)) as consumer:
             hostile = [own, other_model, request_topic, internal, missing, client, tiny, wrong_model, wrong_model_replied]
+            hostile += [wrong_model_into, bad_priority_into]
             await send(kafka_settings, names.requests(MODEL), hostile + plain)
             on_results = {r["id"] for r in plain} | {own["id"], missing["id"], tiny["id"]} | set(refused)
             results = await collect(kafka_settings, names.results(MODEL), on_results, grace_s=1.0)
             replies = await collect(kafka_settings, f"{app}.answers", {client["id"], wrong_model_replied["id"]})
             letters = json_values(await consume_n(kafka_settings, names.dlq, len(refused) + 1))
+            leaked = await collect(kafka_settings, names.results("another"), set(), grace_s=0.5)
         assert consumer._failure is None
         assert not results.duplicates and set(results.by_id) == on_results
         result_schema, letter_schema = _validator("result"), _validator("dead_letter")
@@ -70,6 +77,8 @@ def test_reply_topics_follow_the_documented_rules(kafka_settings: KafkaSettings)
         for rid, reason in refused.items():
             answer = results.by_id[rid][0]
             assert answer["outcome"] == "rejected" and answer["error"].startswith(f"{reason}: "), answer
+            assert "reply_error" not in answer, "a refused reply topic is never tried"
+        assert not leaked.by_id, "nothing is ever written to another model's results topic"
         moved = results.by_id[missing["id"]][0]
         assert moved["outcome"] == "ok" and "does not exist" in moved["reply_error"]
         too_big = results.by_id[tiny["id"]][0]
