@@ -2,9 +2,10 @@
 
 A record's path, and the module for each step:
 
-1. fetch (here, `_fetch_loop`): records from the priority partitions first.
-   Past `ConsumerSettings.max_queue` pending requests the partitions are
-   paused (backpressure: the backlog waits in Kafka, not in memory).
+1. fetch (`consumers.fetcher`, driven by `_fetch_loop` here): records from
+   the priority partitions first. Past `ConsumerSettings.max_queue` pending
+   requests the partitions are paused (backpressure: the backlog waits in
+   Kafka, not in memory).
 2. admit (`consumers.admit`): decode, check, dedup, date: a `PendingRequest`
    offered to the engine with the record's CreateTime, or a `Rejection`.
 3. decide (here, `_drive`, asking `pipeline.engine`): on every arrival,
@@ -38,6 +39,7 @@ from aiokafka.abc import ConsumerRebalanceListener
 from consumers.admit import Admission
 from consumers.answers import Answers, BatchTiming, Held
 from consumers.delivery import Delivery
+from consumers.fetcher import Fetcher
 from consumers.forwarding import forward_headers, tails_to_forward
 from consumers.heap import freeze_heap
 from consumers.intake import Rejection
@@ -58,8 +60,6 @@ log = logging.getLogger("batchtide.consumer")
 
 FORWARD_SCAN_INTERVAL_MS = 20.0
 """Looking for tails to forward scans the local queue; at most this often."""
-RESUME_FRACTION = 0.75
-"""Paused partitions resume once the queue is back under this share of max_queue."""
 WARM_UP_TEXT = "warm up the device before the group hands this consumer its partitions"
 WARM_UP_MAX_BATCH = 64
 WARM_UP_BUDGET_S = 2.0
@@ -132,8 +132,6 @@ class Consumer:
         self._computing = 0
         """Batches on the device now (the inflight tasks may still be publishing)."""
         self._publishing: set[asyncio.Task[None]] = set()
-        self._paused = False
-        """Request partitions are paused (backpressure)."""
         self._room = asyncio.Event()
         self._wake: asyncio.TimerHandle | None = None
         self._wake_at: float | None = None
@@ -152,6 +150,7 @@ class Consumer:
         self._producer: AIOKafkaProducer | None = None
         self._outbox: Outbox | None = None
         self._publisher: Publisher | None = None
+        self._fetcher: Fetcher | None = None
         self._device = ThreadPoolExecutor(model.profile.max_inflight_batches, thread_name_prefix="batchtide-device")
         """Batches run here, one thread per in-flight batch, so fetching goes on meanwhile."""
 
@@ -192,6 +191,7 @@ class Consumer:
             delivery=delivery,
             stats=self.stats,
         )
+        self._fetcher = Fetcher(self._consumer, self.priority_topic, self.settings.max_queue, self.stats)
         self._consumer.subscribe([self.request_topic, self.priority_topic], listener=_Rebalance(self))
 
     def _warm_up(self) -> None:
@@ -263,67 +263,23 @@ class Consumer:
     # ---- fetching ----------------------------------------------------------
 
     async def _fetch_loop(self, stop: asyncio.Event) -> None:
-        consumer = self._consumer
-        assert consumer is not None
+        fetcher = self._fetcher
+        assert fetcher is not None
         limit = self.settings.max_queue
         while not stop.is_set() and not self._stopping:
             queued = self.engine.pending
-            self._flow(consumer, queued)
+            fetcher.flow(queued)
             room = limit - queued
             if room <= 0:
                 self._room.clear()
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._room.wait(), 0.5)
                 continue
-            records = await self._fetch(consumer, min(self.settings.fetch_max_records, room))
+            records = await fetcher.fetch(min(self.settings.fetch_max_records, room))
             if records:
                 self._intake(records)
-            self._update_backlog(consumer)
+            self.stats.backlog = fetcher.backlog(self._tracker.next_offset)
             self._drive()
-
-    async def _fetch(self, consumer: AIOKafkaConsumer, want: int) -> dict[TopicPartition, list[ConsumerRecord]]:
-        """Priority partitions first: whatever is buffered there is taken before the rest."""
-        priority = [tp for tp in consumer.assignment() if tp.topic == self.priority_topic]
-        if priority:
-            got = await consumer.getmany(*priority, timeout_ms=0, max_records=want)
-            if got:
-                return got
-        # paused: come back soon to resume as the queue drains (a paused fetch returns nothing)
-        return await consumer.getmany(timeout_ms=10 if self._paused else 100, max_records=want)
-
-    def _flow(self, consumer: AIOKafkaConsumer, queued: int) -> None:
-        """Backpressure: pause request partitions when the queue is nearly full, priority ones only when full.
-
-        The reserve keeps room for forwarded tails and urgent requests while
-        the ordinary backlog waits in Kafka; `getmany(max_records=room)` makes
-        the bound exact.
-        """
-        limit = self.settings.max_queue
-        if queued >= limit - max(1, limit // 8):
-            if not self._paused:
-                self.stats.pauses += 1
-            self._paused = True
-        elif self._paused and queued <= limit * RESUME_FRACTION:
-            self._paused = False
-        priority_full = queued >= limit
-        paused = consumer.paused()
-        for tp in consumer.assignment():
-            want_paused = priority_full if tp.topic == self.priority_topic else self._paused
-            if want_paused and tp not in paused:
-                consumer.pause(tp)
-            elif not want_paused and tp in paused:
-                consumer.resume(tp)
-
-    def _update_backlog(self, consumer: AIOKafkaConsumer) -> None:
-        backlog = 0
-        for tp in consumer.assignment():
-            high = consumer.highwater(tp)
-            if high is None:
-                continue
-            position = self._tracker.next_offset(tp)
-            if position is not None:
-                backlog += max(high - position, 0)
-        self.stats.backlog = backlog
 
     def _intake(self, records: dict[TopicPartition, list[ConsumerRecord]]) -> None:
         now = now_ms()
