@@ -56,34 +56,34 @@ class TopicLimits:
         known = self._known.get(topic)
         if known is not None:
             return known
-        async with self._lock:
-            if topic not in self._known:
-                self._known[topic] = await self._ask(topic)
+        await self.prefetch([topic])
         return self._known[topic]
 
     async def prefetch(self, topics: Sequence[str]) -> None:
-        for topic in topics:
-            await self.limit(topic)
+        """Ask the broker once for every topic not known yet."""
+        async with self._lock:
+            missing = [topic for topic in topics if topic not in self._known]
+            if missing:
+                self._known.update(await self._ask(missing))
 
-    async def _ask(self, topic: str) -> int:
+    async def _ask(self, topics: list[str]) -> dict[str, int]:
+        found = dict.fromkeys(topics, KAFKA_DEFAULT_MAX_MESSAGE_BYTES)
         admin = AIOKafkaAdminClient(request_timeout_ms=int(LOOKUP_TIMEOUT_S * 1000), **client_options(self._kafka))
         try:
             await asyncio.wait_for(admin.start(), LOOKUP_TIMEOUT_S)
-            responses = await asyncio.wait_for(
-                admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic, {"max.message.bytes": None})]),
-                LOOKUP_TIMEOUT_S,
-            )
+            resources = [ConfigResource(ConfigResourceType.TOPIC, t, {"max.message.bytes": None}) for t in topics]
+            responses = await asyncio.wait_for(admin.describe_configs(resources), LOOKUP_TIMEOUT_S)
         except Exception as e:  # noqa: BLE001 - no answer is an answer: assume Kafka's default
-            log.warning("max.message.bytes of %s unknown (%r); assuming %d", topic, e, KAFKA_DEFAULT_MAX_MESSAGE_BYTES)
-            return KAFKA_DEFAULT_MAX_MESSAGE_BYTES
+            log.warning("max.message.bytes of %s unknown (%r); assuming %d", topics, e, KAFKA_DEFAULT_MAX_MESSAGE_BYTES)
+            return found
         finally:
             with contextlib.suppress(Exception):
                 await admin.close()
         for response in responses:
             for error_code, _message, _type, name, entries in response.resources:
-                if name != topic or error_code != 0:
+                if name not in found or error_code != 0:
                     continue
                 for entry in entries:
                     if entry[0] == "max.message.bytes" and entry[1] is not None:
-                        return int(entry[1])
-        return KAFKA_DEFAULT_MAX_MESSAGE_BYTES
+                        found[name] = int(entry[1])
+        return found

@@ -253,7 +253,8 @@ class Consumer:
         self._device.shutdown(wait=False)
 
     def _fail(self, error: BaseException) -> None:
-        """A publish the broker refused: stop without committing past it (it is redelivered)."""
+        """An error no record explains (a bug, or a transactional producer fenced by its successor):
+        stop without committing past it, so what it held is redelivered."""
         if self._failure is None:
             log.error("consumer %s stopping after error: %r", self.consumer_id, error)
             self._failure = error
