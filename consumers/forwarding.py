@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from consumers.events import Held
+from consumers.answers import Held
 from consumers.intake import ORIG_TS_HEADER
 from pipeline.engine.decisions import PendingRequest
 

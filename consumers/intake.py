@@ -17,6 +17,9 @@ Reason codes:
                      fields, out-of-range priority/deadline, both or neither
                      of text/token_ids, unknown fields, unknown version)
 - ``model_mismatch`` request.model is not the model this topic serves
+- ``reply_topic``    reply_topic names one of the pipeline's own topics (inside
+                     its prefix) other than the model's results topic, or a
+                     Kafka internal topic (``__...``); set by the loop
 - ``input_too_long`` the runner's `check()` refused it (set by the loop): over
                      the token limit (the usual case), empty after
                      tokenization, or token ids outside the vocabulary;
@@ -48,6 +51,7 @@ REASONS: Final = (
     "invalid_json",
     "schema",
     "model_mismatch",
+    "reply_topic",
     "input_too_long",
     "runner_error",
     "duplicate",
@@ -190,6 +194,32 @@ def _undecodable(value: bytes, error: msgspec.DecodeError) -> Rejection:
 def refused(req: Request, reason: str, detail: str) -> Rejection:
     """A Rejection for a request that decoded fine but cannot be served (loop-side reasons)."""
     return Rejection(reason, bounded(detail) or reason, req.id, req.reply_topic)
+
+
+def check_reply_topic(req: Request, prefix: str, results_topic: str) -> Rejection | None:
+    """Refuse a reply topic that would write an answer into the pipeline's own plumbing.
+
+    Answers on another model's results topic, a request topic or an events
+    topic would be read by the wrong consumers; the model's own results topic
+    is allowed (it is the default anyway). The rejection has no reply topic,
+    so its answer goes to the model's results topic.
+    """
+    why = reply_topic_problem(req.reply_topic, prefix, results_topic)
+    return None if why is None else Rejection("reply_topic", bounded(why), req.id)
+
+
+def reply_topic_problem(topic: str | None, prefix: str, results_topic: str) -> str | None:
+    """Why answers may not go to `topic` (None: they may)."""
+    if topic is None or topic == results_topic:
+        return None
+    if topic.startswith("__"):
+        return f"reply_topic {_preview(topic)} is a Kafka internal topic"
+    if topic.startswith(f"{prefix}."):
+        return (
+            f"reply_topic {_preview(topic)} is one of the pipeline's own topics ({prefix}.*); "
+            f"leave it out or use {results_topic!r} for this model's results topic"
+        )
+    return None
 
 
 def parse_forward_headers(headers: Iterable[tuple[str, bytes | None]] | None) -> int | None:

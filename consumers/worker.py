@@ -1,27 +1,29 @@
-"""The GPU consumer: the aiokafka loop that drives one model's batching engine.
+"""The GPU consumer's loop: fetch, drive one model's batching engine, run, hand answers on.
 
-Data flow, in the order a request meets it:
+A record's path, and the module for each step:
 
-1. `_fetch_loop` pulls records (priority partitions first), decodes each with
-   `consumers.intake`, dead-letters the bad ones and offers the rest to the
-   engine with the record's CreateTime as enqueue time. Past
-   `ConsumerSettings.max_queue` pending requests it pauses its partitions
-   (backpressure: memory stays bounded while the backlog waits in Kafka).
-2. `_drive` asks the engine what to do. It runs on every arrival, every
+1. fetch (`consumers.fetcher`, driven by `_fetch_loop` here): records from
+   the priority partitions first. Past `ConsumerSettings.max_queue` pending
+   requests the partitions are paused (backpressure: the backlog waits in
+   Kafka, not in memory).
+2. admit (`consumers.admit`): decode, check, dedup, date: a `PendingRequest`
+   offered to the engine with the record's CreateTime, or a `Rejection`.
+3. decide (here, `_drive`, asking `pipeline.engine`): on every arrival,
    completion and at the engine's `wake_at_ms`, never on a fixed tick.
-3. `_run_batch` runs the batch in a worker thread (`run_isolating`, so one
-   poison request fails alone) while fetching goes on, then publishes the
-   results, one LatencyEvent per request and one BatchEvent per batch.
-4. Offsets are committed only up to the first unanswered record of each
-   partition (`consumers.offsets`), after the answers are acknowledged by the
-   broker: at-least-once, or exactly-once inside a Kafka transaction when
-   `KafkaSettings.transactional` is set.
+4. run (here, `_run_batch`): in a device thread (`run_isolating`, so one
+   poison request fails alone) while fetching goes on.
+5. answer (`consumers.answers`): Result, DeadLetter, LatencyEvent and
+   BatchEvent records, each knowing how to shrink or reroute itself.
+6. publish and commit (`consumers.publish`, `consumers.delivery`): the
+   records reach the broker in some form whatever it refuses, and only then
+   do their offsets count as answered; commits stop at the first unanswered
+   record of each partition (at-least-once), or go into the same Kafka
+   transaction (exactly-once) when `KafkaSettings.transactional` is set.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import logging
 import os
@@ -29,39 +31,35 @@ import socket
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
-import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
-from aiokafka.errors import CommitFailedError, KafkaError
 
-from consumers.events import BatchTiming, Held, batch_event, latency_event
+from consumers.admit import Admission
+from consumers.answers import Answers, BatchTiming, Held
+from consumers.delivery import Delivery
+from consumers.fetcher import Fetcher
 from consumers.forwarding import forward_headers, tails_to_forward
 from consumers.heap import freeze_heap
-from consumers.intake import Rejection, RecentIds, decode_request, parse_forward_headers
+from consumers.intake import Rejection
+from consumers.publish import Publisher
 from pipeline.kafka.client import Topics, client_options
 from pipeline.kafka.offsets import OffsetTracker
-from pipeline.kafka.outbox import Message, Outbox
+from pipeline.kafka.outbox import BATCH_BYTES, Message, Outbox
 from consumers.runners import serving_runner
 from consumers.runners.base import Output, Runner, run_isolating
+from consumers.stats import ConsumerStats
+from consumers.topic_limits import TopicLimits
 from pipeline.config import Config, ConsumerSettings, KafkaSettings, ModelConfig
 from pipeline.engine.decisions import Batch, PendingRequest
 from pipeline.engine.engine import BatchingEngine
-from schemas.messages import DeadLetter, Outcome, Request, Result
+from schemas.messages import Outcome, Request
 
 log = logging.getLogger("batchtide.consumer")
 
-_encode = msgspec.json.Encoder().encode
 FORWARD_SCAN_INTERVAL_MS = 20.0
 """Looking for tails to forward scans the local queue; at most this often."""
-REPLY_TOPIC_CHECK_S = 2.0
-"""How long to wait for metadata of a request's reply topic before falling back."""
-REPLY_TOPIC_RECHECK_S = 60.0
-"""A reply topic found missing is not asked about again for this long."""
-RESUME_FRACTION = 0.75
-"""Paused partitions resume once the queue is back under this share of max_queue."""
 WARM_UP_TEXT = "warm up the device before the group hands this consumer its partitions"
 WARM_UP_MAX_BATCH = 64
 WARM_UP_BUDGET_S = 2.0
@@ -91,27 +89,6 @@ def build_consumer(
         engine=BatchingEngine(model.profile),
         consumer_id=consumer_id,
     )
-
-
-@dataclass
-class ConsumerStats:
-    """Counters a test or the CLI can read while the consumer runs."""
-
-    fetched: int = 0
-    answered: dict[str, int] = field(default_factory=lambda: {"ok": 0, "expired": 0, "error": 0, "rejected": 0})
-    dead_letters: int = 0
-    batches: int = 0
-    forwarded: int = 0
-    queue: int = 0
-    """Requests held in the engine right now."""
-    max_queue_seen: int = 0
-    """Highest `queue` ever observed; never above ConsumerSettings.max_queue."""
-    pauses: int = 0
-    commits: int = 0
-    backlog: int = 0
-    """Kafka lag of the assigned partitions at the last fetch."""
-    warm_up_sizes: list[int] = field(default_factory=list)
-    """Batch sizes run before joining the group."""
 
 
 class _Rebalance(ConsumerRebalanceListener):
@@ -150,19 +127,11 @@ class Consumer:
         self.group_id = Topics(kafka.topic_prefix).group(model.name)
         self.stats = ConsumerStats()
         self._profile = model.profile
-        self._tracker: OffsetTracker[TopicPartition] = OffsetTracker()
-        self._answered_ids = RecentIds()
-        self._waiting: dict[tuple[TopicPartition, int], PendingRequest] = {}
-        """Requests offered to the engine and not yet dispatched, expired or forwarded."""
-        self._waiting_ids: set[str] = set()
-        self._running_ids: set[str] = set()
-        """Ids of dispatched requests until their answers are published (then `_answered_ids` knows them)."""
+        self._admission = Admission(model, runner, self.topics, settings.max_message_bytes)
         self._inflight: set[asyncio.Task[None]] = set()
         self._computing = 0
         """Batches on the device now (the inflight tasks may still be publishing)."""
         self._publishing: set[asyncio.Task[None]] = set()
-        self._paused = False
-        """Request partitions are paused (backpressure)."""
         self._room = asyncio.Event()
         self._wake: asyncio.TimerHandle | None = None
         self._wake_at: float | None = None
@@ -170,17 +139,18 @@ class Consumer:
         self._next_batch_cap = model.profile.hard_cap
         self._stopping = False
         self._failure: BaseException | None = None
-        self._txn_lock = asyncio.Lock()
         self._own_topics = {
             self.topics.results(model.name),
             self.priority_topic,
             *self.topics.shared,
         }
-        self._reply_topics: dict[str, tuple[bool, float]] = {}
-        """Reply topic -> (exists, when checked): answers to a missing one go to the results topic."""
+        self._limits = TopicLimits(kafka)
+        self._answers = Answers(model.name, self.consumer_id, self.topics, self._limits, model.profile.target_size)
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
         self._outbox: Outbox | None = None
+        self._publisher: Publisher | None = None
+        self._fetcher: Fetcher | None = None
         self._device = ThreadPoolExecutor(model.profile.max_inflight_batches, thread_name_prefix="batchtide-device")
         """Batches run here, one thread per in-flight batch, so fetching goes on meanwhile."""
 
@@ -191,13 +161,17 @@ class Consumer:
         model is ready holds partitions it cannot serve)."""
         options = client_options(self.kafka)
         await asyncio.get_running_loop().run_in_executor(self._device, self._warm_up)
-        producer_options: dict[str, Any] = dict(linger_ms=0, max_batch_size=256 * 1024)
+        producer_options: dict[str, Any] = dict(linger_ms=0, max_batch_size=BATCH_BYTES)
         if self.kafka.transactional:
             producer_options["transactional_id"] = f"{self.group_id}.{self.consumer_id}"
         self._producer = AIOKafkaProducer(**options, **producer_options)
         await self._producer.start()
-        self._outbox = Outbox(self._producer, set(self.topics.shared))
+        self._outbox = Outbox(self._producer, set(self.topics.shared), self._limits)
         self._outbox.start()
+        delivery = Delivery(
+            self._producer, self._outbox, self._limits, self._own_topics, self.topics.results(self.model.name)
+        )
+        await self._limits.prefetch(sorted(self._own_topics))
         self._consumer = AIOKafkaConsumer(
             **options,
             group_id=self.group_id,
@@ -208,6 +182,16 @@ class Consumer:
             max_partition_fetch_bytes=1024 * 1024,
         )
         await self._consumer.start()
+        self._publisher = Publisher(
+            transactional=self.kafka.transactional,
+            group_id=self.group_id,
+            producer=self._producer,
+            consumer=self._consumer,
+            outbox=self._outbox,
+            delivery=delivery,
+            stats=self.stats,
+        )
+        self._fetcher = Fetcher(self._consumer, self.priority_topic, self.settings.max_queue, self.stats)
         self._consumer.subscribe([self.request_topic, self.priority_topic], listener=_Rebalance(self))
 
     def _warm_up(self) -> None:
@@ -269,7 +253,8 @@ class Consumer:
         self._device.shutdown(wait=False)
 
     def _fail(self, error: BaseException) -> None:
-        """A publish the broker refused: stop without committing past it (it is redelivered)."""
+        """An error no record explains (a bug, or a transactional producer fenced by its successor):
+        stop without committing past it, so what it held is redelivered."""
         if self._failure is None:
             log.error("consumer %s stopping after error: %r", self.consumer_id, error)
             self._failure = error
@@ -279,115 +264,39 @@ class Consumer:
     # ---- fetching ----------------------------------------------------------
 
     async def _fetch_loop(self, stop: asyncio.Event) -> None:
-        consumer = self._consumer
-        assert consumer is not None
+        fetcher = self._fetcher
+        assert fetcher is not None
         limit = self.settings.max_queue
         while not stop.is_set() and not self._stopping:
             queued = self.engine.pending
-            self._flow(consumer, queued)
+            fetcher.flow(queued)
             room = limit - queued
             if room <= 0:
                 self._room.clear()
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._room.wait(), 0.5)
                 continue
-            records = await self._fetch(consumer, min(self.settings.fetch_max_records, room))
+            records = await fetcher.fetch(min(self.settings.fetch_max_records, room))
             if records:
                 self._intake(records)
-            self._update_backlog(consumer)
+            self.stats.backlog = fetcher.backlog(self._tracker.next_offset)
             self._drive()
-
-    async def _fetch(self, consumer: AIOKafkaConsumer, want: int) -> dict[TopicPartition, list[ConsumerRecord]]:
-        """Priority partitions first: whatever is buffered there is taken before the rest."""
-        priority = [tp for tp in consumer.assignment() if tp.topic == self.priority_topic]
-        if priority:
-            got = await consumer.getmany(*priority, timeout_ms=0, max_records=want)
-            if got:
-                return got
-        # paused: come back soon to resume as the queue drains (a paused fetch returns nothing)
-        return await consumer.getmany(timeout_ms=10 if self._paused else 100, max_records=want)
-
-    def _flow(self, consumer: AIOKafkaConsumer, queued: int) -> None:
-        """Backpressure: pause request partitions when the queue is nearly full, priority ones only when full.
-
-        The reserve keeps room for forwarded tails and urgent requests while
-        the ordinary backlog waits in Kafka; `getmany(max_records=room)` makes
-        the bound exact.
-        """
-        limit = self.settings.max_queue
-        if queued >= limit - max(1, limit // 8):
-            if not self._paused:
-                self.stats.pauses += 1
-            self._paused = True
-        elif self._paused and queued <= limit * RESUME_FRACTION:
-            self._paused = False
-        priority_full = queued >= limit
-        paused = consumer.paused()
-        for tp in consumer.assignment():
-            want_paused = priority_full if tp.topic == self.priority_topic else self._paused
-            if want_paused and tp not in paused:
-                consumer.pause(tp)
-            elif not want_paused and tp in paused:
-                consumer.resume(tp)
-
-    def _update_backlog(self, consumer: AIOKafkaConsumer) -> None:
-        backlog = 0
-        for tp in consumer.assignment():
-            high = consumer.highwater(tp)
-            if high is None:
-                continue
-            position = self._tracker.next_offset(tp)
-            if position is not None:
-                backlog += max(high - position, 0)
-        self.stats.backlog = backlog
 
     def _intake(self, records: dict[TopicPartition, list[ConsumerRecord]]) -> None:
         now = now_ms()
         fetch_ms = int(now)
-        profile = self._profile
-        tokens_cost = profile.cost_unit == "tokens"
-        top_level = profile.priority_levels - 1
+        tracker = self._tracker
+        admission = self._admission
         rejected: list[tuple[ConsumerRecord, Rejection]] = []
-        name = self.model.name
-        max_bytes = self.settings.max_message_bytes
         for tp, batch in records.items():
-            from_priority = tp.topic == self.priority_topic
             for record in batch:
                 self.stats.fetched += 1
-                self._tracker.received(tp, record.offset)
-                decoded = decode_request(record.value, model=name, max_bytes=max_bytes)
-                if isinstance(decoded, Rejection):
-                    rejected.append((record, decoded))
-                    continue
-                refusal = self._refuse(decoded)
-                if refusal is not None:
-                    rejected.append((record, refusal))
-                    continue
-                forwarded_at = parse_forward_headers(record.headers) if from_priority else None
-                enqueue = forwarded_at or (record.timestamp if record.timestamp > 0 else fetch_ms)
-                tokens_in, tokens_out = self.runner.measure(decoded)
-                held = Held(
-                    request=decoded,
-                    raw=record.value or b"",
-                    tp=tp,
-                    offset=record.offset,
-                    enqueue_ms=enqueue,
-                    fetch_ms=fetch_ms,
-                    tokens_in=tokens_in,
-                    tokens_out=tokens_out,
-                    forwarded_in=forwarded_at is not None,
-                )
-                pending = PendingRequest(
-                    request_id=decoded.id,
-                    enqueue_ms=float(enqueue),
-                    cost=tokens_in + tokens_out if tokens_cost else 1,
-                    priority=0 if from_priority else min(decoded.priority, top_level),
-                    deadline_ms=self._deadline(decoded, enqueue),
-                    payload=held,
-                )
-                self._waiting[(tp, record.offset)] = pending
-                self._waiting_ids.add(decoded.id)
-                self.engine.offer(pending, now)
+                tracker.received(tp, record.offset)
+                admitted = admission.admit(tp, record, fetch_ms)
+                if isinstance(admitted, Rejection):
+                    rejected.append((record, admitted))
+                else:
+                    self.engine.offer(admitted, now)
         queued = self.engine.pending
         self.stats.queue = queued
         if queued > self.stats.max_queue_seen:
@@ -395,29 +304,11 @@ class Consumer:
         if rejected:
             self._dead_letter(rejected)
 
-    def _refuse(self, request: Request) -> Rejection | None:
-        duplicate = self._answered_ids.check(request)
-        if duplicate is not None:
-            return duplicate
-        if request.id in self._waiting_ids or request.id in self._running_ids:
-            return Rejection(
-                "duplicate",
-                f"request id {request.id[:40]!r} is already waiting or running in this consumer",
-                request.id,
-                request.reply_topic,
-            )
-        why = self.runner.check(request)
-        if why is not None:
-            return Rejection("input_too_long", why, request.id, request.reply_topic)
-        return None
-
-    def _deadline(self, request: Request, enqueue_ms: int) -> float | None:
-        if request.deadline_ms is not None:
-            return float(request.deadline_ms)
-        if request.timeout_ms is not None:
-            return float(enqueue_ms + request.timeout_ms)
-        default = self._profile.default_deadline_ms
-        return enqueue_ms + default if default is not None else None
+    @property
+    def _tracker(self) -> OffsetTracker[TopicPartition]:
+        publisher = self._publisher
+        assert publisher is not None
+        return publisher.tracker
 
     # ---- deciding ---------------------------------------------------------
 
@@ -465,15 +356,13 @@ class Consumer:
     def _dispatch(self, batch: Batch, now: float) -> None:
         self._next_batch_cap = batch.record.effective_cap
         for pr in batch.requests:
-            self._unwait(pr.payload)
-            self._running_ids.add(pr.payload.request.id)
+            self._admission.running(pr.payload)
         self.stats.batches += 1
         self._computing += 1
         self._track(self._inflight, self._run_batch(batch, now))
 
     def _unwait(self, held: Held) -> None:
-        if self._waiting.pop((held.tp, held.offset), None) is not None:
-            self._waiting_ids.discard(held.request.id)
+        self._admission.unwait(held)
 
     def _track(self, tasks: set[asyncio.Task[None]], coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -499,94 +388,45 @@ class Consumer:
         self.engine.completed(batch, end, end - start)
         self._drive()
         timing = BatchTiming(int(dispatch_ms), int(start), int(end), 0, memory[0], memory[1])
+        answers = self._answers
         messages: list[Message] = []
         answered: list[Held] = []
         tokens_in = tokens_out = 0
-        timing.produce_ms = int(now_ms())
+        timing.produce_ms = done = int(now_ms())
         for index, pr in enumerate(batch.requests):
             held: Held = pr.payload
             output = outputs.get(index)
             if output is None:
                 error = failures.get(index, "runner returned no output")
-                messages.append(self._dead_letter_message(held, "runner_error", error))
+                messages.append(answers.dead_letter_of(held, "runner_error", error))
                 self.stats.dead_letters += 1
-                result = self._result(held, "error", batch.batch_id, timing.produce_ms, error=error)
+                messages.append(answers.answered(held, "error", done, batch_id=batch.batch_id, error=error))
                 outcome: Outcome = "error"
             else:
                 held.tokens_out = output.tokens_out
                 tokens_in += held.tokens_in
                 tokens_out += output.tokens_out
-                result = self._result(held, "ok", batch.batch_id, timing.produce_ms, output=output)
+                messages.append(answers.answered(held, "ok", done, batch_id=batch.batch_id, output=output))
                 outcome = "ok"
-            messages.append(self._result_message(held, result))
-            messages.append(self._latency_message(held, outcome, timing, batch.batch_id, batch.size, pr))
+            messages.append(
+                answers.latency(
+                    held, outcome, timing, batch_id=batch.batch_id, batch_size=batch.size, marked=pr.marked, priority=pr.priority
+                )
+            )
             answered.append(held)
             self.stats.answered[outcome] += 1
-        event = batch_event(
-            batch,
-            model=self.model.name,
-            consumer_id=self.consumer_id,
-            target_size=self._profile.target_size,
-            compute_ms=end - start,
-            tokens_in=tokens_in,
-            tokens_out=tokens_out,
-            timing=timing,
-        )
-        messages.append((self.topics.batch_events, None, _encode(event), None))
+        messages.append(answers.batch(batch, timing, compute_ms=end - start, tokens_in=tokens_in, tokens_out=tokens_out))
         try:
             await self._publish(messages, answered)
         finally:
-            self._running_ids.difference_update(pr.payload.request.id for pr in batch.requests)
+            self._admission.done_running([pr.payload.request.id for pr in batch.requests])
 
     def _compute(self, reqs: list[Request]) -> tuple[dict[int, Output], dict[int, str], tuple[int, str]]:
         outputs, failures = run_isolating(self.runner, reqs)
         return outputs, failures, self.runner.device_memory()
 
-    def _result(
-        self,
-        held: Held,
-        outcome: Outcome,
-        batch_id: int | None,
-        done_ms: int,
-        *,
-        output: Output | None = None,
-        error: str | None = None,
-    ) -> Result:
-        return Result(
-            id=held.request.id,
-            model=self.model.name,
-            outcome=outcome,
-            embedding=output.embedding if output else None,
-            text=output.text if output else None,
-            token_ids=output.token_ids if output else None,
-            error=error,
-            batch_id=batch_id,
-            consumer_id=self.consumer_id,
-            enqueue_ms=held.enqueue_ms,
-            done_ms=done_ms,
-        )
-
-    def _result_message(self, held: Held, result: Result) -> Message:
-        topic = held.request.reply_topic or self.topics.results(self.model.name)
-        return (topic, held.request.id.encode(), _encode(result), None)
-
-    def _latency_message(
-        self, held: Held, outcome: Outcome, timing: BatchTiming, batch_id: int, size: int, pr: PendingRequest
-    ) -> Message:
-        event = latency_event(
-            held,
-            model=self.model.name,
-            consumer_id=self.consumer_id,
-            outcome=outcome,
-            timing=timing,
-            batch_id=batch_id,
-            batch_size=size,
-            marked=pr.marked,
-            priority=pr.priority,
-        )
-        return (self.topics.latency_events, held.request.id.encode(), _encode(event), None)
-
     def _expire(self, expired: list[PendingRequest], now: float) -> None:
+        answers = self._answers
         messages: list[Message] = []
         answered: list[Held] = []
         stamp = int(now)
@@ -594,62 +434,47 @@ class Consumer:
         for pr in expired:
             held: Held = pr.payload
             self._unwait(held)
-            result = self._result(held, "expired", None, stamp, error="deadline passed before the request could run")
-            messages.append(self._result_message(held, result))
-            messages.append(self._latency_message(held, "expired", timing, -1, 0, pr))
+            messages.append(answers.answered(held, "expired", stamp, error="deadline passed before the request could run"))
+            messages.append(answers.latency(held, "expired", timing, batch_id=-1, batch_size=0, marked=pr.marked, priority=pr.priority))
             answered.append(held)
             self.stats.answered["expired"] += 1
         if messages:
             self._track(self._publishing, self._publish(messages, answered))
 
     def _dead_letter(self, rejected: list[tuple[ConsumerRecord, Rejection]]) -> None:
+        """A dead letter for each refused record, and a `rejected` answer when it has an id
+        (except duplicates: the first answer stands)."""
+        answers = self._answers
         messages: list[Message] = []
         offsets: list[tuple[TopicPartition, int]] = []
         for record, rejection in rejected:
             tp = TopicPartition(record.topic, record.partition)
-            letter = DeadLetter(
-                reason=rejection.reason,
-                detail=rejection.detail,
-                topic=record.topic,
-                partition=record.partition,
-                offset=record.offset,
-                timestamp_ms=record.timestamp,
-                consumer_id=self.consumer_id,
-                original_b64=base64.b64encode(record.value or b"").decode("ascii"),
-                request_id=rejection.request_id,
+            messages.append(
+                answers.dead_letter(
+                    rejection.reason,
+                    rejection.detail,
+                    source=tp,
+                    offset=record.offset,
+                    timestamp_ms=record.timestamp,
+                    original=record.value or b"",
+                    request_id=rejection.request_id,
+                )
             )
-            key = rejection.request_id.encode() if rejection.request_id else None
-            messages.append((self.topics.dlq, key, _encode(letter), None))
             self.stats.dead_letters += 1
             if rejection.request_id is not None and rejection.reason != "duplicate":
-                result = Result(
-                    id=rejection.request_id,
-                    model=self.model.name,
-                    outcome="rejected",
-                    error=f"{rejection.reason}: {rejection.detail}",
-                    consumer_id=self.consumer_id,
-                    enqueue_ms=record.timestamp,
-                    done_ms=int(now_ms()),
+                messages.append(
+                    answers.result(
+                        rejection.request_id,
+                        rejection.reply_topic,
+                        "rejected",
+                        enqueue_ms=record.timestamp,
+                        done_ms=int(now_ms()),
+                        error=f"{rejection.reason}: {rejection.detail}",
+                    )
                 )
-                topic = rejection.reply_topic or self.topics.results(self.model.name)
-                messages.append((topic, key, _encode(result), None))
                 self.stats.answered["rejected"] += 1
             offsets.append((tp, record.offset))
         self._track(self._publishing, self._publish(messages, [], offsets))
-
-    def _dead_letter_message(self, held: Held, reason: str, detail: str) -> Message:
-        letter = DeadLetter(
-            reason=reason,
-            detail=detail,
-            topic=held.tp.topic,
-            partition=held.tp.partition,
-            offset=held.offset,
-            timestamp_ms=held.enqueue_ms,
-            consumer_id=self.consumer_id,
-            original_b64=base64.b64encode(held.raw).decode("ascii"),
-            request_id=held.request.id,
-        )
-        return (self.topics.dlq, held.request.id.encode(), _encode(letter), None)
 
     # ---- tail forwarding ---------------------------------------------------
 
@@ -657,20 +482,22 @@ class Consumer:
         cap = self._next_batch_cap
         if self.engine.pending <= cap or not self._others_share_priority():
             return
-        chosen = tails_to_forward(self._waiting.values(), cap)
-        if not chosen:
-            return
+        room = self._limits.cached(self.priority_topic)
+        chosen = tails_to_forward(self._admission.waiting.values(), cap)
         messages: list[Message] = []
         answered: list[Held] = []
         for pr in chosen:
             held: Held = pr.payload
+            message = Message(self.priority_topic, held.request.id.encode(), held.raw, forward_headers(held, self.consumer_id))
+            if room is None or message.size > room:
+                continue  # the priority topic would refuse it: it stays here
             self.engine.withdraw(pr)
             self._unwait(held)
-            messages.append(
-                (self.priority_topic, held.request.id.encode(), held.raw, forward_headers(held, self.consumer_id))
-            )
+            messages.append(message)
             answered.append(held)
-        self.stats.forwarded += len(chosen)
+        if not messages:
+            return
+        self.stats.forwarded += len(messages)
         self._track(self._publishing, self._publish(messages, answered, remember=False))
 
     def _others_share_priority(self) -> bool:
@@ -691,74 +518,11 @@ class Consumer:
         *,
         remember: bool = True,
     ) -> None:
-        """Produce `messages`; once the broker has them, their requests count as answered."""
-        outbox = self._outbox
-        assert outbox is not None
-        done = [(h.tp, h.offset) for h in answered] + list(offsets)
-        messages = await self._routed(messages)
-        if self.kafka.transactional:
-            await self._publish_transaction(outbox, messages, done)
-        else:
-            await outbox.publish(messages)
-            for tp, offset in done:
-                self._tracker.answered(tp, offset)
-        if remember:
-            for held in answered:
-                self._answered_ids.add(held.request.id)
-
-    async def _routed(self, messages: list[Message]) -> list[Message]:
-        """Send answers for a reply topic that does not exist to the model's results topic instead.
-
-        A client's typo in `reply_topic` must not stall or stop the consumer
-        (producing to a missing topic blocks for the request timeout, then fails).
-        """
-        if all(m[0] in self._own_topics for m in messages):
-            return messages
-        fallback = self.topics.results(self.model.name)
-        routed: list[Message] = []
-        for topic, key, value, headers in messages:
-            if topic not in self._own_topics and not await self._reply_topic_exists(topic):
-                topic = fallback
-            routed.append((topic, key, value, headers))
-        return routed
-
-    async def _reply_topic_exists(self, topic: str) -> bool:
-        known = self._reply_topics.get(topic)
-        now = time.monotonic()
-        if known is not None and (known[0] or now - known[1] < REPLY_TOPIC_RECHECK_S):
-            return known[0]
-        producer = self._producer
-        assert producer is not None
-        try:
-            exists = bool(await asyncio.wait_for(producer.partitions_for(topic), REPLY_TOPIC_CHECK_S))
-        except (asyncio.TimeoutError, KafkaError):
-            exists = False
-        if not exists:
-            log.warning("reply topic %r does not exist; its answers go to %s", topic, self.topics.results(self.model.name))
-        self._reply_topics[topic] = (exists, now)
-        return exists
-
-    async def _publish_transaction(
-        self, outbox: Outbox, messages: list[Message], done: list[tuple[TopicPartition, int]]
-    ) -> None:
-        """Answers and the offsets they free in one transaction: exactly-once results."""
-        producer = self._producer
-        assert producer is not None
-        async with self._txn_lock:
-            async with producer.transaction():
-                await outbox.send_all(messages)
-                for tp, offset in done:
-                    self._tracker.answered(tp, offset)
-                offsets = self._owned(self._tracker.to_commit())
-                if offsets:
-                    await producer.send_offsets_to_transaction(offsets, self.group_id)
-            self._tracker.committed(offsets)
-            self.stats.commits += 1 if offsets else 0
-
-    def _owned(self, offsets: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
-        consumer = self._consumer
-        assigned = consumer.assignment() if consumer is not None else set()
-        return {tp: offset for tp, offset in offsets.items() if tp in assigned}
+        """Publish, then count the requests (and `offsets`) as answered."""
+        publisher = self._publisher
+        assert publisher is not None
+        await publisher.publish(messages, [(h.tp, h.offset) for h in answered] + list(offsets))
+        self._admission.published([h.request.id for h in answered], remember=remember)
 
     async def _commit_loop(self) -> None:
         interval = self.settings.commit_interval_ms / 1000.0
@@ -767,33 +531,9 @@ class Consumer:
             await self._commit()
 
     async def _commit(self, partitions: set[TopicPartition] | None = None) -> None:
-        consumer = self._consumer
-        if consumer is None or self._failure is not None:
+        if self._publisher is None or self._failure is not None:
             return
-        if self.kafka.transactional:
-            await self._commit_transaction(partitions)
-            return
-        offsets = self._owned(self._tracker.to_commit(partitions))
-        if not offsets:
-            return
-        try:
-            await consumer.commit(offsets)
-        except (CommitFailedError, KafkaError) as e:
-            log.warning("commit of %s failed (%r); the next owner re-reads from the last commit", offsets, e)
-            return
-        self._tracker.committed(offsets)
-        self.stats.commits += 1
-
-    async def _commit_transaction(self, partitions: set[TopicPartition] | None) -> None:
-        producer = self._producer
-        assert producer is not None
-        async with self._txn_lock:
-            offsets = self._owned(self._tracker.to_commit(partitions))
-            if not offsets:
-                return
-            async with producer.transaction():
-                await producer.send_offsets_to_transaction(offsets, self.group_id)
-            self._tracker.committed(offsets)
+        await self._publisher.commit(partitions)
 
     async def _settle(self, timeout_s: float = 30.0) -> None:
         """Wait for running batches and pending publishes to finish."""
@@ -807,8 +547,7 @@ class Consumer:
         """Finish in-flight work, commit what it answered, abandon the rest uncommitted."""
         if not revoked:
             return
-        for key in [k for k in self._waiting if k[0] in revoked]:
-            pending = self._waiting[key]
+        for pending in self._admission.waiting_on(revoked):
             self.engine.withdraw(pending)
             self._unwait(pending.payload)
         await self._settle()

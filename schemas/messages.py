@@ -72,6 +72,9 @@ class Result(msgspec.Struct, omit_defaults=True):
     consumer_id: str | None = None
     enqueue_ms: int = 0
     done_ms: int = 0
+    reply_error: str | None = None
+    """Set when the request named a `reply_topic` that could not take the answer (missing, not
+    allowed, refusing writes): why this answer is on the model's results topic instead."""
     v: int = SCHEMA_VERSION
 
 
@@ -135,7 +138,13 @@ class BatchEvent(msgspec.Struct, omit_defaults=False):
 
 
 class DeadLetter(msgspec.Struct):
-    """A message the consumer could not serve, with the reason and the original bytes."""
+    """A record the consumer could not serve: why, where it came from, and the original bytes.
+
+    `topic`, `partition` and `offset` locate the source record. The original
+    is kept whole when the dead-letter topic's `max.message.bytes` allows,
+    else its first bytes with `truncated` set; `original_size` and
+    `original_sha256` always describe the whole record value.
+    """
 
     reason: str
     detail: str
@@ -145,6 +154,9 @@ class DeadLetter(msgspec.Struct):
     timestamp_ms: int
     consumer_id: str
     original_b64: str
+    original_size: int
+    original_sha256: str
+    truncated: bool = False
     request_id: str | None = None
     v: int = SCHEMA_VERSION
 

@@ -16,6 +16,7 @@ from pipeline.chaos.broker_restart import broker_restart
 from pipeline.chaos.clickhouse_outage import clickhouse_outage
 from pipeline.chaos.consumer_kill import consumer_kill, consumer_kill_transactional
 from pipeline.chaos.harness import ChaosSizes, Stage
+from pipeline.chaos.hostile_input import hostile_input
 from pipeline.chaos.ledger import FaultReport
 from pipeline.chaos.overload import overload
 from pipeline.chaos.poison import poison_request
@@ -44,6 +45,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("poison", poison_request),
         Scenario("overload", overload),
         Scenario("rebalance-storm", rebalance_storm),
+        Scenario("hostile-input", hostile_input),
     )
 }
 

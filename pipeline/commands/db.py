@@ -147,20 +147,17 @@ def sink_command(
     log_level: str = typer.Option("info", "--log-level", help="crit, error, warn, info or debug."),
 ) -> None:
     """Run the sink: events topics -> ClickHouse in batches; offsets advance only after inserts."""
+    import asyncio
+
     import faust
 
-    from pipeline.store.sink import build_sink
+    from pipeline.store.sink import build_sink, wait_until_ready
     from pipeline.store.client import describe
     from pipeline.store.live import publish
-    from pipeline.store.migrations import migrate
 
     cfg = _config(config, clickhouse_url)
-    client = _connect(cfg)
-    try:
-        migrate(client, _layout(cfg, None))
-    finally:
-        client.close()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(wait_until_ready(cfg, _layout(cfg, None)))
     sink = build_sink(cfg)
     typer.echo(f"sink: {sink.topics.latency_events}, {sink.topics.batch_events} -> {describe(cfg.clickhouse)}")
     live = publish(cfg.clickhouse)

@@ -9,6 +9,7 @@ only when to stop, so that is what `read` takes as parameters.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, Literal
@@ -108,6 +109,25 @@ class TopicReader:
                     read_here += 1
                     self.count += 1
                     last_record = time.monotonic()
+
+    async def read_to_end(self, on_record: Callable[[Record], object], *, timeout_s: float = 30.0) -> bool:
+        """Hand out every record up to the end offsets as they are now (the last stable offset when
+        reading committed); True when the end was reached within `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        partitions = self._consumer.assignment()
+        while not partitions and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            partitions = self._consumer.assignment()
+        ends = await self._consumer.end_offsets(list(partitions))
+        while time.monotonic() < deadline:
+            positions = {tp: await self._consumer.position(tp) for tp in ends}
+            if all(positions[tp] >= end for tp, end in ends.items()):
+                return True
+            for records in (await self._consumer.getmany(timeout_ms=200)).values():
+                for record in records:
+                    on_record(record)
+                    self.count += 1
+        return False
 
     async def commit(self) -> None:
         """Commit the positions read so far (only with a `group_id`): the next reader of the group goes on from here."""

@@ -13,6 +13,11 @@ they can never be stored, and must not stall the partition.
 ClickHouse is reached through `pipeline.store.client.connect` (embedded chDB
 when no URL is configured, HTTP otherwise). A failed insert drops the client;
 the next attempt reconnects.
+
+The sink needs no supervisor: `wait_until_ready` lets it start while
+ClickHouse or Kafka is down. It retries with capped exponential backoff,
+logging what it waits for, until ClickHouse takes the schema and the broker
+has the events topics; events produced meanwhile wait in Kafka.
 """
 
 from __future__ import annotations
@@ -31,15 +36,61 @@ import faust
 import msgspec
 from clickhouse_connect.driver.client import Client
 
-from pipeline.kafka.client import Topics
+from pipeline.kafka.client import Topics, create_topics
 from pipeline.config import Config, KafkaSettings
 from pipeline.store.client import connect as connect_clickhouse
+from pipeline.store.client import describe
 from pipeline.store.loader import Loader
+from pipeline.store.migrations import Layout, migrate
 from pipeline.store.writer import insert_batch_events, insert_latency_events
 from schemas.messages import BatchEvent, LatencyEvent
 
 log = logging.getLogger("batchtide.sink")
 STATS_INTERVAL_S = 10.0
+READY_ATTEMPT_S = 15.0
+"""One attempt to reach ClickHouse or Kafka at start-up gives up after this long and is retried."""
+
+
+async def wait_until_ready(
+    config: Config,
+    layout: Layout,
+    *,
+    connect: Callable[[], Client] | None = None,
+    first_s: float = 0.5,
+    max_s: float = 30.0,
+) -> None:
+    """Return once ClickHouse has the schema (`layout`) and Kafka has the events topics; until
+    then retry with backoff from `first_s` doubling to `max_s`, saying what is missing."""
+    ch, kafka = config.clickhouse, config.kafka
+    opener = connect or (lambda: connect_clickhouse(ch))
+
+    def migrated() -> None:
+        client = opener()
+        try:
+            migrate(client, layout)
+        finally:
+            client.close()
+
+    topics = Topics(kafka.topic_prefix)
+    events = {topics.latency_events: kafka.events_partitions, topics.batch_events: kafka.events_partitions}
+    await _retry(f"ClickHouse ({describe(ch)})", lambda: asyncio.to_thread(migrated), first_s, max_s)
+    await _retry(f"Kafka at {kafka.bootstrap_servers}", lambda: create_topics(kafka, events), first_s, max_s)
+
+
+async def _retry(what: str, attempt: Callable[[], Any], first_s: float, max_s: float) -> None:
+    delay, failures = first_s, 0
+    while True:
+        try:
+            await asyncio.wait_for(attempt(), READY_ATTEMPT_S)
+        except Exception as e:  # noqa: BLE001 - whatever the outage looks like, wait and try again
+            failures += 1
+            log.warning("sink waiting for %s: %s; next try in %.1f s", what, str(e) or type(e).__name__, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, max_s)
+            continue
+        if failures:
+            log.info("sink: %s is back after %d failed attempts", what, failures)
+        return
 
 
 class StoreConnection:

@@ -13,7 +13,9 @@ from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from pipeline.kafka.client import Topics, client_options, ensure_topics
 from pipeline.kafka.reader import Isolation, Record, TopicReader
@@ -56,6 +58,28 @@ def make_consumer(
 
 async def create_topics(kafka: KafkaSettings, model: ModelConfig) -> None:
     await ensure_topics(kafka, {model.name: model.partitions})
+
+
+async def configure_topic(kafka: KafkaSettings, name: str, configs: dict[str, str], *, partitions: int = 1) -> None:
+    """Create `name` with topic-level `configs`, or set them on it if it exists."""
+    admin = AIOKafkaAdminClient(**client_options(kafka))
+    await admin.start()
+    try:
+        response = await admin.create_topics([NewTopic(name, partitions, 1, topic_configs=configs)])
+        if any(entry[1] for entry in response.topic_errors):
+            await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, name, configs)])
+    finally:
+        await admin.close()
+
+
+async def produce_raw(kafka: KafkaSettings, topic: str, value: bytes, *, key: bytes | None = None) -> int:
+    """Produce one record of any size the broker takes; returns its offset."""
+    producer = AIOKafkaProducer(**client_options(kafka), acks="all", max_request_size=len(value) + 64 * 1024)
+    await producer.start()
+    try:
+        return (await producer.send_and_wait(topic, value, key=key)).offset
+    finally:
+        await producer.stop()
 
 
 @asynccontextmanager

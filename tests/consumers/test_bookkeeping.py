@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiokafka import TopicPartition
 
-from consumers.events import Held
+from consumers.answers import Held
 from consumers.forwarding import tails_to_forward
 from pipeline.kafka.offsets import OffsetTracker
 from pipeline.engine.decisions import PendingRequest

@@ -10,6 +10,7 @@ from consumers.intake import (
     REASONS,
     Rejection,
     RecentIds,
+    check_reply_topic,
     decode_request,
     parse_forward_headers,
     refused,
@@ -155,7 +156,7 @@ def test_corpus_replayed_through_intake_and_a_simulated_runner() -> None:
             assert 0 < len(result.detail) <= MAX_DETAIL_CHARS
             outcomes[case.name] = result.reason
             continue
-        verdict = seen.check(result)
+        verdict = check_reply_topic(result, "pipeline", f"pipeline.results.{corpus.model}") or seen.check(result)
         reason = runner.check(result)
         if verdict is not None:
             outcomes[case.name] = verdict.reason

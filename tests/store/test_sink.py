@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
+import os
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -18,8 +24,9 @@ from clickhouse_connect.driver.client import Client
 
 from pipeline.kafka.client import Topics, client_options, create_topics
 from pipeline.config import ClickHouseSettings, Config, KafkaSettings
-from pipeline.store.sink import Sink, build_sink
+from pipeline.store.sink import Sink, build_sink, wait_until_ready
 from pipeline.store.client import ClickHouseUnavailable, connect
+from pipeline.store.migrations import Layout
 from pipeline.store.seed import batch_events, generate, latency_events, recent_start_ms
 from schemas.messages import BatchEvent, LatencyEvent
 
@@ -249,3 +256,69 @@ def test_sink_authenticates_with_sasl(
 
     asyncio.run(scenario())
     assert _counts(clickhouse_client, ch_database)[0] == len(latency)
+
+
+def test_sink_started_while_clickhouse_and_kafka_are_down_waits_and_loses_nothing(
+    sink_config: Config, clickhouse_client: Client, tmp_path: Path, kafka_broker: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No supervisor needed: start-up waits with backoff, says for what, then stores every event."""
+    db, topics = sink_config.clickhouse.database, Topics(sink_config.kafka.topic_prefix)
+    latency, batches = _events(1_000, seed=24)
+    outage = Outage(sink_config.clickhouse, db)
+    caplog.set_level(logging.INFO, logger="batchtide.sink")
+
+    async def scenario() -> None:
+        await _produce(sink_config.kafka, topics.latency_events, [ENCODE(e) for e in latency])
+        await _produce(sink_config.kafka, topics.batch_events, [ENCODE(b) for b in batches])
+        outage.down.set()
+        await asyncio.to_thread(kafka_broker.stop)
+        ready = asyncio.create_task(
+            wait_until_ready(sink_config, Layout(db), connect=outage.connect, first_s=0.1, max_s=0.5)
+        )
+        await asyncio.sleep(1.5)
+        assert not ready.done() and "sink waiting for ClickHouse" in caplog.text
+        outage.down.clear()
+        await _until(lambda: "sink waiting for Kafka at" in caplog.text, timeout_s=30, what="waiting for Kafka")
+        assert not ready.done()
+        await asyncio.to_thread(kafka_broker.start, 90)
+        await asyncio.wait_for(ready, 60)
+        assert "is back after" in caplog.text
+        sink = build_sink(sink_config, connect=outage.connect, datadir=str(tmp_path))
+
+        async def body() -> None:
+            await _until(lambda: _counts(clickhouse_client, db)[:2] == (len(latency), len(batches)), what="all rows")
+
+        await _running(sink, body)
+
+    asyncio.run(scenario())
+    assert _counts(clickhouse_client, db)[:2] == (len(latency), len(batches))
+
+
+def test_batchtide_sink_started_without_a_broker_keeps_waiting_and_says_so(tmp_path: Path) -> None:
+    """The command itself: no broker on the configured address, and it neither exits nor stays silent."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # free once closed: nothing listens there
+    config = tmp_path / "batchtide.toml"
+    config.write_text(
+        f'[kafka]\nbootstrap_servers = "127.0.0.1:{port}"\ntopic_prefix = "nobroker"\n'
+        f'[clickhouse]\ndata_dir = "{tmp_path / "clickhouse"}"\n'
+    )
+    log = tmp_path / "sink.log"
+    root = Path(__file__).resolve().parents[2]
+    with open(log, "wb") as out:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "pipeline.cli", "sink", "--config", str(config)],
+            cwd=root, env=dict(os.environ, PYTHONPATH=str(root)), stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and log.read_text().count("sink waiting for Kafka") < 2:
+            assert child.poll() is None, log.read_text()[-2000:]
+            time.sleep(0.2)
+        assert child.poll() is None
+    finally:
+        child.kill()
+        child.wait()
+    text = log.read_text()
+    assert f"sink waiting for Kafka at 127.0.0.1:{port}" in text and "next try in" in text, text[-2000:]

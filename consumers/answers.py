@@ -1,0 +1,250 @@
+"""The one place that builds what the consumer writes: answers, dead letters and events.
+
+`Held` is everything the loop keeps about one request between fetch and
+answer (the engine only carries it as an opaque payload). `Answers` turns a
+finished, expired or refused request into outbox `Message`s: its `Result`,
+its `DeadLetter`, its `LatencyEvent`, and one `BatchEvent` per batch, with
+every time in epoch ms on the consumer's wall clock.
+
+Each answer also knows its fallbacks, so that no record the broker refuses
+can stop the consumer (`consumers.delivery` applies them):
+
+- a dead letter that would exceed the dead-letter topic's `max.message.bytes`
+  keeps as much of the original as fits and says `truncated`; the size and
+  SHA-256 of the whole original are always there;
+- a result too large for its topic becomes an `error` answer saying so;
+- a result for a client's `reply_topic` that cannot take it goes to the
+  model's results topic with the reason in `reply_error`.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from dataclasses import dataclass
+
+import msgspec
+from aiokafka.structs import TopicPartition
+
+from consumers.intake import bounded
+from pipeline.kafka.client import Topics
+from pipeline.kafka.outbox import Message
+from consumers.runners.base import Output
+from consumers.topic_limits import KAFKA_DEFAULT_MAX_MESSAGE_BYTES, TopicLimits, record_size
+from pipeline.engine.decisions import Batch
+from schemas.messages import BatchEvent, DeadLetter, LatencyEvent, Outcome, Request, Result
+
+_encode = msgspec.json.Encoder().encode
+
+
+@dataclass(slots=True, eq=False)
+class Held:
+    """One fetched request, from the record it came in to the answer it gets."""
+
+    request: Request
+    raw: bytes
+    """The record value as received: dead letters and forwards carry it verbatim."""
+    tp: TopicPartition
+    offset: int
+    enqueue_ms: int
+    """Record CreateTime, or the original CreateTime carried by a tail forward."""
+    fetch_ms: int
+    tokens_in: int
+    tokens_out: int
+    """Expected output tokens at intake; replaced by the real count after the run."""
+    forwarded_in: bool = False
+    """Arrived as a tail forward from another consumer (never forwarded again)."""
+
+
+@dataclass(slots=True)
+class BatchTiming:
+    dispatch_ms: int
+    compute_start_ms: int
+    compute_end_ms: int
+    produce_ms: int
+    device_mem_bytes: int
+    device_mem_kind: str
+
+
+class Answers:
+    """Builders for one model's consumer; every one returns a `Message` ready for the outbox."""
+
+    def __init__(self, model: str, consumer_id: str, topics: Topics, limits: TopicLimits, target_size: int) -> None:
+        self.model = model
+        self.consumer_id = consumer_id
+        self.topics = topics
+        self.results_topic = topics.results(model)
+        self._limits = limits
+        self._target_size = target_size
+
+    # ---- results ---------------------------------------------------------------
+
+    def result(
+        self,
+        request_id: str,
+        reply_topic: str | None,
+        outcome: Outcome,
+        *,
+        enqueue_ms: int,
+        done_ms: int,
+        batch_id: int | None = None,
+        output: Output | None = None,
+        error: str | None = None,
+    ) -> Message:
+        result = Result(
+            id=request_id,
+            model=self.model,
+            outcome=outcome,
+            embedding=output.embedding if output else None,
+            text=output.text if output else None,
+            token_ids=output.token_ids if output else None,
+            error=error,
+            batch_id=batch_id,
+            consumer_id=self.consumer_id,
+            enqueue_ms=enqueue_ms,
+            done_ms=done_ms,
+        )
+        return self._result_message(result, reply_topic)
+
+    def answered(self, held: Held, outcome: Outcome, done_ms: int, **fields: object) -> Message:
+        """The Result of a request that was admitted (ran, failed or expired)."""
+        request = held.request
+        return self.result(request.id, request.reply_topic, outcome, enqueue_ms=held.enqueue_ms, done_ms=done_ms, **fields)  # type: ignore[arg-type]
+
+    def _result_message(self, result: Result, reply_topic: str | None) -> Message:
+        topic = reply_topic or self.results_topic
+        elsewhere = topic != self.results_topic
+
+        def fit(limit: int) -> Message:
+            size = len(_encode(result))
+            error = f"the answer ({size} bytes) is larger than max.message.bytes ({limit}) of topic {topic}"
+            smaller = msgspec.structs.replace(result, outcome="error", embedding=None, text=None, token_ids=None, error=error)
+            return self._result_message(smaller, reply_topic)
+
+        def reroute(why: str) -> Message:
+            moved = msgspec.structs.replace(result, reply_error=bounded(f"reply_topic {topic!r}: {why}"))
+            return self._result_message(moved, None)
+
+        return Message(topic, result.id.encode(), _encode(result), fit=fit, reroute=reroute if elsewhere else None)
+
+    # ---- dead letters ------------------------------------------------------------
+
+    def dead_letter(
+        self,
+        reason: str,
+        detail: str,
+        *,
+        source: TopicPartition,
+        offset: int,
+        timestamp_ms: int,
+        original: bytes,
+        request_id: str | None,
+    ) -> Message:
+        """A dead letter with as much of `original` as the dead-letter topic takes."""
+        base = DeadLetter(
+            reason=reason,
+            detail=detail,
+            topic=source.topic,
+            partition=source.partition,
+            offset=offset,
+            timestamp_ms=timestamp_ms,
+            consumer_id=self.consumer_id,
+            original_b64="",
+            original_size=len(original),
+            original_sha256=hashlib.sha256(original).hexdigest(),
+            request_id=request_id,
+        )
+        key = request_id.encode() if request_id else None
+        topic = self.topics.dlq
+
+        def fit(limit: int) -> Message:
+            room = limit - record_size(key, _encode(base), None)
+            keep = max(room, 0) // 4 * 3
+            if len(original) <= keep:
+                letter = msgspec.structs.replace(base, original_b64=base64.b64encode(original).decode("ascii"))
+            else:
+                cut = base64.b64encode(original[:keep]).decode("ascii")
+                letter = msgspec.structs.replace(base, original_b64=cut, truncated=True)
+            return Message(topic, key, _encode(letter), fit=fit)
+
+        return fit(self._limits.cached(topic) or KAFKA_DEFAULT_MAX_MESSAGE_BYTES)
+
+    def dead_letter_of(self, held: Held, reason: str, detail: str) -> Message:
+        return self.dead_letter(
+            reason,
+            detail,
+            source=held.tp,
+            offset=held.offset,
+            timestamp_ms=held.enqueue_ms,
+            original=held.raw,
+            request_id=held.request.id,
+        )
+
+    # ---- events ------------------------------------------------------------------
+
+    def latency(
+        self,
+        held: Held,
+        outcome: Outcome,
+        timing: BatchTiming,
+        *,
+        batch_id: int,
+        batch_size: int,
+        marked: bool,
+        priority: int,
+    ) -> Message:
+        event = LatencyEvent(
+            request_id=held.request.id,
+            model=self.model,
+            consumer_id=self.consumer_id,
+            outcome=outcome,
+            enqueue_ms=held.enqueue_ms,
+            fetch_ms=held.fetch_ms,
+            dispatch_ms=timing.dispatch_ms,
+            compute_start_ms=timing.compute_start_ms,
+            compute_end_ms=timing.compute_end_ms,
+            produce_ms=timing.produce_ms,
+            wait_ms=float(max(0, timing.dispatch_ms - held.enqueue_ms)),
+            compute_ms=float(timing.compute_end_ms - timing.compute_start_ms),
+            e2e_ms=float(max(0, timing.produce_ms - held.enqueue_ms)),
+            batch_id=batch_id,
+            batch_size=batch_size,
+            tail_marked=marked,
+            priority=priority,
+            tokens_in=held.tokens_in,
+            tokens_out=held.tokens_out if outcome == "ok" else 0,
+            device_mem_bytes=timing.device_mem_bytes,
+            device_mem_kind=timing.device_mem_kind,  # type: ignore[arg-type]
+            partition=held.tp.partition,
+            offset=held.offset,
+            forwarded=held.forwarded_in,
+            warmup=held.request.warmup,
+        )
+        return Message(self.topics.latency_events, held.request.id.encode(), _encode(event))
+
+    def batch(self, batch: Batch, timing: BatchTiming, *, compute_ms: float, tokens_in: int, tokens_out: int) -> Message:
+        rec = batch.record
+        event = BatchEvent(
+            batch_id=batch.batch_id,
+            model=self.model,
+            consumer_id=self.consumer_id,
+            dispatch_ms=timing.dispatch_ms,
+            size=batch.size,
+            cost=rec.cost,
+            reason=rec.reason,
+            window_ms=rec.window_ms,
+            hit_target=rec.hit_target,
+            target_size=self._target_size,
+            marked_count=rec.marked_count,
+            oldest_wait_ms=rec.oldest_wait_ms,
+            queue_depth=rec.queue_depth,
+            effective_cap=rec.effective_cap,
+            cap_reason=rec.cap_reason,
+            arrival_rate_per_s=rec.arrival_rate_per_s,
+            compute_ms=compute_ms,
+            tokens_in=tokens_in,
+            tokens_out=tokens_out,
+            device_mem_bytes=timing.device_mem_bytes,
+            device_mem_kind=timing.device_mem_kind,
+        )
+        return Message(self.topics.batch_events, None, _encode(event))

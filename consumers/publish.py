@@ -1,0 +1,130 @@
+"""The end of a record's path: publish what answers it, then commit the offsets that frees.
+
+A record counts as answered only once its answer, dead letter or forward is
+on the broker (`consumers.delivery` gets it there in some form, never
+raising a produce error). Committing then moves each partition to its first
+unanswered record (`pipeline.kafka.offsets`): at-least-once. With
+`KafkaSettings.transactional` the records and the offsets they free go into
+one Kafka transaction: exactly-once answers. A record refused inside a
+transaction aborts it; the refused records are replaced and the whole
+transaction runs again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import CommitFailedError, KafkaError
+
+from consumers.delivery import Delivery
+from pipeline.kafka.offsets import OffsetTracker
+from pipeline.kafka.outbox import Failure, Message, Outbox
+from consumers.stats import ConsumerStats
+
+log = logging.getLogger("batchtide.consumer")
+
+Place = tuple[TopicPartition, int]
+"""(partition, offset) of a source record."""
+
+
+class _Refused(Exception):
+    """Aborts a transaction in which the broker refused records."""
+
+    def __init__(self, failures: list[Failure]) -> None:
+        super().__init__(f"{len(failures)} records refused")
+        self.failures = failures
+
+
+class Publisher:
+    """Publishes records for source offsets and commits the contiguous answered prefix."""
+
+    def __init__(
+        self,
+        *,
+        transactional: bool,
+        group_id: str,
+        producer: AIOKafkaProducer,
+        consumer: AIOKafkaConsumer,
+        outbox: Outbox,
+        delivery: Delivery,
+        stats: ConsumerStats,
+    ) -> None:
+        self.transactional = transactional
+        self.tracker: OffsetTracker[TopicPartition] = OffsetTracker()
+        self._group_id = group_id
+        self._producer = producer
+        self._consumer = consumer
+        self._outbox = outbox
+        self._delivery = delivery
+        self._stats = stats
+        self._txn_lock = asyncio.Lock()
+
+    async def publish(self, messages: Sequence[Message], done: Sequence[Place]) -> None:
+        """Produce `messages` (or what `Delivery` makes of them); then `done` counts as answered."""
+        delivery = self._delivery
+        try:
+            if self.transactional:
+                await self._publish_transaction(messages, done)
+            else:
+                await delivery.deliver(messages)
+                for tp, offset in done:
+                    self.tracker.answered(tp, offset)
+        finally:
+            self._stats.rebuilt, self._stats.delivery_retries = delivery.rebuilt, delivery.retries
+
+    async def _publish_transaction(self, messages: Sequence[Message], done: Sequence[Place]) -> None:
+        producer, outbox = self._producer, self._outbox
+
+        async def attempt(batch: Sequence[Message]) -> list[Failure]:
+            try:
+                async with producer.transaction():
+                    errors = await outbox.send_all(batch)
+                    refused = [(m, e) for m, e in zip(batch, errors) if e is not None]
+                    if refused:
+                        raise _Refused(refused)
+                    for tp, offset in done:
+                        self.tracker.answered(tp, offset)
+                    offsets = self._owned(self.tracker.to_commit())
+                    if offsets:
+                        await producer.send_offsets_to_transaction(offsets, self._group_id)
+            except _Refused as refusal:
+                return refusal.failures
+            self.tracker.committed(offsets)
+            self._stats.commits += 1 if offsets else 0
+            return []
+
+        async with self._txn_lock:
+            await self._delivery.until_accepted(messages, attempt, all_or_nothing=True)
+
+    def _owned(self, offsets: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
+        assigned = self._consumer.assignment()
+        return {tp: offset for tp, offset in offsets.items() if tp in assigned}
+
+    async def commit(self, partitions: set[TopicPartition] | None = None) -> None:
+        """Commit what is answered (of `partitions`, default all); a failed commit is retried later."""
+        if self.transactional:
+            await self._commit_transaction(partitions)
+            return
+        offsets = self._owned(self.tracker.to_commit(partitions))
+        if not offsets:
+            return
+        try:
+            await self._consumer.commit(offsets)
+        except (CommitFailedError, KafkaError) as e:
+            log.warning("commit of %s failed (%r); the next owner re-reads from the last commit", offsets, e)
+            return
+        self.tracker.committed(offsets)
+        self._stats.commits += 1
+
+    async def _commit_transaction(self, partitions: set[TopicPartition] | None) -> None:
+        producer = self._producer
+        async with self._txn_lock:
+            offsets = self._owned(self.tracker.to_commit(partitions))
+            if not offsets:
+                return
+            async with producer.transaction():
+                await producer.send_offsets_to_transaction(offsets, self._group_id)
+            self.tracker.committed(offsets)

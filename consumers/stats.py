@@ -1,0 +1,31 @@
+"""What a running consumer counts: read by tests, the CLI's periodic status line and the benches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ConsumerStats:
+    """Counters a test or the CLI can read while the consumer runs."""
+
+    fetched: int = 0
+    answered: dict[str, int] = field(default_factory=lambda: {"ok": 0, "expired": 0, "error": 0, "rejected": 0})
+    dead_letters: int = 0
+    batches: int = 0
+    forwarded: int = 0
+    queue: int = 0
+    """Requests held in the engine right now."""
+    max_queue_seen: int = 0
+    """Highest `queue` ever observed; never above ConsumerSettings.max_queue."""
+    pauses: int = 0
+    commits: int = 0
+    backlog: int = 0
+    """Kafka lag of the assigned partitions at the last fetch."""
+    warm_up_sizes: list[int] = field(default_factory=list)
+    """Batch sizes run before joining the group."""
+    rebuilt: int = 0
+    """Records rebuilt to fit their topic or moved off a reply topic that could not take them."""
+    delivery_retries: int = 0
+    """Produce attempts that had to wait and try again (the broker or one of our topics unavailable)."""
+

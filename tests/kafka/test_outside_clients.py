@@ -1,0 +1,146 @@
+"""A client the project does not use itself (confluent-kafka, i.e. librdkafka) talks to a live
+consumer: requests built from the exported JSON Schema alone, answers read back with it.
+
+Keys, headers, CreateTime, gzip/lz4/zstd compression and a SASL listener must all work from
+outside, and answers must land on the partition Java's (and librdkafka's murmur2) partitioner
+picks for the request id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from confluent_kafka import TIMESTAMP_CREATE_TIME, Consumer, Producer
+
+from pipeline.kafka.client import create_topics
+from pipeline.config import KafkaSettings
+from tests.consumers.harness import MODEL, cost_model, make_consumer, running, topics
+from tests.support.kafka import SASL_USERS
+
+SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
+CODECS = ("gzip", "lz4", "zstd")
+PER_CODEC = 30
+
+
+def _schema(name: str) -> dict[str, Any]:
+    return json.loads((SCHEMAS / f"{name}.schema.json").read_text())
+
+
+def _requests_from_schema(codec: str) -> list[dict[str, Any]]:
+    """What a producer in another language writes, knowing only request.schema.json."""
+    schema = _schema("request")
+    definition = schema["$defs"][schema["$ref"].rsplit("/", 1)[1]]
+    fields = definition["properties"]
+    assert set(definition["required"]) == {"id", "model"} and {"text", "priority", "timeout_ms"} <= set(fields)
+    validator = jsonschema.Draft202012Validator(schema)
+    out = []
+    for i in range(PER_CODEC):
+        value = {"id": f"{codec}-{i}", "model": MODEL, "text": f"from librdkafka {i}", "priority": i % 3, "timeout_ms": 60_000}
+        validator.validate(value)
+        out.append(value)
+    return out
+
+
+def _client_config(kafka: KafkaSettings, mechanism: str | None) -> dict[str, Any]:
+    config: dict[str, Any] = {"bootstrap.servers": kafka.bootstrap_servers}
+    if mechanism is not None:
+        user, password = next(iter(SASL_USERS.items()))
+        config |= {
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": mechanism,
+            "sasl.username": user,
+            "sasl.password": password,
+        }
+    return config
+
+
+def _produce(config: dict[str, Any], topic: str, codec: str, values: list[dict[str, Any]], stamp_ms: int) -> None:
+    producer = Producer(config | {"compression.type": codec, "linger.ms": 20, "partitioner": "murmur2_random"})
+    errors: list[Any] = []
+    for value in values:
+        producer.produce(
+            topic,
+            json.dumps(value).encode(),
+            key=value["id"].encode(),
+            headers=[("trace-id", uuid.uuid4().hex.encode()), ("origin", b"confluent-kafka")],
+            timestamp=stamp_ms,
+            on_delivery=lambda err, _msg: errors.append(err) if err else None,
+        )
+    assert producer.flush(30) == 0 and not errors, errors
+
+
+def _answers(config: dict[str, Any], topic: str, ids: set[str], timeout_s: float = 90.0) -> dict[str, Any]:
+    consumer = Consumer(
+        config | {"group.id": f"outside-{uuid.uuid4().hex[:8]}", "auto.offset.reset": "earliest", "isolation.level": "read_committed"}
+    )
+    consumer.subscribe([topic])
+    got: dict[str, Any] = {}
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not ids <= got.keys() and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is None or message.error():
+                continue
+            got[message.key().decode()] = message
+    finally:
+        consumer.close()
+    return got
+
+
+def _placement(config: dict[str, Any], topic: str, keys: list[str]) -> dict[str, int]:
+    """The partition librdkafka's murmur2 partitioner (Java's default) picks for each key."""
+    producer = Producer(config | {"partitioner": "murmur2_random"})
+    placed: dict[str, int] = {}
+    for key in keys:
+        producer.produce(topic, b"probe", key=key.encode(), on_delivery=lambda _e, m: placed.__setitem__(m.key().decode(), m.partition()))
+    assert producer.flush(30) == 0
+    return placed
+
+
+def _round_trip(kafka: KafkaSettings, mechanism: str | None, codecs: tuple[str, ...]) -> None:
+    model = cost_model(partitions=4)
+    names = topics(kafka)
+    outside = _client_config(kafka, mechanism)
+    stamp_ms = int(time.time() * 1000) - 1500
+    sent = {codec: _requests_from_schema(codec) for codec in codecs}
+    ids = {v["id"] for values in sent.values() for v in values}
+    probe = f"{kafka.topic_prefix}-probe"
+
+    async def scenario() -> dict[str, Any]:
+        await create_topics(kafka, {names.requests(MODEL): 4, names.priority(MODEL): 4, names.results(MODEL): 4, probe: 4})
+        await create_topics(kafka, {name: kafka.events_partitions for name in names.shared})
+        async with running(make_consumer(model, kafka)) as consumer:
+            for codec, values in sent.items():
+                await asyncio.to_thread(_produce, outside, names.requests(MODEL), codec, values, stamp_ms)
+            got = await asyncio.to_thread(_answers, outside, names.results(MODEL), ids)
+        assert consumer.stats.dead_letters == 0 and consumer._failure is None
+        return got
+
+    got = asyncio.run(scenario())
+    assert set(got) == ids
+    result_schema = jsonschema.Draft202012Validator(_schema("result"))
+    placed = _placement(outside, probe, sorted(ids))
+    for rid, message in got.items():
+        answer = json.loads(message.value())
+        result_schema.validate(answer)
+        assert answer["id"] == rid and answer["outcome"] == "ok"
+        assert answer["enqueue_ms"] == stamp_ms, "the request's CreateTime is its enqueue time"
+        kind, _ = message.timestamp()
+        assert kind == TIMESTAMP_CREATE_TIME
+        assert message.partition() == placed[rid], "answers sit where Java's partitioner puts the request id"
+
+
+def test_confluent_kafka_producer_and_consumer_with_every_codec(kafka_settings: KafkaSettings) -> None:
+    _round_trip(kafka_settings, None, CODECS)
+
+
+@pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256"])
+def test_confluent_kafka_over_sasl(sasl_kafka_settings: KafkaSettings, mechanism: str) -> None:
+    _round_trip(sasl_kafka_settings, mechanism, ("zstd",))
