@@ -30,7 +30,7 @@ from consumers.intake import bounded
 from pipeline.kafka.client import Topics
 from pipeline.kafka.outbox import Message
 from consumers.runners.base import Output
-from consumers.topic_limits import KAFKA_DEFAULT_MAX_MESSAGE_BYTES, TopicLimits, record_size
+from pipeline.kafka.topic_limits import KAFKA_DEFAULT_MAX_MESSAGE_BYTES, TopicLimits, record_size
 from pipeline.engine.decisions import Batch
 from schemas.messages import BatchEvent, DeadLetter, LatencyEvent, Outcome, Request, Result
 

@@ -29,7 +29,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import InvalidTopicError, KafkaError, TopicAuthorizationFailedError, UnknownTopicOrPartitionError
 
 from pipeline.kafka.outbox import Failure, Message, Outbox, too_large
-from consumers.topic_limits import TopicLimits
+from pipeline.kafka.topic_limits import TopicLimits
 
 log = logging.getLogger("batchtide.consumer")
 

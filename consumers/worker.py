@@ -50,7 +50,7 @@ from pipeline.kafka.outbox import BATCH_BYTES, Message, Outbox
 from consumers.runners import serving_runner
 from consumers.runners.base import Output, Runner, run_isolating
 from consumers.stats import ConsumerStats
-from consumers.topic_limits import TopicLimits
+from pipeline.kafka.topic_limits import TopicLimits
 from pipeline.config import Config, ConsumerSettings, KafkaSettings, ModelConfig
 from pipeline.engine.decisions import Batch, PendingRequest
 from pipeline.engine.engine import BatchingEngine

@@ -37,7 +37,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import MessageSizeTooLargeError, RecordListTooLargeError
 from aiokafka.partitioner import murmur2
 
-from consumers.topic_limits import TopicLimits, record_size
+from pipeline.kafka.topic_limits import TopicLimits, record_size
 
 BATCH_BYTES = 256 * 1024
 """Largest record batch the outbox builds (a single larger record still goes, alone)."""

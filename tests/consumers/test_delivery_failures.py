@@ -14,7 +14,7 @@ from consumers.answers import Answers
 from consumers.delivery import Delivery
 from pipeline.kafka.client import Topics, client_options, create_topics
 from pipeline.kafka.outbox import BATCH_BYTES, Message, Outbox
-from consumers.topic_limits import TopicLimits
+from pipeline.kafka.topic_limits import TopicLimits
 from pipeline.config import KafkaSettings
 from tests.support.kafka import consume_n
 

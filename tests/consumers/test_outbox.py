@@ -9,7 +9,7 @@ from aiokafka.errors import MessageSizeTooLargeError
 
 from pipeline.kafka.client import client_options
 from pipeline.kafka.outbox import BATCH_BYTES, Message, Outbox
-from consumers.topic_limits import KAFKA_DEFAULT_MAX_MESSAGE_BYTES, TopicLimits
+from pipeline.kafka.topic_limits import KAFKA_DEFAULT_MAX_MESSAGE_BYTES, TopicLimits
 from pipeline.config import KafkaSettings
 from tests.consumers.harness import configure_topic
 from tests.support.kafka import consume_n

@@ -13,7 +13,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from consumers.topic_limits import KAFKA_DEFAULT_MAX_MESSAGE_BYTES
+from pipeline.kafka.topic_limits import KAFKA_DEFAULT_MAX_MESSAGE_BYTES
 from consumers.worker import Consumer
 from pipeline.config import ConsumerSettings, KafkaSettings
 from tests.consumers.harness import (

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from pipeline.chaos import ChaosSizes, Stage
+from pipeline.chaos.harness import ChaosSizes, Stage
 from pipeline.chaos.hostile_input import hostile_input
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
