@@ -22,15 +22,20 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
-from aiokafka.errors import KafkaError
+from aiokafka.errors import (
+    CoordinatorLoadInProgressError,
+    GroupCoordinatorNotAvailableError,
+    KafkaError,
+    NotCoordinatorError,
+)
 
 from consumers.kafka import Topics, client_options
 from pipeline.config import KafkaSettings
@@ -41,6 +46,8 @@ _encode = msgspec.json.Encoder().encode
 BATCH_WATCH_S = 0.5
 """How often the recorder notices a new batch (last batch time is known to within this)."""
 PROBE_TIMEOUT_MS = 2000
+COORDINATOR_WAIT_S = 10.0
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -57,6 +64,19 @@ class Member:
 class GroupView:
     state: str
     members: tuple[Member, ...]
+
+
+async def _coordinated(call: Callable[[], Awaitable[T]], timeout_s: float = COORDINATOR_WAIT_S) -> T:
+    """`call`, retried while the group's coordinator is not ready (a new group or a fresh
+    broker has none for a moment); other errors and a coordinator that never comes raise."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return await call()
+        except (GroupCoordinatorNotAvailableError, CoordinatorLoadInProgressError, NotCoordinatorError):
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
 
 
 class LagProbe:
@@ -81,7 +101,7 @@ class LagProbe:
 
     async def describe_group(self, group: str) -> GroupView:
         """The group's state and each member's assigned partitions, as the coordinator has them."""
-        responses = await self._admin.describe_consumer_groups([group])
+        responses = await _coordinated(lambda: self._admin.describe_consumer_groups([group]))
         for response in responses:
             for description in response.groups:
                 error_code, state, members = description[0], description[2], description[5]
@@ -97,18 +117,20 @@ class LagProbe:
                 return GroupView(state, tuple(sorted(found, key=lambda m: m.client_id)))
         return GroupView("Unknown", ())
 
-    async def topic_partitions(self, topics: Iterable[str]) -> list[TopicPartition]:
-        found: list[TopicPartition] = []
-        for topic in topics:
-            for partition in sorted(await self._reader.partitions_for_topic(topic) or ()):
-                found.append(TopicPartition(topic, partition))
-        return found
+    async def topic_partitions(self, topics: list[str]) -> list[TopicPartition]:
+        """Every partition of `topics`, in the order given (missing topics have none)."""
+        described = {t["topic"]: t for t in await self._admin.describe_topics(topics) if t["error_code"] == 0}
+        return [
+            TopicPartition(topic, p["partition"])
+            for topic in topics
+            for p in sorted(described.get(topic, {}).get("partitions", []), key=lambda p: p["partition"])
+        ]
 
     async def measure(self, group: str, partitions: list[TopicPartition], now_ms: float | None = None) -> list[PartitionLag]:
         """Lag and lag age of `partitions` for `group`, in the order given."""
         if not partitions:
             return []
-        committed = await self._admin.list_consumer_group_offsets(group, partitions=partitions)
+        committed = await _coordinated(lambda: self._admin.list_consumer_group_offsets(group, partitions=partitions))
         ends = await self._reader.end_offsets(partitions)
         starts = await self._reader.beginning_offsets(partitions)
         now = time.time() * 1000.0 if now_ms is None else now_ms
@@ -242,9 +264,10 @@ async def latest_lag_events(settings: KafkaSettings, max_age_ms: float, tail: in
     reader = AIOKafkaConsumer(**client_options(settings), group_id=None, enable_auto_commit=False)
     decoder = msgspec.json.Decoder(LagEvent)
     newest: dict[str, LagEvent] = {}
+    async with LagProbe(settings) as probe:
+        partitions = await probe.topic_partitions([topic])
     await reader.start()
     try:
-        partitions = [TopicPartition(topic, p) for p in sorted(await reader.partitions_for_topic(topic) or ())]
         if not partitions:
             return {}
         reader.assign(partitions)

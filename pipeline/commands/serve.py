@@ -122,7 +122,7 @@ def results(
 
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    from consumers.kafka import Topics, client_options
+    from consumers.kafka import Topics, client_options, list_topics
     from pipeline.answers import Answer
     from pipeline.board import parse_instant
 
@@ -142,7 +142,8 @@ def results(
         await consumer.start()
         shown = 0
         try:
-            partitions = [TopicPartition(topic, p) for p in sorted(await consumer.partitions_for_topic(topic) or ())]
+            counts = await list_topics(cfg.kafka)
+            partitions = [TopicPartition(topic, p) for p in range(counts.get(topic, 0))]
             if not partitions:
                 typer.echo(f"error: topic {topic} does not exist (is model {model!r} configured and its topics created?)", err=True)
                 return 1
@@ -150,7 +151,7 @@ def results(
             await _seek(consumer, partitions, since_ms, from_beginning)
             ends = await consumer.end_offsets(partitions)
             while not stop.is_set():
-                if not follow and all(await consumer.position(tp) >= ends[tp] for tp in partitions):
+                if not follow and all([await consumer.position(tp) >= ends[tp] for tp in partitions]):
                     break
                 batch = await consumer.getmany(timeout_ms=500)
                 for records in batch.values():
