@@ -142,6 +142,8 @@ def render(report: Report, console: Console) -> None:
     s = report.sections
     if not s.get("summary"):
         console.print(f"no latency rows in {span} (is the sink running? try a longer --since)")
+        if s.get("lag_summary"):  # nothing answered, but consumers reported: the lag says why
+            _render_lag(s, console)
         return
     console.print(f"[bold]batchtide report[/bold]  {span}, buckets of {report.interval_ms / 1000:g} s")
     console.print(_table("Per model (ms)", [

@@ -105,3 +105,15 @@ def test_report_prints_the_lag_section(
 def _client_on(settings: ClickHouseSettings, database: str) -> Client:
     """A client whose default database is `database`, as `report` opens it."""
     return connect(dataclasses.replace(settings, database=database), database=database)
+
+
+def test_report_without_answers_still_shows_the_lag(
+    clickhouse_client: Client, clickhouse_settings: ClickHouseSettings, ch_database: str
+) -> None:
+    """Consumers that answer nothing while records pile up: exactly when the lag matters."""
+    insert_lag_events(clickhouse_client, ch_database, [lag_event("stuck", T0 + 5_000, {0: 900}, age_ms=240_000.0)])
+    report = run_report(_client_on(clickhouse_settings, ch_database), time_from_ms=T0, time_to_ms=T0 + 60_000)
+    console = Console(width=200, record=True)
+    render(report, console)
+    text = console.export_text()
+    assert "no latency rows" in text and "Consumer lag" in text and "900" in text and "240.0 s" in text
