@@ -193,6 +193,15 @@ class LagRecorder:
             self._last_batch_ms = int(time.time() * 1000)
 
     async def _run(self) -> None:
+        """Sample forever; clients that fail (a broker outage at start) are rebuilt after an interval."""
+        while True:
+            try:
+                await self._session()
+            except Exception as e:  # noqa: BLE001 - recording lag must never end while the consumer serves
+                log.warning("lag recorder of %s restarting after %r", self.consumer.consumer_id, e)
+                await asyncio.sleep(self.interval_s)
+
+    async def _session(self) -> None:
         producer = AIOKafkaProducer(**client_options(self.settings), linger_ms=0)
         await producer.start()
         try:
@@ -201,7 +210,7 @@ class LagRecorder:
                 while True:
                     self._watch_batches()
                     if time.monotonic() >= next_sample:
-                        next_sample += self.interval_s
+                        next_sample = max(next_sample + self.interval_s, time.monotonic())
                         await self._sample(probe, producer)
                     await asyncio.sleep(min(BATCH_WATCH_S, max(next_sample - time.monotonic(), 0.0)))
         finally:

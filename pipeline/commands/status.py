@@ -75,7 +75,7 @@ async def collect(config: Any, models: list[str]) -> list[ModelStatus]:
             lags = await probe.measure(group_id, partitions)
             owners = {f"{tp.topic}:{tp.partition}": m.client_id for m in group.members for tp in m.partitions}
             members = [
-                {"client_id": m.client_id, "host": m.host, "partitions": [f"{tp.topic}:{tp.partition}" for tp in m.partitions]}
+                {"client_id": m.client_id, "host": m.host.lstrip("/"), "partitions": [f"{tp.topic}:{tp.partition}" for tp in m.partitions]}
                 for m in group.members
             ]
             mine = {cid: e for cid, e in events.items() if e.model == model}
