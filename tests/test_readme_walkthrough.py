@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -74,6 +75,7 @@ def script(lines: list[str], python: str) -> str:
         out.append(f'echo "::rc {i} $?"')
         if " produce " in f" {command} ":
             out.append(f"{settle} answered || fail {i}")
+    out.append('for job in $(jobs -p); do kill "$job"; done; wait  # what the block left running')
     return "\n".join(out) + "\n"
 
 
@@ -81,6 +83,21 @@ def _sections(output: str, lines: list[str]) -> dict[str, str]:
     """Output of each line, keyed by the line's command."""
     parts = re.split(r"^::begin (\d+)$", output, flags=re.M)
     return {_command(lines[int(parts[i])]): parts[i + 1] for i in range(1, len(parts) - 1, 2)}
+
+
+def _run_session(text: str, cwd: Path, env: dict[str, str], timeout_s: float = 420) -> subprocess.CompletedProcess[str]:
+    """One bash session in its own process group: on a timeout every process it started goes too."""
+    process = subprocess.Popen(
+        ["bash", "-c", text], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        stdout, stderr = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        pytest.fail(f"the block did not finish in {timeout_s} s:\n{(stdout + stderr)[-6000:]}")
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
 def test_block_parses_as_the_commands_a_user_types() -> None:
@@ -116,9 +133,7 @@ def test_readme_using_it_block_runs_as_written(kafka_broker: LocalKafka, tiny_be
         "COLUMNS": "200",
     }
     env.pop("BATCHTIDE_CLICKHOUSE_URL", None)
-    run = subprocess.run(
-        ["bash", "-c", script(lines, sys.executable)], cwd=work, env=env, capture_output=True, text=True, timeout=420
-    )
+    run = _run_session(script(lines, sys.executable), work, env)
     output = run.stdout + run.stderr
     assert "::settle-failed" not in run.stdout, output[-6000:]
     codes = dict(re.findall(r"^::rc (\d+) (\S+)$", run.stdout, re.M))
