@@ -1,7 +1,7 @@
-"""The sink: a faust-streaming app that loads latency and batch events into ClickHouse.
+"""The sink: a faust-streaming app that loads latency, batch and lag events into ClickHouse.
 
-Two agents, one per events topic (`<prefix>.events.latency`,
-`<prefix>.events.batches`), run with faust's automatic acks turned off. Each
+Three agents, one per events topic (`<prefix>.events.latency`,
+`<prefix>.events.batches`, `<prefix>.events.lag`), run with faust's automatic acks turned off. Each
 event is decoded (msgspec, the wire contract in schemas/messages.py) and
 handed with its ack to a `Loader` (pipeline/store/loader.py), which inserts
 in batches and acks an event only after its batch is stored. faust commits
