@@ -146,6 +146,7 @@ def test_readme_using_it_block_runs_as_written(kafka_broker: LocalKafka, tiny_be
     status = next(text for command, text in out.items() if command.startswith("batchtide status"))
     assert re.search(r"model minilm .* state Stable  members 1  lag 0 ", status), status
     assert "learned cap" in status and "last batch" in status
+    assert re.search(r"sink group \S+-sink  state Stable  members 1 ", status), status
     produced = next(text for command, text in out.items() if command.startswith("batchtide produce"))
     sent = int(re.search(r"sent (\d+) requests", produced).group(1))  # type: ignore[union-attr]
     assert sent > REQUESTS / 3

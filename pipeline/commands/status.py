@@ -4,7 +4,8 @@ Straight from Kafka, not from ClickHouse (which trails by the sink's insert
 interval): per model, the consumer group's state and members with their
 partitions, every request partition's lag and lag age (consumers/lag.py),
 and each consumer's latest lag event: the engine's window, learned cap,
-marked share, queue and the time of its last batch.
+marked share, queue and the time of its last batch; and how many events the
+sink has not stored in ClickHouse yet.
 """
 
 from __future__ import annotations
@@ -59,6 +60,32 @@ class ModelStatus:
         }
 
 
+@dataclass
+class SinkStatus:
+    """The sink's consumer group on the events topics: events not yet stored in ClickHouse."""
+
+    group: str
+    state: str
+    members: int
+    lag: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"group": self.group, "state": self.state, "members": self.members, "lag": self.lag}
+
+
+async def collect_sink(config: Any) -> SinkStatus:
+    from consumers.kafka import Topics
+    from consumers.lag import LagProbe
+
+    topics = Topics(config.kafka.topic_prefix)
+    group_id = f"{config.kafka.topic_prefix}-sink"
+    async with LagProbe(config.kafka) as probe:
+        group = await probe.describe_group(group_id)
+        events = await probe.topic_partitions([topics.latency_events, topics.batch_events, topics.lag_events])
+        lags = await probe.measure(group_id, events)
+    return SinkStatus(group_id, group.state, len(group.members), sum(p.lag for p in lags))
+
+
 async def collect(config: Any, models: list[str]) -> list[ModelStatus]:
     from consumers.kafka import Topics
     from consumers.lag import LagProbe, latest_lag_events
@@ -91,8 +118,13 @@ def _age(ms: float) -> str:
     return f"{ms / 60_000:.1f} min"
 
 
-def render(statuses: list[ModelStatus], now_ms: float) -> str:
+def render(statuses: list[ModelStatus], now_ms: float, sink: SinkStatus | None = None) -> str:
     lines: list[str] = []
+    if sink is not None:
+        lines.append(
+            f"sink group {sink.group}  state {sink.state}  members {sink.members}  "
+            f"events not yet in ClickHouse {sink.lag}"
+        )
     for s in statuses:
         lines.append(
             f"model {s.model}  group {s.group}  state {s.state}  members {len(s.members)}  "
@@ -132,7 +164,8 @@ def status(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Live view from Kafka: group members and their partitions, lag and lag age per partition,
-    and each consumer's latest engine state (window, learned cap, marked share, last batch)."""
+    each consumer's latest engine state (window, learned cap, marked share, last batch), and the
+    sink's backlog of events not yet in ClickHouse."""
     from aiokafka.errors import KafkaError
 
     from pipeline.config import ConfigError, load_config
@@ -146,15 +179,18 @@ def status(
     if not models:
         typer.echo("error: no models configured (add a [models.NAME] table or pass --model)", err=True)
         raise typer.Exit(2)
+    async def gather() -> tuple[list[ModelStatus], SinkStatus]:
+        return await collect(cfg, models), await collect_sink(cfg)
+
     try:
-        statuses = asyncio.run(collect(cfg, models))
+        statuses, sink = asyncio.run(gather())
     except KafkaError as e:
         typer.echo(f"error: Kafka at {cfg.kafka.bootstrap_servers}: {e!r}", err=True)
         raise typer.Exit(1) from None
     if as_json:
-        typer.echo(json.dumps([s.to_dict() for s in statuses], indent=2))
+        typer.echo(json.dumps({"sink": sink.to_dict(), "models": [s.to_dict() for s in statuses]}, indent=2))
     else:
-        typer.echo(render(statuses, time.time() * 1000))
+        typer.echo(render(statuses, time.time() * 1000, sink))
 
 
 def register(app: typer.Typer) -> None:

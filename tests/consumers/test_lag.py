@@ -162,7 +162,9 @@ def test_status_shows_members_partitions_lag_and_engine_state(kafka_settings: Ka
                 await recorder.stop()
 
     asyncio.run(scenario())
-    (status,) = json.loads(outputs["json"])
+    view = json.loads(outputs["json"])
+    assert view["sink"]["members"] == 0 and view["sink"]["lag"] > 0, "no sink runs: the lag events wait in Kafka"
+    (status,) = view["models"]
     assert status["state"] == "Stable" and [m["client_id"] for m in status["members"]] == ["status-c1"]
     assert sorted(status["members"][0]["partitions"]) == sorted(
         f"{t}:{p}" for t in (topics.requests(MODEL), topics.priority(MODEL)) for p in (0, 1)
@@ -175,6 +177,7 @@ def test_status_shows_members_partitions_lag_and_engine_state(kafka_settings: Ka
     assert engine["effective_cap"] == 1 and engine["batches"] >= 1 and engine["last_batch_ms"] > 0
     text = outputs["text"]
     assert f"model {MODEL}  group {topics.group(MODEL)}  state Stable  members 1" in text
+    assert f"sink group {kafka_settings.topic_prefix}-sink  state " in text
     assert "member status-c1" in text and "learned cap 1" in text and "last batch" in text
     assert f"{topics.requests(MODEL)}:1" in text
 
