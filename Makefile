@@ -14,7 +14,7 @@ export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup demo test bench bench-triton clean-venv
+.PHONY: setup demo test bench bench-triton clean-venv install-cli uninstall
 
 $(VENV)/.ready: pyproject.toml
 	@if [ ! -f $(VENV)/.ready ]; then \
@@ -56,3 +56,29 @@ bench-triton: setup
 
 clean-venv:
 	rm -rf $(VENV)
+
+# `make setup` also puts the `batchtide` command on PATH: a two-line launcher in
+# $(BIN_DIR) that runs the cached virtualenv's batchtide (rewritten only when the
+# venv changes; a `batchtide` there that this Makefile did not write is left alone).
+# `make uninstall` removes it; the virtualenv goes with `make clean-venv`.
+BIN_DIR ?= $(HOME)/.local/bin
+LAUNCHER := $(BIN_DIR)/batchtide
+LAUNCHER_MARK := installed by batchtide's make setup
+setup: install-cli
+
+install-cli: $(VENV)/.ready
+	@mkdir -p $(BIN_DIR)
+	@if [ -e $(LAUNCHER) ] && ! grep -q "$(LAUNCHER_MARK)" $(LAUNCHER); then \
+	  echo "==> $(LAUNCHER) exists and was not written by make setup: left alone (use $(VENV)/bin/batchtide)"; \
+	else \
+	  tmp=$$(mktemp) && \
+	  printf '#!/bin/sh\n# %s from %s; `make uninstall` there removes it.\nexec %s "$$@"\n' \
+	    "$(LAUNCHER_MARK)" "$(CURDIR)" "$(VENV)/bin/batchtide" > $$tmp && chmod 755 $$tmp && \
+	  if cmp -s $$tmp $(LAUNCHER); then rm -f $$tmp; else mv $$tmp $(LAUNCHER) && echo "==> installed $(LAUNCHER)"; fi; \
+	fi
+	@case ":$$PATH:" in *":$(BIN_DIR):"*) ;; *) \
+	  echo "==> $(BIN_DIR) is not on PATH: add  export PATH=\"$(BIN_DIR):\$$PATH\"  to your shell profile";; esac
+
+uninstall:
+	@if [ -e $(LAUNCHER) ] && grep -q "$(LAUNCHER_MARK)" $(LAUNCHER); then rm -f $(LAUNCHER) && echo "removed $(LAUNCHER)"; \
+	else echo "no launcher of ours at $(LAUNCHER)"; fi

@@ -570,15 +570,17 @@ async def serve(
     stats_interval_s: float = 10.0,
 ) -> Consumer:
     """Run one consumer until `stop` is set; returns it (its stats) after a clean shutdown."""
+    from consumers.lag import start_recorder
     from pipeline.kafka.client import ensure_topics
 
     consumer = build_consumer(config, model_name, consumer_id=consumer_id)
-    reporter = None
+    reporter = lag = None
     try:
         if create_topics:
             await ensure_topics(config.kafka, {model_name: consumer.model.partitions})
         await consumer.start()
         freeze_heap()  # this process is the consumer's: what it loaded stays for its lifetime
+        lag = start_recorder(consumer, config.kafka, config.consumer.lag_interval_ms)
         if on_stats is not None:
             report = on_stats
 
@@ -592,5 +594,7 @@ async def serve(
     finally:
         if reporter is not None:
             reporter.cancel()
+        if lag is not None:
+            await lag.stop()
         await asyncio.to_thread(consumer.runner.close)
     return consumer

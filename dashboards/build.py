@@ -1,4 +1,5 @@
-"""Grafana dashboard JSON generated from `dashboards/panels.py` with grafana-foundation-sdk.
+"""Grafana dashboard JSON generated from `dashboards/panels.py` with grafana-foundation-sdk,
+and the alert rules provisioning file from `dashboards/alerts.py` and a config.
 
 `python -m dashboards.build` (or `batchtide dashboards generate`) rewrites the
 committed JSON; `--check` fails when it is stale. The output is deterministic
@@ -13,6 +14,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 with warnings.catch_warnings():
     # The SDK warns at import that it prefers the v2 schema; see build_board for why we keep v1.
     warnings.filterwarnings("ignore", category=DeprecationWarning)
@@ -24,7 +27,8 @@ with warnings.catch_warnings():
     from grafana_foundation_sdk.models import common as common_models
     from grafana_foundation_sdk.models import dashboard as dashboard_models
 
-from dashboards.lint import lint_dashboard
+from dashboards.alerts import provisioning as alert_provisioning
+from dashboards.lint import lint_alert_rules, lint_dashboard
 from dashboards.panels import (
     BOARDS,
     DATASOURCE_TYPE,
@@ -35,6 +39,7 @@ from dashboards.panels import (
     PanelSpec,
 )
 from dashboards.sql import query_sql
+from pipeline.config import Config, load_config
 
 DASHBOARDS_DIR = Path(__file__).resolve().parent
 DATASOURCE = common_models.DataSourceRef(type_val=DATASOURCE_TYPE, uid=DATASOURCE_UID)
@@ -228,24 +233,66 @@ def checked_board(spec: BoardSpec) -> dict[str, Any]:
     return model
 
 
-def generated_files() -> dict[Path, str]:
-    """Every generated file and the text it must hold."""
-    return {board_path(spec): render(checked_board(spec)) for spec in BOARDS}
+ALERTING_HEADER = """\
+# Grafana alert rules, generated from {source} by `batchtide dashboards generate`
+# (dashboards/alerts.py): do not edit here. Grafana loads this file from
+# /etc/grafana/provisioning/alerting (docker-compose.yml mounts dashboards/provisioning there).
+"""
 
 
-def stale_files() -> list[Path]:
+class _BlockDumper(yaml.SafeDumper):
+    """Multi-line strings (the SQL) as YAML block scalars, so the file reads like the code."""
+
+
+_BlockDumper.add_representer(
+    str,
+    lambda dumper, text: dumper.represent_scalar("tag:yaml.org,2002:str", text, style="|" if "\n" in text else None),
+)
+
+
+def alerting_path() -> Path:
+    return DASHBOARDS_DIR / "provisioning" / "alerting" / "batchtide.yaml"
+
+
+def default_config_path() -> Path:
+    """The repository's example config (what docker-compose runs); alerts come from its models."""
+    return DASHBOARDS_DIR.parent / "batchtide.toml"
+
+
+def alerting_text(config: Config, source: str) -> str:
+    """The alerting provisioning file for `config`, refused when lint finds a problem."""
+    document = alert_provisioning(config)
+    problems = lint_alert_rules(document)
+    if problems:
+        raise DashboardLintError("alert rules: " + "; ".join(problems))
+    body = yaml.dump(document, Dumper=_BlockDumper, sort_keys=False, width=120, allow_unicode=True)
+    return ALERTING_HEADER.format(source=source) + body
+
+
+def generated_files(config_path: Path | None = None) -> dict[Path, str]:
+    """Every generated file and the text it must hold; alert rules from `config_path`
+    (default: the repository's batchtide.toml, or the built-in defaults when it is absent)."""
+    files = {board_path(spec): render(checked_board(spec)) for spec in BOARDS}
+    path = config_path or default_config_path()
+    config = load_config(path if path.exists() else None)
+    files[alerting_path()] = alerting_text(config, path.name if config_path is None else str(path))
+    return files
+
+
+def stale_files(config_path: Path | None = None) -> list[Path]:
     """Committed files whose text differs from a fresh generation."""
     stale = []
-    for path, text in generated_files().items():
+    for path, text in generated_files(config_path).items():
         if not path.exists() or path.read_text() != text:
             stale.append(path)
     return stale
 
 
-def write_all() -> list[Path]:
+def write_all(config_path: Path | None = None) -> list[Path]:
     written = []
-    for path, text in generated_files().items():
+    for path, text in generated_files(config_path).items():
         if not path.exists() or path.read_text() != text:
+            path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
             written.append(path)
     return written

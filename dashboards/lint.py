@@ -114,3 +114,74 @@ def lint_dashboard(model: dict[str, Any]) -> list[str]:
         if variable.get("type") == "query":
             problems += _datasource_problems(f"variable {variable.get('name')!r}", variable.get("datasource"))
     return problems
+
+
+ALERT_EXPRESSION_UID = "__expr__"
+DURATION = re.compile(r"^\d+[smhd]$")
+
+
+def _alert_rule_problems(where: str, rule: dict[str, Any]) -> list[str]:
+    problems: list[str] = []
+    data = rule.get("data") or []
+    refs = [d.get("refId") for d in data]
+    if len(set(refs)) != len(refs):
+        problems.append(f"{where}: duplicate refId in {refs}")
+    if rule.get("condition") not in refs:
+        problems.append(f"{where}: condition {rule.get('condition')!r} names no query (refIds {refs})")
+    if not DURATION.match(str(rule.get("for", ""))):
+        problems.append(f"{where}: `for` {rule.get('for')!r} is not a duration like 5m")
+    if not str((rule.get("annotations") or {}).get("summary") or "").strip():
+        problems.append(f"{where}: no summary annotation telling the on-call what fired")
+    if not (rule.get("labels") or {}).get("severity"):
+        problems.append(f"{where}: no severity label (notification policies route on it)")
+    for query in data:
+        at = f"{where} query {query.get('refId')!r}"
+        model = query.get("model") or {}
+        if query.get("datasourceUid") == ALERT_EXPRESSION_UID:
+            if model.get("expression") not in refs:
+                problems.append(f"{at}: expression input {model.get('expression')!r} is not a query of this rule")
+            continue
+        if query.get("datasourceUid") != DATASOURCE_UID:
+            problems.append(f"{at}: datasourceUid {query.get('datasourceUid')!r}, expected {DATASOURCE_UID!r}")
+        problems += _datasource_problems(at, model.get("datasource"))
+        sql = str(model.get("rawSql") or "")
+        if not sql.strip():
+            problems.append(f"{at}: empty rawSql")
+            continue
+        if model.get("editorType") != "sql" or model.get("format") != 1:
+            problems.append(f"{at}: needs editorType 'sql' and format 1 (table: one number per model)")
+        if not any(macro in sql for macro in TIME_MACROS):
+            problems.append(f"{at}: rawSql ignores the rule's time range (no $__timeFilter)")
+        if MODEL_REFERENCE.search(sql):
+            problems.append(f"{at}: alert queries have no dashboard variables, but rawSql uses ${MODEL_VARIABLE}")
+        window = (query.get("relativeTimeRange") or {}).get("from")
+        if not isinstance(window, int) or window <= 0:
+            problems.append(f"{at}: relativeTimeRange.from must be a positive number of seconds")
+    return problems
+
+
+def lint_alert_rules(document: dict[str, Any]) -> list[str]:
+    """Problems of a Grafana alerting provisioning document, as sentences; empty when sound."""
+    problems: list[str] = []
+    if document.get("apiVersion") != 1:
+        problems.append(f"apiVersion {document.get('apiVersion')!r}, expected 1")
+    groups = document.get("groups") or []
+    if not groups:
+        problems.append("no rule groups")
+    uids: set[str] = set()
+    for group in groups:
+        name = group.get("name")
+        if not name or not group.get("folder") or not DURATION.match(str(group.get("interval", ""))):
+            problems.append(f"group {name!r}: needs a name, a folder and an interval like 1m")
+        if not group.get("rules"):
+            problems.append(f"group {name!r}: no rules")
+        for rule in group.get("rules") or []:
+            uid = str(rule.get("uid") or "")
+            where = f"rule {rule.get('title')!r}"
+            if not uid or len(uid) > 40:
+                problems.append(f"{where}: uid {uid!r} must be 1-40 characters")
+            elif uid in uids:
+                problems.append(f"{where}: duplicate uid {uid!r}")
+            uids.add(uid)
+            problems += _alert_rule_problems(where, rule)
+    return problems

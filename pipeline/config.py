@@ -265,6 +265,20 @@ class ConsumerSettings:
     """Requests larger than this go to the dead-letter topic."""
     commit_interval_ms: float = 200.0
     """How often completed offsets are committed."""
+    lag_interval_ms: float = 5000.0
+    """How often each consumer records its partitions' lag and lag age (and the engine's state) to `<prefix>.events.lag`; 0 turns it off."""
+
+
+@dataclass(frozen=True)
+class AlertSettings:
+    slo_minutes: int = 5
+    """The p99 alert fires when a model's end-to-end p99 was above its slo_p99_ms in each of this many one-minute buckets."""
+    dlq_per_s: float = 1.0
+    """The dead-letter alert fires when a model's requests go to the DLQ faster than this (per second, over 5 minutes)."""
+    lag_age_s: float = 60.0
+    """The lag alert fires when a model's oldest unanswered record is older than this."""
+    stalled_minutes: int = 3
+    """The stall alert fires when a model had records waiting and dispatched no batch for this long."""
 
 
 @dataclass(frozen=True)
@@ -274,6 +288,7 @@ class Config:
     kafka: KafkaSettings = field(default_factory=KafkaSettings)
     clickhouse: ClickHouseSettings = field(default_factory=ClickHouseSettings)
     consumer: ConsumerSettings = field(default_factory=ConsumerSettings)
+    alerts: AlertSettings = field(default_factory=AlertSettings)
 
     def model(self, name: str) -> ModelConfig:
         try:
@@ -317,7 +332,7 @@ def _profile(where: str, table: dict[str, Any], base: BatchProfile) -> BatchProf
 
 def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
     data = dict(data)
-    known = {"defaults", "models", "kafka", "clickhouse", "consumer"}
+    known = {"defaults", "models", "kafka", "clickhouse", "consumer", "alerts"}
     for key in data:
         if key not in known:
             raise ConfigError(f"{source}: unknown table [{key}] (known: {', '.join(sorted(known))})")
@@ -352,7 +367,10 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
     consumer = ConsumerSettings(
         **_coerce(f"{source} [consumer]", ConsumerSettings, data.get("consumer", {}))
     )
-    return Config(models=models, defaults=defaults, kafka=kafka, clickhouse=clickhouse, consumer=consumer)
+    alerts = AlertSettings(**_coerce(f"{source} [alerts]", AlertSettings, data.get("alerts", {})))
+    if alerts.slo_minutes < 1 or alerts.stalled_minutes < 1 or alerts.dlq_per_s < 0 or alerts.lag_age_s <= 0:
+        raise ConfigError(f"{source} [alerts]: minutes must be >= 1, dlq_per_s >= 0 and lag_age_s > 0 (got {alerts})")
+    return Config(models=models, defaults=defaults, kafka=kafka, clickhouse=clickhouse, consumer=consumer, alerts=alerts)
 
 
 def load_config(path: str | Path | None) -> Config:

@@ -20,6 +20,7 @@ TABLES: tuple[tuple[str, type, str], ...] = (
     ("[kafka]", config.KafkaSettings, "broker connection and topics"),
     ("[clickhouse]", config.ClickHouseSettings, "latency store and sink"),
     ("[consumer]", config.ConsumerSettings, "fetch loop"),
+    ("[alerts]", config.AlertSettings, "Grafana alert rules (`batchtide dashboards generate --config F`)"),
 )
 
 

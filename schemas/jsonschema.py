@@ -12,7 +12,7 @@ from pathlib import Path
 
 import msgspec
 
-from schemas.messages import BatchEvent, DeadLetter, LatencyEvent, Request, Result
+from schemas.messages import BatchEvent, DeadLetter, LagEvent, LatencyEvent, Request, Result
 
 HERE = Path(__file__).parent
 MESSAGES: dict[str, type] = {
@@ -21,6 +21,7 @@ MESSAGES: dict[str, type] = {
     "latency_event": LatencyEvent,
     "batch_event": BatchEvent,
     "dead_letter": DeadLetter,
+    "lag_event": LagEvent,
 }
 
 

@@ -164,3 +164,47 @@ class DeadLetter(msgspec.Struct):
 def batch_event_id(consumer_id: str, batch_id: int) -> str:
     """Batch ids are per consumer; this pair is globally unique (ClickHouse dedupe key)."""
     return f"{consumer_id}:{batch_id}"
+
+
+class PartitionLag(msgspec.Struct, omit_defaults=False):
+    """One partition of a consumer's assignment, as Kafka sees it when the sample is taken."""
+
+    topic: str
+    partition: int
+    end_offset: int
+    committed_offset: int
+    """-1 when the group has committed nothing on this partition yet (lag counts from its first record)."""
+    lag: int
+    """end_offset - committed_offset: records not yet answered and committed."""
+    oldest_ms: int
+    """CreateTime of the oldest record not yet answered (the one at the committed offset); 0 with no lag."""
+    lag_age_ms: float
+    """How long that record has waited when the sample is taken (kafka-lag-exporter's lag in time); 0 with no lag."""
+
+
+class LagEvent(msgspec.Struct, omit_defaults=False):
+    """One per consumer every `lag_interval_ms`: its partitions' lag and the engine's state.
+
+    ClickHouse `consumer_lag` holds one row per partition; `batchtide status`
+    reads the latest event of each consumer straight from the topic."""
+
+    ts_ms: int
+    model: str
+    consumer_id: str
+    group: str
+    partitions: list[PartitionLag]
+    queue: int
+    """Requests held in the engine (fetched, not yet dispatched)."""
+    inflight: int
+    window_ms: float
+    effective_cap: int
+    cap_reason: str
+    marked_share: float
+    arrival_rate_per_s: float
+    batches: int
+    """Batches dispatched since the consumer started (a counter; rates come from differences)."""
+    last_batch_ms: int
+    """Wall-clock ms of the last dispatched batch, seen to within a second; 0 before the first."""
+    dead_letters: int
+    """Records sent to the DLQ since the consumer started (a counter)."""
+    v: int = SCHEMA_VERSION

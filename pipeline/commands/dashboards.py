@@ -14,21 +14,32 @@ ConfigOption = typer.Option(None, "--config", "-c", help="batchtide TOML config 
 
 @dashboards_app.command("generate")
 def generate(
-    check: bool = typer.Option(False, "--check", help="Only verify the committed JSON is up to date (exit 1 if stale)."),
+    check: bool = typer.Option(False, "--check", help="Only verify the committed files are up to date (exit 1 if stale)."),
+    config: Optional[Path] = typer.Option(
+        None, "--config", "-c", help="Config whose models and [alerts] the alert rules follow (default: ./batchtide.toml of the repository)."
+    ),
 ) -> None:
-    """Regenerate dashboards/*.json from dashboards/panels.py and the shared analysis SQL."""
+    """Regenerate dashboards/*.json (from dashboards/panels.py and the shared analysis SQL) and the
+    Grafana alert rules dashboards/provisioning/alerting/batchtide.yaml (from the config)."""
     from dashboards.build import DashboardLintError, stale_files, write_all
+    from pipeline.config import ConfigError
 
+    if config is not None and not config.exists():
+        typer.echo(f"error: config file {config} does not exist", err=True)
+        raise typer.Exit(2)
     try:
         if check:
-            stale = stale_files()
+            stale = stale_files(config)
             for path in stale:
                 typer.echo(f"stale: {path} (run `batchtide dashboards generate`)", err=True)
             if stale:
                 raise typer.Exit(1)
             typer.echo("dashboards are up to date")
             return
-        written = write_all()
+        written = write_all(config)
+    except ConfigError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2) from None
     except DashboardLintError as error:
         typer.echo(f"error: dashboard lint failed: {error}", err=True)
         raise typer.Exit(1) from None

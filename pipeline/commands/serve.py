@@ -1,4 +1,4 @@
-"""CLI commands: `consume` (a GPU consumer), `produce` (open-loop load), `results` (tail answers),
+"""CLI commands: `consume` (a GPU consumer), `produce` (open-loop load), `results` (answers, one line each),
 and `bench pipeline` (the real end-to-end bench, attached to the bench group)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import asyncio
 import json
 import signal
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -109,39 +109,83 @@ def produce(
 
 def results(
     model: str = typer.Option(..., "--model", help="Model whose result topic to read."),
-    follow: bool = typer.Option(False, "--follow", "-f", help="Keep waiting for new results."),
-    from_beginning: bool = typer.Option(True, help="Start at the oldest result (else only new ones)."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep waiting for new results (Ctrl-C stops)."),
+    as_json: bool = typer.Option(False, "--json", help="Full result records as JSON lines (embeddings included)."),
+    ids: Optional[list[str]] = typer.Option(None, "--id", help="Only this request id (repeatable)."),
+    since: Optional[str] = typer.Option(None, "--since", help="Only results written after this: 15m, 2h ago, or an ISO time."),
+    from_beginning: bool = typer.Option(True, help="Start at the oldest result (--no-from-beginning: only new ones)."),
     config: Optional[Path] = typer.Option(None, "--config", help="TOML config file (Kafka settings)."),
 ) -> None:
-    """Print results as JSON lines (id, outcome, end-to-end ms, ...)."""
-    from pipeline.kafka.client import Topics
-    from pipeline.kafka.reader import TopicReader
+    """One line per answer: time, id, outcome, end-to-end ms, batch, consumer, and a preview
+    (start of generated text, embedding dimension and norm, or the reason of an error/rejection)."""
+    import time
+
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    from pipeline.kafka.client import Topics, client_options, list_topics
+    from pipeline.views.answers import Answer
+    from pipeline.views.board import parse_instant
 
     cfg = _config(config)
     topic = Topics(cfg.kafka.topic_prefix).results(model)
+    wanted = set(ids or ())
+    try:
+        since_ms = parse_instant(since, int(time.time() * 1000)) if since else None
+    except ValueError as e:
+        typer.echo(f"error: --since: {e}", err=True)
+        raise typer.Exit(2) from None
 
-    async def main() -> None:
+    async def main() -> int:
         stop = asyncio.Event()
         _stop_on_signals(stop)
-        async with TopicReader(cfg.kafka, topic, from_beginning=from_beginning) as reader:
-            await reader.read(
-                lambda record: typer.echo(_result_line(record.value, record.timestamp)),
-                until=stop.is_set,
-                idle_s=None if follow else 2.0,
-                poll_ms=1000,
-            )
+        consumer = AIOKafkaConsumer(**client_options(cfg.kafka), enable_auto_commit=False, isolation_level="read_committed")
+        await consumer.start()
+        shown = 0
+        try:
+            counts = await list_topics(cfg.kafka)
+            partitions = [TopicPartition(topic, p) for p in range(counts.get(topic, 0))]
+            if not partitions:
+                typer.echo(f"error: topic {topic} does not exist (is model {model!r} configured and its topics created?)", err=True)
+                return 1
+            consumer.assign(partitions)
+            await _seek(consumer, partitions, since_ms, from_beginning)
+            ends = await consumer.end_offsets(partitions)
+            while not stop.is_set():
+                if not follow and all([await consumer.position(tp) >= ends[tp] for tp in partitions]):
+                    break
+                batch = await consumer.getmany(timeout_ms=500)
+                for records in batch.values():
+                    for record in records:
+                        answer = Answer.decode(record.value, record.timestamp)
+                        if wanted and answer.id not in wanted:
+                            continue
+                        typer.echo(answer.as_json() if as_json else answer.as_line())
+                        shown += 1
+        finally:
+            await consumer.stop()
+        if wanted and not shown:
+            typer.echo(f"no result for {', '.join(sorted(wanted))} on {topic}", err=True)
+            return 1
+        return 0
 
-    asyncio.run(main())
+    code = asyncio.run(main())
+    if code:
+        raise typer.Exit(code)
 
 
-def _result_line(value: bytes | None, timestamp: int) -> str:
-    try:
-        result = json.loads(value or b"")
-    except ValueError:
-        return json.dumps({"undecodable": (value or b"")[:80].decode("utf-8", "replace")})
-    if isinstance(result, dict) and result.get("enqueue_ms"):
-        result["e2e_ms"] = timestamp - result["enqueue_ms"]
-    return json.dumps(result)
+async def _seek(consumer: Any, partitions: list[Any], since_ms: Optional[int], from_beginning: bool) -> None:
+    """Position every partition at the first record written at or after `since_ms`, else the start or the end."""
+    if since_ms is None:
+        if from_beginning:
+            await consumer.seek_to_beginning(*partitions)
+        else:
+            await consumer.seek_to_end(*partitions)
+        return
+    found = await consumer.offsets_for_times({tp: since_ms for tp in partitions})
+    ends = await consumer.end_offsets(partitions)
+    for tp in partitions:
+        at = found.get(tp)
+        consumer.seek(tp, at.offset if at is not None else ends[tp])
 
 
 def bench_pipeline(

@@ -51,6 +51,11 @@ class Topics:
         return f"{self.prefix}.events.batches"
 
     @property
+    def lag_events(self) -> str:
+        """Each consumer's periodic lag sample (consumers/lag.py)."""
+        return f"{self.prefix}.events.lag"
+
+    @property
     def dlq(self) -> str:
         return f"{self.prefix}.dlq"
 
@@ -63,9 +68,9 @@ class Topics:
         return self.requests(model), self.priority(model), self.results(model)
 
     @property
-    def shared(self) -> tuple[str, str, str]:
-        """Topics every model writes to: latency events, batch events, dead letters."""
-        return self.latency_events, self.batch_events, self.dlq
+    def shared(self) -> tuple[str, ...]:
+        """Topics every model writes to: latency, batch and lag events, dead letters."""
+        return self.latency_events, self.batch_events, self.lag_events, self.dlq
 
 
 class SecretRedactor(logging.Filter):

@@ -218,8 +218,74 @@ ORDER BY model
                  f"FROM batches_minute\nWHERE $__timeFilter(minute) AND {MODEL_FILTER}")),
 ]  # fmt: skip
 
-QUERIES: dict[str, AnalysisQuery] = {q.name: q for q in _ALL}
+LATEST_PER_PARTITION = f"""
+    SELECT $__timeInterval(ts) AS time, model, topic, partition,
+           argMax(lag, ts) AS lag, argMax(lag_age_ms, ts) AS lag_age_ms
+    FROM consumer_lag FINAL
+    WHERE $__timeFilter(ts) AND partition >= 0 AND {MODEL_FILTER}
+    GROUP BY time, model, topic, partition"""
+"""Each partition's last sample per bucket: a partition sampled by two consumers during a
+rebalance counts once, and lag sums over partitions (Burrow's per-group total)."""
+
+_LAG = [
+    _q("lag_over_time", "Consumer lag and lag age over time", "time_series",
+       "Records not yet answered (end offset - committed offset, summed over partitions) and the age "
+       "of the oldest of them (max over partitions), per bucket.",
+       f"""
+SELECT time, model, sum(lag) AS lag, max(lag_age_ms) AS lag_age_ms
+FROM ({LATEST_PER_PARTITION})
+GROUP BY time, model
+ORDER BY time, model
+"""),
+    _q("engine_state", "Engine state reported by the consumers", "time_series",
+       "Per bucket, the mean over consumer samples of the window, the learned cap, the engine queue and the marked share.",
+       f"""
+SELECT
+    $__timeInterval(ts) AS time,
+    model,
+    avg(window_ms) AS window_ms,
+    avg(effective_cap) AS effective_cap,
+    avg(queue) AS queue,
+    avg(marked_share) AS marked_share
+FROM (
+    SELECT ts, model, consumer_id, any(window_ms) AS window_ms, any(effective_cap) AS effective_cap,
+           any(queue) AS queue, any(marked_share) AS marked_share
+    FROM consumer_lag FINAL
+    WHERE $__timeFilter(ts) AND {MODEL_FILTER}
+    GROUP BY ts, model, consumer_id
+)
+GROUP BY time, model
+ORDER BY time, model
+"""),
+    _q("lag_summary", "Consumer lag per model", "table",
+       "Lag and lag age in the last bucket of the range, their maxima over the range, and how many consumers reported.",
+       f"""
+SELECT
+    b.model AS model,
+    argMax(b.lag, b.time) AS lag_now,
+    argMax(b.lag_age_ms, b.time) AS lag_age_now_ms,
+    max(b.lag) AS lag_max,
+    max(b.lag_age_ms) AS lag_age_max_ms,
+    any(c.consumers) AS consumers
+FROM (
+    SELECT time, model, sum(lag) AS lag, max(lag_age_ms) AS lag_age_ms
+    FROM ({LATEST_PER_PARTITION})
+    GROUP BY time, model
+) AS b
+LEFT JOIN (
+    SELECT model, uniqExact(consumer_id) AS consumers
+    FROM consumer_lag
+    WHERE $__timeFilter(ts) AND {MODEL_FILTER}
+    GROUP BY model
+) AS c ON c.model = b.model
+GROUP BY b.model
+ORDER BY model
+"""),
+]  # fmt: skip
+
+QUERIES: dict[str, AnalysisQuery] = {q.name: q for q in _ALL + _LAG}
 REPORT_QUERIES = (
     "summary", "warmup", "latency_quantiles", "throughput", "batch_sizes", "target_hit_ratio",
     "dispatch_reasons", "device_memory", "compute_by_batch_size", "window_over_time",
+    "lag_summary", "lag_over_time",
 )  # fmt: skip

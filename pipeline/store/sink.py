@@ -1,7 +1,7 @@
-"""The sink: a faust-streaming app that loads latency and batch events into ClickHouse.
+"""The sink: a faust-streaming app that loads latency, batch and lag events into ClickHouse.
 
-Two agents, one per events topic (`<prefix>.events.latency`,
-`<prefix>.events.batches`), run with faust's automatic acks turned off. Each
+Three agents, one per events topic (`<prefix>.events.latency`,
+`<prefix>.events.batches`, `<prefix>.events.lag`), run with faust's automatic acks turned off. Each
 event is decoded (msgspec, the wire contract in schemas/messages.py) and
 handed with its ack to a `Loader` (pipeline/store/loader.py), which inserts
 in batches and acks an event only after its batch is stored. faust commits
@@ -43,7 +43,8 @@ from pipeline.store.client import describe
 from pipeline.store.loader import Loader
 from pipeline.store.migrations import Layout, migrate
 from pipeline.store.writer import insert_batch_events, insert_latency_events
-from schemas.messages import BatchEvent, LatencyEvent
+from pipeline.store.lag_writer import insert_lag_events
+from schemas.messages import BatchEvent, LagEvent, LatencyEvent
 
 log = logging.getLogger("batchtide.sink")
 STATS_INTERVAL_S = 10.0
@@ -153,6 +154,7 @@ class Sink:
     store: StoreConnection
     topics: Topics
     rejected: int = 0
+    lags: Loader[LagEvent] | None = None
 
     def lag(self) -> dict[str, int]:
         """Records not yet read, and not yet committed (i.e. not yet stored), on assigned partitions."""
@@ -228,7 +230,10 @@ def build_sink(
     batches: Loader[BatchEvent] = Loader(
         "batches", lambda b: store.run(lambda c: insert_batch_events(c, database, b)), **common
     )
-    sink = Sink(app=app, latency=latency, batches=batches, store=store, topics=topics)
+    lags: Loader[LagEvent] = Loader(
+        "consumer_lag", lambda b: store.run(lambda c: insert_lag_events(c, database, b)), **common
+    )
+    sink = Sink(app=app, latency=latency, batches=batches, store=store, topics=topics, lags=lags)
 
     def agent_for(loader: Loader[Any], kind: type) -> Callable[[Any], Any]:
         decoder = msgspec.json.Decoder(kind)
@@ -253,10 +258,12 @@ def build_sink(
     batch_topic = app.topic(topics.batch_events, value_type=bytes, value_serializer="raw")
     app.agent(latency_topic, name=f"{app_id}.load_request_latency")(agent_for(latency, LatencyEvent))
     app.agent(batch_topic, name=f"{app_id}.load_batches")(agent_for(batches, BatchEvent))
+    lag_topic = app.topic(topics.lag_events, value_type=bytes, value_serializer="raw")
+    app.agent(lag_topic, name=f"{app_id}.load_consumer_lag")(agent_for(lags, LagEvent))
 
     @app.task
     async def run_loaders() -> None:
-        await asyncio.gather(latency.run(), batches.run())
+        await asyncio.gather(latency.run(), batches.run(), lags.run())
 
     @app.timer(interval=STATS_INTERVAL_S)
     async def report_progress() -> None:

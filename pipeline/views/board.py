@@ -3,12 +3,13 @@
 For machines without Grafana. Every panel of `dashboards/panels.py` is computed
 from the same named query Grafana runs, with the plugin's macros expanded by
 `pipeline.store.macros.expand_macros`, against the embedded or configured
-ClickHouse. The page holds inline SVG and a few lines of inline script that
+ClickHouse. The consumer-lag panels (`CONSUMER_LAG`) sit below the tail-latency ones. The page holds inline SVG and a few lines of inline script that
 mark each panel painted; nothing is fetched from anywhere.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import math
 import re
@@ -22,7 +23,7 @@ from typing import Any, Protocol
 from urllib.parse import parse_qs, urlencode, urlparse
 
 from dashboards.charts import BarGroup, Series, bar_chart_svg, format_value, time_series_svg
-from dashboards.panels import MODEL_VARIABLE, MODELS_QUERY, TAIL_LATENCY, BoardSpec, PanelSpec
+from dashboards.panels import CONSUMER_LAG, MODEL_VARIABLE, MODELS_QUERY, TAIL_LATENCY, BoardSpec, PanelSpec
 from dashboards.sql import query_sql
 from pipeline.views.report import DURATION, parse_duration_ms
 
@@ -34,6 +35,17 @@ NICE_INTERVALS_MS = (
     1_000, 2_000, 5_000, 10_000, 15_000, 30_000, 60_000, 120_000, 300_000, 600_000,
     900_000, 1_800_000, 3_600_000, 7_200_000, 21_600_000, 43_200_000, 86_400_000,
 )
+
+
+def _stacked(top: BoardSpec, below: BoardSpec) -> BoardSpec:
+    """One page holding `top`'s panels, then `below`'s under them on the same grid."""
+    bottom = max(p.y + p.h for p in top.panels)
+    moved = tuple(dataclasses.replace(p, y=p.y + bottom) for p in below.panels)
+    return dataclasses.replace(top, title=f"{top.title} · consumer lag", panels=top.panels + moved)
+
+
+LOCAL_BOARD = _stacked(TAIL_LATENCY, CONSUMER_LAG)
+"""The local page: the tail-latency board with the consumer-lag panels below it."""
 
 
 class ClickHouseQuerier(Protocol):
@@ -318,7 +330,7 @@ def build_page(
     client: ClickHouseQuerier,
     window: TimeRange,
     models: list[str] | None = None,
-    board: BoardSpec = TAIL_LATENCY,
+    board: BoardSpec = LOCAL_BOARD,
     links: dict[str, str] | None = None,
 ) -> str:
     """Query every panel for each model (all models seen in the range when none given)."""

@@ -142,6 +142,8 @@ def render(report: Report, console: Console) -> None:
     s = report.sections
     if not s.get("summary"):
         console.print(f"no latency rows in {span} (is the sink running? try a longer --since)")
+        if s.get("lag_summary"):  # nothing answered, but consumers reported: the lag says why
+            _render_lag(s, console)
         return
     console.print(f"[bold]batchtide report[/bold]  {span}, buckets of {report.interval_ms / 1000:g} s")
     console.print(_table("Per model (ms; req/s over the span with data)", [
@@ -186,8 +188,31 @@ def render(report: Report, console: Console) -> None:
         [r["model"], r["device_mem_kind"], _mib(r["mem_p50_bytes"]), _mib(r["mem_max_bytes"])]
         for r in s.get("device_memory", [])
     ]))  # fmt: skip
+    _render_lag(s, console)
     console.print(_table("Compute time by batch size (every 8th size; --json for all)", [
         "model", "size", "batches", "p50 ms", "p99 ms", "ms/request",
     ], [[r["model"], str(r["size"]), _num(r["batches"]), _num(r["compute_p50_ms"]), _num(r["compute_p99_ms"]),
          _num(r["ms_per_request_p50"], 2)]
         for r in s.get("compute_by_batch_size", []) if r["size"] == 1 or r["size"] % 8 == 0]))  # fmt: skip
+
+
+def _age(ms: Any) -> str:
+    if ms is None or (isinstance(ms, float) and not math.isfinite(ms)):
+        return "-"
+    return f"{ms:,.0f} ms" if ms < 1000 else f"{ms / 1000:,.1f} s"
+
+
+def _render_lag(s: dict[str, list[dict[str, Any]]], console: Console) -> None:
+    """Consumer lag (records not yet answered) and lag age (how old the oldest of them is)."""
+    if not s.get("lag_summary"):
+        console.print("Consumer lag: no lag samples in the range (consumers record them every lag_interval_ms)")
+        return
+    console.print(_table("Consumer lag (end - committed offset; age of the oldest unanswered record)", [
+        "model", "consumers", "lag now", "lag age now", "max lag", "max lag age",
+    ], [[
+        r["model"], _num(r["consumers"]), _num(r["lag_now"]), _age(r["lag_age_now_ms"]),
+        _num(r["lag_max"]), _age(r["lag_age_max_ms"]),
+    ] for r in s["lag_summary"]]))  # fmt: skip
+    console.print(_table("Consumer lag per bucket", ["time", "model", "lag", "lag age"], [
+        [f"{r['time']:%H:%M:%S}", r["model"], _num(r["lag"]), _age(r["lag_age_ms"])] for r in s.get("lag_over_time", [])
+    ]))  # fmt: skip

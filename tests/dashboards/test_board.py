@@ -14,8 +14,8 @@ import pytest
 from PIL import Image, ImageStat
 from typer.testing import CliRunner
 
-from dashboards.panels import TAIL_LATENCY, PanelSpec
-from pipeline.views.board import TimeRange, build_page, make_server, time_range
+from dashboards.panels import CONSUMER_LAG, TAIL_LATENCY, PanelSpec
+from pipeline.views.board import LOCAL_BOARD, TimeRange, build_page, make_server, time_range
 from tests.dashboards.browser import dump_dom, screenshot
 from tests.dashboards.cli import dashboards_cli
 from tests.dashboards.conftest import SeededStore
@@ -56,7 +56,8 @@ def test_every_panel_has_data_and_is_painted_by_the_browser(rendered: tuple[Path
     dom = dump_dom(page, tmp_path / "profile")
     assert 'data-ready="true"' in dom, "the page script did not run"
     panels = _panel_attrs(dom)
-    assert set(panels) == {p.key for p in TAIL_LATENCY.panels}
+    assert set(panels) == {p.key for p in LOCAL_BOARD.panels}
+    assert {p.key for p in CONSUMER_LAG.panels} <= set(panels), "the lag panels are on the local board"
     for key, attrs in panels.items():
         assert attrs["state"] == "rendered", f"{key}: {attrs}"
         assert int(attrs["points"]) > 0, key

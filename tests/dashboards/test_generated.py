@@ -160,7 +160,8 @@ def test_generate_and_check_commands(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert stale.exit_code == 1 and "stale" in stale.output
     written = runner.invoke(dashboards_cli(), ["dashboards", "generate"])
     assert written.exit_code == 0, written.output
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"{b.uid}.json" for b in BOARDS)
+    assert sorted(p.name for p in tmp_path.glob("*.json")) == sorted(f"{b.uid}.json" for b in BOARDS)
+    assert (tmp_path / "provisioning" / "alerting" / "batchtide.yaml").is_file()
     assert runner.invoke(dashboards_cli(), ["dashboards", "generate", "--check"]).exit_code == 0
     path = tmp_path / f"{TAIL_LATENCY.uid}.json"
     edited = json.loads(path.read_text())

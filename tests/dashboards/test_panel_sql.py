@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from dashboards.panels import MODEL_VARIABLE, TAIL_LATENCY
+from dashboards.panels import CONSUMER_LAG, MODEL_VARIABLE, TAIL_LATENCY
 from pipeline.views.board import Frame, TimeRange
 from pipeline.store.macros import expand_macros
 from tests.dashboards.conftest import SeededStore
@@ -38,7 +38,8 @@ def _run(store: SeededStore, sql: str, model: str) -> Frame:
 
 
 def _panels() -> list[dict[str, Any]]:
-    return _committed_board()["panels"]
+    lag_board = json.loads((BOARD_FILE.parent / f"{CONSUMER_LAG.uid}.json").read_text())
+    return _committed_board()["panels"] + lag_board["panels"]
 
 
 def test_model_variable_query_lists_the_seeded_models(seeded_store: SeededStore) -> None:

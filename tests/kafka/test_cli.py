@@ -67,6 +67,7 @@ def test_topics_create_reads_models_and_partitions_from_config(
         f"{p}.results.alpha  partitions=3",
         f"{p}.events.latency  partitions=1",
         f"{p}.events.batches  partitions=1",
+        f"{p}.events.lag  partitions=1",
         f"{p}.dlq  partitions=1",
     ):
         assert line in result.output

@@ -21,6 +21,7 @@ def test_topic_names_follow_the_documented_layout() -> None:
     assert topics.latency_events == "bt.events.latency"
     assert topics.batch_events == "bt.events.batches"
     assert topics.dlq == "bt.dlq"
+    assert topics.lag_events == "bt.events.lag"
 
 
 async def _described(settings: KafkaSettings) -> dict[str, int]:
@@ -45,6 +46,7 @@ def test_ensure_topics_is_idempotent_and_grows_partitions(kafka_settings: KafkaS
         f"{p}.results.smollm": 1,
         f"{p}.events.latency": 2,
         f"{p}.events.batches": 2,
+        f"{p}.events.lag": 2,
         f"{p}.dlq": 2,
     }
 

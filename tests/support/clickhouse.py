@@ -24,8 +24,10 @@ from clickhouse_connect.driver.client import Client
 
 from pipeline.config import ClickHouseSettings
 from pipeline.store.client import ClickHouseUnavailable, connect
+from pipeline.store.lag_writer import insert_lag_events
 from pipeline.store.migrations import Layout, migrate
 from pipeline.store.seed import SeedChunk, SeedSummary, generate, insert_chunk, recent_start_ms
+from tests.support.lag_seed import lag_samples
 
 SEED_ROWS = 120_000
 SEED = 11
@@ -103,6 +105,8 @@ def seeded_clickhouse(clickhouse_client: Client, clickhouse_settings: ClickHouse
         insert_chunk(clickhouse_client, database, chunk)
     low = min(min(c.latency["enqueue_time"]) for c in chunks)
     high = max(max(c.latency["produce_time"]) for c in chunks)
+    models = tuple(sorted({c.latency["model"][0] for c in chunks}))
+    insert_lag_events(clickhouse_client, database, lag_samples(models, low, high))
     summary = SeedSummary(
         rows=SEED_ROWS,
         batches=sum(len(c.batches["batch_id"]) for c in chunks),

@@ -1,0 +1,198 @@
+"""CLI command: `batchtide status`, the live view an on-call engineer looks at first.
+
+Straight from Kafka, not from ClickHouse (which trails by the sink's insert
+interval): per model, the consumer group's state and members with their
+partitions, every request partition's lag and lag age (consumers/lag.py),
+and each consumer's latest lag event: the engine's window, learned cap,
+marked share, queue and the time of its last batch; and how many events the
+sink has not stored in ClickHouse yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import msgspec
+import typer
+
+from schemas.messages import LagEvent, PartitionLag
+
+FRESH_INTERVALS = 3
+"""A consumer's lag event counts as live for this many lag intervals."""
+
+
+@dataclass
+class ModelStatus:
+    model: str
+    group: str
+    state: str
+    members: list[dict[str, Any]]
+    partitions: list[PartitionLag]
+    owners: dict[str, str]
+    """`topic:partition` -> client id of the member that holds it."""
+    consumers: dict[str, LagEvent]
+
+    @property
+    def total_lag(self) -> int:
+        return sum(p.lag for p in self.partitions)
+
+    @property
+    def max_lag_age_ms(self) -> float:
+        return max((p.lag_age_ms for p in self.partitions), default=0.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "group": self.group,
+            "state": self.state,
+            "members": self.members,
+            "total_lag": self.total_lag,
+            "max_lag_age_ms": self.max_lag_age_ms,
+            "partitions": [
+                {**msgspec.to_builtins(p), "owner": self.owners.get(f"{p.topic}:{p.partition}")} for p in self.partitions
+            ],
+            "consumers": {cid: msgspec.to_builtins(e) for cid, e in sorted(self.consumers.items())},
+        }
+
+
+@dataclass
+class SinkStatus:
+    """The sink's consumer group on the events topics: events not yet stored in ClickHouse."""
+
+    group: str
+    state: str
+    members: int
+    lag: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"group": self.group, "state": self.state, "members": self.members, "lag": self.lag}
+
+
+async def collect_sink(config: Any) -> SinkStatus:
+    from pipeline.kafka.client import Topics
+    from consumers.lag import LagProbe
+
+    topics = Topics(config.kafka.topic_prefix)
+    group_id = f"{config.kafka.topic_prefix}-sink"
+    async with LagProbe(config.kafka) as probe:
+        group = await probe.describe_group(group_id)
+        events = await probe.topic_partitions([topics.latency_events, topics.batch_events, topics.lag_events])
+        lags = await probe.measure(group_id, events)
+    return SinkStatus(group_id, group.state, len(group.members), sum(p.lag for p in lags))
+
+
+async def collect(config: Any, models: list[str]) -> list[ModelStatus]:
+    from pipeline.kafka.client import Topics
+    from consumers.lag import LagProbe, latest_lag_events
+
+    topics = Topics(config.kafka.topic_prefix)
+    fresh_ms = max(config.consumer.lag_interval_ms, 1000.0) * FRESH_INTERVALS
+    events = await latest_lag_events(config.kafka, fresh_ms)
+    out = []
+    async with LagProbe(config.kafka) as probe:
+        for model in models:
+            group_id = topics.group(model)
+            group = await probe.describe_group(group_id)
+            partitions = await probe.topic_partitions([topics.requests(model), topics.priority(model)])
+            lags = await probe.measure(group_id, partitions)
+            owners = {f"{tp.topic}:{tp.partition}": m.client_id for m in group.members for tp in m.partitions}
+            members = [
+                {"client_id": m.client_id, "host": m.host.lstrip("/"), "partitions": [f"{tp.topic}:{tp.partition}" for tp in m.partitions]}
+                for m in group.members
+            ]
+            mine = {cid: e for cid, e in events.items() if e.model == model}
+            out.append(ModelStatus(model, group_id, group.state, members, lags, owners, mine))
+    return out
+
+
+def _age(ms: float) -> str:
+    if ms < 1000:
+        return f"{ms:.0f} ms"
+    if ms < 120_000:
+        return f"{ms / 1000:.1f} s"
+    return f"{ms / 60_000:.1f} min"
+
+
+def render(statuses: list[ModelStatus], now_ms: float, sink: SinkStatus | None = None) -> str:
+    lines: list[str] = []
+    if sink is not None:
+        lines.append(
+            f"sink group {sink.group}  state {sink.state}  members {sink.members}  "
+            f"events not yet in ClickHouse {sink.lag}"
+        )
+    for s in statuses:
+        lines.append(
+            f"model {s.model}  group {s.group}  state {s.state}  members {len(s.members)}  "
+            f"lag {s.total_lag}  max lag age {_age(s.max_lag_age_ms)}"
+        )
+        for m in s.members:
+            lines.append(f"  member {m['client_id']} ({m['host']}): {len(m['partitions'])} partitions  {' '.join(m['partitions'])}")
+            event = s.consumers.get(m["client_id"])
+            if event is None:
+                lines.append("    no lag event yet (recorded every [consumer] lag_interval_ms)")
+                continue
+            last = f"{_age(now_ms - event.last_batch_ms)} ago" if event.last_batch_ms else "none yet"
+            lines.append(
+                f"    engine: window {event.window_ms:.1f} ms, learned cap {event.effective_cap} ({event.cap_reason}), "
+                f"marked {event.marked_share * 100:.1f}%, queue {event.queue}, in flight {event.inflight}, "
+                f"{event.arrival_rate_per_s:.1f} req/s; last batch {last}; batches {event.batches}, "
+                f"dead letters {event.dead_letters}  (event {_age(now_ms - event.ts_ms)} old)"
+            )
+        gone = sorted(set(s.consumers) - {m["client_id"] for m in s.members})
+        for cid in gone:
+            lines.append(f"  consumer {cid}: sent lag events recently but is not a member now")
+        width = max((len(f"{p.topic}:{p.partition}") for p in s.partitions), default=10)
+        lines.append(f"  {'partition':<{width}}  {'end':>9}  {'committed':>9}  {'lag':>7}  {'lag age':>9}  owner")
+        for p in s.partitions:
+            name = f"{p.topic}:{p.partition}"
+            committed = str(p.committed_offset) if p.committed_offset >= 0 else "-"
+            lines.append(
+                f"  {name:<{width}}  {p.end_offset:>9}  {committed:>9}  {p.lag:>7}  {_age(p.lag_age_ms):>9}  "
+                f"{s.owners.get(name, '(unassigned)')}"
+            )
+    return "\n".join(lines)
+
+
+def status(
+    config: Optional[Path] = typer.Option(None, "--config", help="TOML config file."),
+    model: Optional[list[str]] = typer.Option(None, "--model", "-m", help="Only this model (repeatable); default every configured model."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """Live view from Kafka: group members and their partitions, lag and lag age per partition,
+    each consumer's latest engine state (window, learned cap, marked share, last batch), and the
+    sink's backlog of events not yet in ClickHouse."""
+    from aiokafka.errors import KafkaError
+
+    from pipeline.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(config)
+    except ConfigError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    models = list(model) if model else sorted(cfg.models)
+    if not models:
+        typer.echo("error: no models configured (add a [models.NAME] table or pass --model)", err=True)
+        raise typer.Exit(2)
+    async def gather() -> tuple[list[ModelStatus], SinkStatus]:
+        return await collect(cfg, models), await collect_sink(cfg)
+
+    try:
+        statuses, sink = asyncio.run(gather())
+    except KafkaError as e:
+        typer.echo(f"error: Kafka at {cfg.kafka.bootstrap_servers}: {e!r}", err=True)
+        raise typer.Exit(1) from None
+    if as_json:
+        typer.echo(json.dumps({"sink": sink.to_dict(), "models": [s.to_dict() for s in statuses]}, indent=2))
+    else:
+        typer.echo(render(statuses, time.time() * 1000, sink))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("status")(status)
+
