@@ -167,7 +167,7 @@ class Consumer:
         self._wake: asyncio.TimerHandle | None = None
         self._wake_at: float | None = None
         self._last_forward_scan = 0.0
-        self._next_batch_cap = model.profile.hard_cap
+        self._next_batch_cap = engine.ceiling
         self._stopping = False
         self._failure: BaseException | None = None
         self._txn_lock = asyncio.Lock()
@@ -215,7 +215,7 @@ class Consumer:
         batch at a new size is several times slower: allocator growth, page faults, kernel
         choice), so neither the first live burst nor the engine's t(b) pays for it."""
         self.runner.load()
-        top = 1 if self.runner.simulated else min(self._profile.target_size, WARM_UP_MAX_BATCH)
+        top = 1 if self.runner.simulated else min(self.engine.target_size, WARM_UP_MAX_BATCH)
         size, spent_s, last_s = 1, 0.0, 0.0
         while size <= top and spent_s + 2 * last_s <= WARM_UP_BUDGET_S:
             probes = [
@@ -526,7 +526,7 @@ class Consumer:
             batch,
             model=self.model.name,
             consumer_id=self.consumer_id,
-            target_size=self._profile.target_size,
+            target_size=batch.record.target_size,
             compute_ms=end - start,
             tokens_in=tokens_in,
             tokens_out=tokens_out,

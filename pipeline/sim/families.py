@@ -25,6 +25,9 @@ from pipeline.sim.scenario import Scenario
 
 Config = dict[str, Any]
 
+DEFAULT_DEVICE_CAP = 128
+"""A scenario's device memory limit when `[cost] max_batch` is absent."""
+
 
 @dataclass(frozen=True)
 class LaneContext:
@@ -32,6 +35,9 @@ class LaneContext:
 
     max_inflight: int
     priority_levels: int
+    device_cap: int = DEFAULT_DEVICE_CAP
+    """The device memory limit (`[cost] max_batch`, 128 when absent): batchtide's
+    `hard_cap = "auto"` ceiling, the same one every family's grid reaches."""
 
 
 Builder = Callable[[Config, LaneContext], BatchPolicy]
@@ -80,7 +86,7 @@ def build_engine(profile: BatchProfile, ctx: LaneContext) -> BatchPolicy:
 
     if profile.max_inflight_batches != ctx.max_inflight:
         profile = profile.replace(max_inflight_batches=ctx.max_inflight)
-    return BatchingEngine(profile)
+    return BatchingEngine(profile, device_cap=ctx.device_cap)
 
 
 def _batchtide(cfg: Config, ctx: LaneContext) -> BatchPolicy:

@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
-from pipeline.sim.families import Builder, Config, LaneContext, builder
+from pipeline.sim.families import DEFAULT_DEVICE_CAP, Builder, Config, LaneContext, builder
 from pipeline.sim.metrics import RunMetrics, measure, slo_budget
 from pipeline.sim.scenario import Arrivals, Scenario, make_arrivals
 from pipeline.sim.simulator import RunOutcome, simulate
@@ -84,8 +84,9 @@ class Evaluator:
     def policies(self, cand: Candidate) -> list:
         topo = self.scenario.topology
         levels = len(self.scenario.priority_mix)
+        device_cap = self.scenario.cost.max_batch or DEFAULT_DEVICE_CAP
         return [
-            cand.build(cand.config, LaneContext(len(topo.lane_devices(lane)), max(1, levels)))
+            cand.build(cand.config, LaneContext(len(topo.lane_devices(lane)), max(1, levels), device_cap))
             for lane in range(topo.lanes)
         ]
 
