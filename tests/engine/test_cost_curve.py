@@ -241,3 +241,33 @@ def test_cap_learned_from_tiny_batches_recovers_fast_under_backlog() -> None:
     assert engine.curve.cap <= 3, "premise: the low-load knee is tiny"
     records = run_saturated(engine, lambda size, _: 17.0 if size == 1 else 6.0 + 11.0 * size, 60)
     assert max(r.effective_cap for r in records[-10:]) >= 16
+
+
+def test_auto_cap_climbs_to_the_device_limit_on_an_affine_model() -> None:
+    engine = BatchingEngine(BatchProfile(), device_cap=96)
+    assert engine.ceiling == 96 and engine.curve.reason == "ramp"
+    records = run_saturated(engine, linear, 60, arrivals_per_batch=200)
+    assert [r.size for r in records[:4]] == [16, 32, 64, 96], "doubles from the ramp start, stops at the limit"
+    assert max(r.size for r in records) == 96
+    assert engine.target_size == 64, "auto target: two thirds of the learned cap"
+
+
+def test_auto_cap_without_a_profile_stops_at_the_safe_ceiling() -> None:
+    engine = BatchingEngine(BatchProfile())
+    records = run_saturated(engine, linear, 30, arrivals_per_batch=300)
+    assert engine.ceiling == 128 and max(r.size for r in records) == 128
+
+
+def test_explicit_hard_cap_stays_a_ceiling_under_the_device_limit() -> None:
+    assert BatchingEngine(BatchProfile(hard_cap=48), device_cap=96).ceiling == 48
+    assert BatchingEngine(BatchProfile(hard_cap=200), device_cap=96).ceiling == 96
+    engine = BatchingEngine(BatchProfile(hard_cap=48, target_size=32), device_cap=96)
+    assert engine.target_size == 32
+
+
+def test_a_measured_profile_starts_the_cap_at_the_knee() -> None:
+    points = [(size, peaked_at_8(size, 0)) for size in (1, 2, 4, 8, 16, 32, 64)]
+    engine = BatchingEngine(BatchProfile(), device_cap=64, prior_costs=points)
+    assert (engine.curve.cap, engine.curve.reason) == (8, "knee")
+    records = run_saturated(engine, peaked_at_8, 10)
+    assert records[0].size == 8, "no cold probing at the memory limit"
