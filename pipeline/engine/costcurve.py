@@ -185,14 +185,21 @@ class CostCurve:
         key = bucket_key(size)
         bucket = self._buckets.get(key)
         refresh = bucket is None
+        if bucket is not None and len(bucket.times) >= 3:
+            expected, spread = bucket.time_ms, bucket.spread or 0.0
+        else:
+            # A size with too few samples of its own is compared with the curve
+            # between its neighbours, so a shift shows at sizes the old curve
+            # never measured (a prefilled profile, a cap that moved).
+            expected, spread = self.estimate_ms(size), self._noise
         if bucket is None:
             bucket = self._buckets[key] = _Bucket()
-        elif len(bucket.times) >= 3:
-            deviation = math.log(compute_ms / bucket.time_ms)
+        if expected is not None:
+            deviation = math.log(compute_ms / expected)
             # On a busy host the bucket's own spread can exceed 40%: only a
             # departure well outside that noise is a shift, or noise would
             # clear the curve again and again and drag the cap down.
-            limit = max(SHIFT_RATIO, NOISE_MULTIPLE * (bucket.spread or 0.0))
+            limit = max(SHIFT_RATIO, NOISE_MULTIPLE * spread)
             direction = (deviation > limit) - (deviation < -limit)
             if direction and direction == self._run_direction:
                 self._run += 1
