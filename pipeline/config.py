@@ -82,7 +82,7 @@ class BatchProfile:
     tail_min_samples: int = 32
     """Waits observed before marking starts (a p50 of three samples means nothing)."""
     wait_sample_window: int = 2048
-    """Number of recent dispatch waits the rolling p50 is taken over."""
+    """Number of recent dispatch waits the marking quantile is taken over."""
     priority_levels: int = 3
     """Client priority levels; 0 is the most urgent, priority_levels-1 the least."""
     default_deadline_ms: float | None = None
@@ -97,7 +97,8 @@ class BatchProfile:
     """Learn t(b) online and hold the effective cap at the batch-friendliness knee."""
     cap_ramp: bool = False
     """Start the learned cap at target_size and double it while bigger batches keep
-    paying (for a hard_cap set far above the model's likely knee); False starts at hard_cap."""
+    paying (for a hard_cap set far above the model's likely knee); False starts at
+    hard_cap. `hard_cap = "auto"` without a measured profile always ramps (from 16)."""
     compute_budget_ms: float | None = None
     """Compute time one batch may take while the queue is short (None: half of
     slo_p99_ms, or of default_deadline_ms if shorter). It never slows the pipeline
@@ -111,7 +112,8 @@ class BatchProfile:
     rate_halflife_ms: float = 250.0
     """Half-life of the arrival-rate estimate: shorter follows bursts, longer is steadier."""
     slo_p99_ms: float = 1000.0
-    """End-to-end p99 objective, used by reports and the capacity-at-SLO benchmark."""
+    """End-to-end p99 objective, used by reports, the capacity-at-SLO benchmark and
+    (halved) as the default compute budget."""
 
     def __post_init__(self) -> None:
         problems = self.problems()
