@@ -65,7 +65,7 @@ RESUME_FRACTION = 0.75
 WARM_UP_TEXT = "warm up the device before the group hands this consumer its partitions"
 WARM_UP_MAX_BATCH = 64
 WARM_UP_BUDGET_S = 2.0
-"""Warm-up doubles the batch size up to the profile's target (at most 64 requests) while
+"""Warm-up doubles the batch size up to the engine's ceiling (at most 64 requests) while
 the next batch is expected to fit in this budget."""
 
 
@@ -215,7 +215,7 @@ class Consumer:
         batch at a new size is several times slower: allocator growth, page faults, kernel
         choice), so neither the first live burst nor the engine's t(b) pays for it."""
         self.runner.load()
-        top = 1 if self.runner.simulated else min(self.engine.target_size, WARM_UP_MAX_BATCH)
+        top = 1 if self.runner.simulated else min(self.engine.ceiling, WARM_UP_MAX_BATCH)
         size, spent_s, last_s = 1, 0.0, 0.0
         while size <= top and spent_s + 2 * last_s <= WARM_UP_BUDGET_S:
             probes = [
