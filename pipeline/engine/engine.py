@@ -208,6 +208,7 @@ class BatchingEngine:
             "latency_cap": self._curve.latency_cap,
             "target_size": self.target_size,
             "p50_wait_ms": self._waits.p50_ms,
+            "tail_threshold_ms": self._waits.threshold_ms(),
             "arrival_rate_per_s": self._rate.requests_per_ms(self._last_now) * 1000.0,
         }
 
