@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Any
-
 from collections.abc import Sequence
+from typing import Any
 
 from pipeline.config import AUTO_CEILING, AUTO_RAMP_START, AUTO_TARGET_SHARE, BatchProfile
 from pipeline.engine.costcurve import CostCurve
