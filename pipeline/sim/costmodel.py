@@ -65,11 +65,14 @@ class CostModel:
 
     def profile_points(self, cap: int, mean_tokens: float = 1.0, scale: float = 1.0) -> tuple[tuple[int, float], ...]:
         """What `batchtide profile` would measure before the run: t(b) of the base curve at
-        doubling request counts up to `cap` (and at `cap`), a token curve at the mean tokens."""
+        half-octave request counts (1, 2, 3, 4, 6, 8, 12, ...) up to `cap` (and at `cap`),
+        a token curve at the mean tokens per request."""
         sizes = []
         b = 1
         while b < cap:
             sizes.append(b)
+            if b >= 2 and b + b // 2 < cap:
+                sizes.append(b + b // 2)
             b *= 2
         sizes.append(cap)
         return tuple(
