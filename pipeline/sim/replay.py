@@ -2,18 +2,21 @@
 arrivals that really came, and check the prediction against what was recorded.
 
 Nothing here is generated: the arrivals are the recorded record times, tokens,
-priorities and serving consumers (one queue per consumer, as the group had);
-the device's t(b) is the median recorded compute time per batch size (per cost
-when the unit is tokens). What the simulator does not model (Kafka hops,
+priorities and serving consumers (one queue per consumer, as the group had),
+each reaching its consumer after its recorded fetch lag (broker and fetch
+time; under backpressure also the pauses the profile that ran caused);
+the device's t(b) is the recorded compute times per batch size (per cost
+when the unit is tokens), replayed in order with their spread, and their
+median for sizes that never ran. What the simulator does not model (Kafka hops,
 publishing the result) is measured from the same window as the median of
-e2e - wait - compute and added to every predicted latency, so a prediction and
+e2e - wait - compute (publishing the answer) and added to every predicted latency, so a prediction and
 a recording compare end to end.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -101,6 +104,25 @@ def cost_points(traffic: RecordedTraffic, unit: str) -> tuple[tuple[float, float
     return tuple((float(s), float(np.median(t[x == s]))) for s in np.unique(x))
 
 
+@dataclass(frozen=True)
+class RecordedCost(CostModel):
+    """t(b) as recorded, spread included: the k-th batch of a recorded size takes the
+    k-th recorded compute time of that size (cycling), so a loaded host's slow batches
+    are replayed, not smoothed into a median; other sizes take the median curve."""
+
+    recorded: dict[float, list[float]] = field(default_factory=dict)
+    used: dict[float, int] = field(default_factory=dict)
+
+    def batch_ms(self, size: int, tokens: int, now_ms: float, scale: float = 1.0) -> float:
+        x = float(tokens if self.unit == "tokens" else size)
+        times = self.recorded.get(x)
+        if not times:
+            return super().batch_ms(size, tokens, now_ms, scale)
+        k = self.used.get(x, 0)
+        self.used[x] = k + 1
+        return scale * times[k % len(times)]
+
+
 def _segments(create_ms: np.ndarray, span_ms: float) -> tuple[Phase, ...]:
     """Arrival rate per second of the window (the busy/idle split and --export use it)."""
     edges = np.arange(0.0, span_ms + SEGMENT_MS, SEGMENT_MS)
@@ -120,7 +142,10 @@ def traffic_scenario(traffic: RecordedTraffic, profile: BatchProfile,
     pts = cost_points(traffic, profile.cost_unit)
     curve = CostCurve(points=pts) if len(pts) > 1 else CostCurve(a_ms=0.0, c_ms=pts[0][1] / pts[0][0])
     unit = profile.cost_unit
-    cost = CostModel(unit=unit, base=curve, max_batch=device_cap if unit == "requests" else None)
+    x = traffic.batch_cost if unit == "tokens" else traffic.batch_size
+    recorded = {float(v): traffic.batch_compute_ms[x == v].tolist() for v in np.unique(x)}
+    cost = RecordedCost(unit=unit, base=curve, max_batch=device_cap if unit == "requests" else None,
+                        recorded=recorded)
     tokens = traffic.tokens
     scenario = Scenario(
         name=f"replay-{traffic.model}",
@@ -136,8 +161,10 @@ def traffic_scenario(traffic: RecordedTraffic, profile: BatchProfile,
         deadline_ms=profile.default_deadline_ms,
         source="<clickhouse>",
     )
-    arrivals = Arrivals(create.copy(), create.copy(), tokens.copy(), traffic.priority.copy(),
-                        traffic.consumer.copy())
+    deliver = create + traffic.fetch_lag_ms
+    order = np.argsort(deliver, kind="stable")
+    arrivals = Arrivals(create[order], deliver[order], tokens[order], traffic.priority[order],
+                        traffic.consumer[order])
     return scenario, arrivals
 
 
@@ -183,6 +210,8 @@ def candidates(ran: BatchProfile) -> list[tuple[str, BatchProfile]]:
 
 def _predict(name: str, profile: BatchProfile, scenario: Scenario, arrivals: Arrivals,
              device_cap: int | None, prior: list[tuple[int, float]], overhead_ms: float) -> Prediction:
+    if isinstance(scenario.cost, RecordedCost):
+        scenario.cost.used.clear()
     lanes = scenario.topology.lanes
     engines = [BatchingEngine(profile, device_cap=device_cap, prior_costs=prior) for _ in range(lanes)]
     outcome = simulate(scenario, arrivals, engines)

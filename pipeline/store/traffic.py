@@ -20,6 +20,7 @@ REQUESTS_SQL = """
 SELECT
     toUnixTimestamp64Milli(enqueue_time) AS enqueue_ms,
     toUnixTimestamp64Milli(produce_time) AS produce_ms,
+    toFloat64(toUnixTimestamp64Milli(fetch_time) - toUnixTimestamp64Milli(enqueue_time)) AS fetch_lag_ms,
     toUInt32(tokens_in + tokens_out) AS tokens,
     priority,
     kafka_partition,
@@ -52,6 +53,8 @@ class RecordedTraffic:
     model: str
     enqueue_ms: np.ndarray
     produce_ms: np.ndarray
+    fetch_lag_ms: np.ndarray
+    """Record time to fetch by the consumer: broker and fetch lag (and pauses)."""
     tokens: np.ndarray
     priority: np.ndarray
     partition: np.ndarray
@@ -77,25 +80,26 @@ def read_traffic(client: Client, database: str, model: str, time_from_ms: int, t
     req = client.query(REQUESTS_SQL.format(db=db), parameters=params).result_columns
     bat = client.query(BATCHES_SQL.format(db=db), parameters=params).result_columns
     if not req:
-        req = [[] for _ in range(11)]
+        req = [[] for _ in range(12)]
     if not bat:
         bat = [[] for _ in range(4)]
-    names = sorted(set(req[5]) | set(bat[3]))
+    names = sorted(set(req[6]) | set(bat[3]))
     index = {name: i for i, name in enumerate(names)}
     return RecordedTraffic(
         model=model,
         enqueue_ms=np.asarray(req[0], dtype=float),
         produce_ms=np.asarray(req[1], dtype=float),
-        tokens=np.asarray(req[2], dtype=np.int64),
-        priority=np.asarray(req[3], dtype=np.int64),
-        partition=np.asarray(req[4], dtype=np.int64),
-        consumer=np.asarray([index[c] for c in req[5]], dtype=np.int64),
+        fetch_lag_ms=np.maximum(np.asarray(req[2], dtype=float), 0.0),
+        tokens=np.asarray(req[3], dtype=np.int64),
+        priority=np.asarray(req[4], dtype=np.int64),
+        partition=np.asarray(req[5], dtype=np.int64),
+        consumer=np.asarray([index[c] for c in req[6]], dtype=np.int64),
         consumers=names,
-        outcome=np.asarray(req[6], dtype=object),
-        e2e_ms=np.asarray(req[7], dtype=float),
-        wait_ms=np.asarray(req[8], dtype=float),
-        compute_ms=np.asarray(req[9], dtype=float),
-        marked=np.asarray(req[10], dtype=bool),
+        outcome=np.asarray(req[7], dtype=object),
+        e2e_ms=np.asarray(req[8], dtype=float),
+        wait_ms=np.asarray(req[9], dtype=float),
+        compute_ms=np.asarray(req[10], dtype=float),
+        marked=np.asarray(req[11], dtype=bool),
         batch_size=np.asarray(bat[0], dtype=np.int64),
         batch_cost=np.asarray(bat[1], dtype=np.int64),
         batch_compute_ms=np.asarray(bat[2], dtype=float),
