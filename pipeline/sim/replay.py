@@ -7,10 +7,10 @@ each reaching its consumer after its recorded fetch lag (broker and fetch
 time; under backpressure also the pauses the profile that ran caused);
 the device's t(b) is the recorded compute times per batch size (per cost
 when the unit is tokens), replayed in order with their spread, and their
-median for sizes that never ran. What the simulator does not model (Kafka hops,
-publishing the result) is measured from the same window as the median of
-e2e - wait - compute (publishing the answer) and added to every predicted latency, so a prediction and
-a recording compare end to end.
+median for sizes that never ran. What the simulator does not model
+(publishing the answer) is measured from the same window as the median of
+e2e - wait - compute and added to every predicted latency, so a prediction
+and a recording compare end to end.
 """
 
 from __future__ import annotations
@@ -143,7 +143,8 @@ def traffic_scenario(traffic: RecordedTraffic, profile: BatchProfile,
     curve = CostCurve(points=pts) if len(pts) > 1 else CostCurve(a_ms=0.0, c_ms=pts[0][1] / pts[0][0])
     unit = profile.cost_unit
     x = traffic.batch_cost if unit == "tokens" else traffic.batch_size
-    recorded = {float(v): traffic.batch_compute_ms[x == v].tolist() for v in np.unique(x)}
+    timed = traffic.batch_compute_ms > 0
+    recorded = {float(v): traffic.batch_compute_ms[(x == v) & timed].tolist() for v in np.unique(x[timed])}
     cost = RecordedCost(unit=unit, base=curve, max_batch=device_cap if unit == "requests" else None,
                         recorded=recorded)
     tokens = traffic.tokens
