@@ -44,7 +44,7 @@ AUTO_CEILING: dict[str, int] = {"requests": 128, "tokens": 16384}
 from the target up to this (the same ceiling every family's grid reaches in the bench)."""
 AUTO_TARGET_SHARE = 2 / 3
 """`target_size = "auto"`: this share of the learned cap (the report's 32 of 48)."""
-AUTO_RAMP_START = 16
+AUTO_RAMP_START: dict[str, int] = {"requests": 16, "tokens": 2048}
 """`hard_cap = "auto"` without a measured curve: the learned cap starts here (or at an
 explicit target) and doubles while bigger batches keep paying."""
 RunnerKind = Literal["transformers", "cost-model", "zero-cost"]
@@ -98,7 +98,7 @@ class BatchProfile:
     cap_ramp: bool = False
     """Start the learned cap at target_size and double it while bigger batches keep
     paying (for a hard_cap set far above the model's likely knee); False starts at
-    hard_cap. `hard_cap = "auto"` without a measured profile always ramps (from 16)."""
+    hard_cap. `hard_cap = "auto"` without a measured profile always ramps (from 16 requests or 2048 tokens)."""
     compute_budget_ms: float | None = None
     """Compute time one batch may take while the queue is short (None: half of
     slo_p99_ms, or of default_deadline_ms if shorter). It never slows the pipeline

@@ -60,7 +60,7 @@ class BatchingEngine:
         """Largest batch ever dispatched: the resolved hard_cap."""
         self._fixed_target = None if profile.target_size == "auto" else min(profile.target_size, ceiling)
         ramp = profile.cap_ramp or (profile.hard_cap == "auto" and not prior_costs)
-        start = self._fixed_target or min(AUTO_RAMP_START, ceiling)
+        start = self._fixed_target or min(AUTO_RAMP_START[profile.cost_unit], ceiling)
         self._queue = PendingQueue(profile.priority_levels, self._tokens)
         self._deadlines: list[tuple[float, int, PendingRequest]] = []
         self._rate = ArrivalRate(profile.rate_halflife_ms)

@@ -271,3 +271,8 @@ def test_a_measured_profile_starts_the_cap_at_the_knee() -> None:
     assert (engine.curve.cap, engine.curve.reason) == (8, "knee")
     records = run_saturated(engine, peaked_at_8, 10)
     assert records[0].size == 8, "no cold probing at the memory limit"
+
+
+def test_auto_token_cap_ramps_from_a_few_requests_worth_of_tokens() -> None:
+    engine = BatchingEngine(BatchProfile(cost_unit="tokens"))
+    assert engine.ceiling == 16384 and engine.curve.cap == 2048 and engine.curve.reason == "ramp"
