@@ -69,13 +69,12 @@ class BatchTiming:
 class Answers:
     """Builders for one model's consumer; every one returns a `Message` ready for the outbox."""
 
-    def __init__(self, model: str, consumer_id: str, topics: Topics, limits: TopicLimits, target_size: int) -> None:
+    def __init__(self, model: str, consumer_id: str, topics: Topics, limits: TopicLimits) -> None:
         self.model = model
         self.consumer_id = consumer_id
         self.topics = topics
         self.results_topic = topics.results(model)
         self._limits = limits
-        self._target_size = target_size
 
     # ---- results ---------------------------------------------------------------
 
@@ -234,7 +233,7 @@ class Answers:
             reason=rec.reason,
             window_ms=rec.window_ms,
             hit_target=rec.hit_target,
-            target_size=self._target_size,
+            target_size=batch.record.target_size,
             marked_count=rec.marked_count,
             oldest_wait_ms=rec.oldest_wait_ms,
             queue_depth=rec.queue_depth,

@@ -63,7 +63,7 @@ FORWARD_SCAN_INTERVAL_MS = 20.0
 WARM_UP_TEXT = "warm up the device before the group hands this consumer its partitions"
 WARM_UP_MAX_BATCH = 64
 WARM_UP_BUDGET_S = 2.0
-"""Warm-up doubles the batch size up to the profile's target (at most 64 requests) while
+"""Warm-up doubles the batch size up to the engine's ceiling (at most 64 requests) while
 the next batch is expected to fit in this budget."""
 
 
@@ -136,7 +136,7 @@ class Consumer:
         self._wake: asyncio.TimerHandle | None = None
         self._wake_at: float | None = None
         self._last_forward_scan = 0.0
-        self._next_batch_cap = model.profile.hard_cap
+        self._next_batch_cap = engine.ceiling
         self._stopping = False
         self._failure: BaseException | None = None
         self._own_topics = {
@@ -145,7 +145,7 @@ class Consumer:
             *self.topics.shared,
         }
         self._limits = TopicLimits(kafka)
-        self._answers = Answers(model.name, self.consumer_id, self.topics, self._limits, model.profile.target_size)
+        self._answers = Answers(model.name, self.consumer_id, self.topics, self._limits)
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
         self._outbox: Outbox | None = None
@@ -199,7 +199,7 @@ class Consumer:
         batch at a new size is several times slower: allocator growth, page faults, kernel
         choice), so neither the first live burst nor the engine's t(b) pays for it."""
         self.runner.load()
-        top = 1 if self.runner.simulated else min(self._profile.target_size, WARM_UP_MAX_BATCH)
+        top = 1 if self.runner.simulated else min(self.engine.ceiling, WARM_UP_MAX_BATCH)
         size, spent_s, last_s = 1, 0.0, 0.0
         while size <= top and spent_s + 2 * last_s <= WARM_UP_BUDGET_S:
             probes = [

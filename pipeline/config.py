@@ -37,6 +37,16 @@ class ConfigError(ValueError):
 
 
 CostUnit = Literal["requests", "tokens"]
+Auto = Literal["auto"]
+
+AUTO_CEILING: dict[str, int] = {"requests": 128, "tokens": 16384}
+"""`hard_cap = "auto"` with no measured device limit: the engine climbs by probing
+from the target up to this (the same ceiling every family's grid reaches in the bench)."""
+AUTO_TARGET_SHARE = 2 / 3
+"""`target_size = "auto"`: this share of the learned cap (the report's 32 of 48)."""
+AUTO_RAMP_START: dict[str, int] = {"requests": 16, "tokens": 2048}
+"""`hard_cap = "auto"` without a measured curve: the learned cap starts here (or at an
+explicit target) and doubles while bigger batches keep paying."""
 RunnerKind = Literal["transformers", "cost-model", "zero-cost"]
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
@@ -46,23 +56,33 @@ SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
 class BatchProfile:
     """How one model's requests are batched. Every knob is per model."""
 
-    target_size: int = 32
-    """Fill batches to this size when the queue has it (dispatch reason `target`)."""
+    target_size: int | Auto = "auto"
+    """Fill batches to this size when the queue has it (dispatch reason `target`);
+    `auto`: two thirds of the learned cap, so target and window follow the device."""
     max_wait_ms: float = 20.0
     """Never hold the oldest pending request longer than this while the device is free."""
     min_wait_ms: float = 0.0
     """Lower clamp of the adaptive window (0: dispatch at once when waiting does not pay)."""
-    hard_cap: int = 48
-    """Largest batch ever dispatched, in cost units (requests, or tokens)."""
-    tail_mark_ratio: float = 2.0
-    """Mark a request whose wait exceeds this x rolling p50 wait; 0 turns marking off."""
+    hard_cap: int | Auto = "auto"
+    """Largest batch ever dispatched, in cost units (requests, or tokens); `auto`: the
+    device's memory limit from its measured profile (`batchtide profile`), else the
+    learned cap climbs from the target to 128 requests / 16384 tokens. A number is a
+    ceiling the learned cap never passes (the field report's was 48)."""
+    tail_mark_ratio: float = 1.5
+    """Mark a request whose wait exceeds this x the `tail_mark_quantile` of recent
+    waits; 0 turns marking off. The field report's rule, 2.0 x the p50, is
+    `tail_mark_ratio = 2.0, tail_mark_quantile = 0.5`."""
+    tail_mark_quantile: float = 0.99
+    """Quantile of recent queue waits the marking threshold is taken from. A p50 near
+    zero (idle dispatch) makes any multiple of it tiny; the upper tail of the waits
+    is where a tail starts, so well under 2% is marked."""
     tail_mark_floor_ms: float | None = None
     """Never mark below this wait (None: max_wait_ms), so a p50 near zero (idle
     dispatch) does not mark everything; a wait the window itself allows is no tail."""
     tail_min_samples: int = 32
     """Waits observed before marking starts (a p50 of three samples means nothing)."""
     wait_sample_window: int = 2048
-    """Number of recent dispatch waits the rolling p50 is taken over."""
+    """Number of recent dispatch waits the marking quantile is taken over."""
     priority_levels: int = 3
     """Client priority levels; 0 is the most urgent, priority_levels-1 the least."""
     default_deadline_ms: float | None = None
@@ -77,9 +97,13 @@ class BatchProfile:
     """Learn t(b) online and hold the effective cap at the batch-friendliness knee."""
     cap_ramp: bool = False
     """Start the learned cap at target_size and double it while bigger batches keep
-    paying (for a hard_cap set far above the model's likely knee); False starts at hard_cap."""
+    paying (for a hard_cap set far above the model's likely knee); False starts at
+    hard_cap. `hard_cap = "auto"` without a measured profile always ramps (from 16 requests or 2048 tokens)."""
     compute_budget_ms: float | None = None
-    """Upper bound on one batch's compute time; the learned cap stays under it."""
+    """Compute time one batch may take while the queue is short (None: half of
+    slo_p99_ms, or of default_deadline_ms if shorter). It never slows the pipeline
+    below its arrivals: while more waits than the budgeted batch holds, the cap is
+    the throughput knee inside the memory limit."""
     batch_overhead_ms: float = 1.0
     """Per-batch cost outside the device (results, events, thread hop) counted in the
     knee's throughput b / (t(b) + this): near-free models are not batched one by one."""
@@ -88,7 +112,8 @@ class BatchProfile:
     rate_halflife_ms: float = 250.0
     """Half-life of the arrival-rate estimate: shorter follows bursts, longer is steadier."""
     slo_p99_ms: float = 1000.0
-    """End-to-end p99 objective, used by reports and the capacity-at-SLO benchmark."""
+    """End-to-end p99 objective, used by reports, the capacity-at-SLO benchmark and
+    (halved) as the default compute budget."""
 
     def __post_init__(self) -> None:
         problems = self.problems()
@@ -97,11 +122,12 @@ class BatchProfile:
 
     def problems(self) -> list[str]:
         p: list[str] = []
-        if self.target_size < 1:
-            p.append(f"target_size must be >= 1 (got {self.target_size})")
-        if self.hard_cap < 1:
-            p.append(f"hard_cap must be >= 1 (got {self.hard_cap})")
-        if self.hard_cap < self.target_size:
+        for name in ("target_size", "hard_cap"):
+            value = getattr(self, name)
+            if value != "auto" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                p.append(f"{name} must be a whole number >= 1 or \"auto\" (got {value!r})")
+                return p
+        if self.hard_cap != "auto" and self.target_size != "auto" and self.hard_cap < self.target_size:
             p.append(
                 f"hard_cap ({self.hard_cap}) is smaller than target_size "
                 f"({self.target_size}); the cap must allow a full target batch"
@@ -113,10 +139,17 @@ class BatchProfile:
                 f"min_wait_ms ({self.min_wait_ms}) must be between 0 and "
                 f"max_wait_ms ({self.max_wait_ms})"
             )
-        if self.tail_mark_ratio != 0 and self.tail_mark_ratio <= 1.0:
+        if not 0 < self.tail_mark_quantile < 1:
+            p.append(f"tail_mark_quantile must be in (0, 1) (got {self.tail_mark_quantile})")
+        elif self.tail_mark_ratio != 0 and self.tail_mark_ratio < 1.0:
             p.append(
-                f"tail_mark_ratio ({self.tail_mark_ratio}) must be > 1 "
-                "(or 0 to turn marking off): at <= 1 half of all requests are marked"
+                f"tail_mark_ratio ({self.tail_mark_ratio}) must be >= 1 "
+                "(or 0 to turn marking off): below 1 more than the quantile's share is marked"
+            )
+        elif self.tail_mark_ratio != 0 and self.tail_mark_quantile <= 0.5 and self.tail_mark_ratio <= 1.0:
+            p.append(
+                f"tail_mark_ratio ({self.tail_mark_ratio}) must be > 1 with tail_mark_quantile "
+                f"{self.tail_mark_quantile}: otherwise half of all requests are marked"
             )
         if self.tail_mark_floor_ms is not None and self.tail_mark_floor_ms < 0:
             p.append(f"tail_mark_floor_ms must be >= 0 (got {self.tail_mark_floor_ms})")
@@ -146,6 +179,15 @@ class BatchProfile:
     @property
     def tail_marking(self) -> bool:
         return self.tail_mark_ratio > 0
+
+    def budget_ms(self) -> float:
+        """The compute budget in force: explicit, else half the SLO or of the default deadline."""
+        if self.compute_budget_ms is not None:
+            return self.compute_budget_ms
+        objective = self.slo_p99_ms
+        if self.default_deadline_ms is not None:
+            objective = min(objective, self.default_deadline_ms)
+        return objective / 2.0
 
     def replace(self, **changes: Any) -> "BatchProfile":
         return dataclasses.replace(self, **changes)
@@ -310,7 +352,10 @@ def _coerce(where: str, cls: type, table: dict[str, Any]) -> dict[str, Any]:
         choices = get_args(hint)
         if getattr(hint, "__origin__", None) is Literal and value not in choices:
             raise ConfigError(f"{where}.{key}: {value!r} is not one of {list(choices)}")
-        if hint in (int, float) or hint == (float | None) or hint == (int | None):
+        if hint == (int | Auto):
+            if value != "auto" and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ConfigError(f'{where}.{key}: expected a whole number or "auto", got {value!r}')
+        elif hint in (int, float) or hint == (float | None) or hint == (int | None):
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ConfigError(f"{where}.{key}: expected a number, got {value!r}")
             if hint is int and not isinstance(value, int):

@@ -52,22 +52,28 @@ max_queue = 100
     assert sim.runner == "cost-model"
     assert sim.cost_points == ((1, 5.0), (8, 9.0), (32, 30.5))
     assert (sim.profile.target_size, sim.profile.hard_cap) == (16, 24)
-    assert config.defaults.tail_mark_ratio == 2.0
+    assert config.defaults.tail_mark_ratio == 1.5
     assert config.kafka.topic_prefix == "bt"
     assert config.clickhouse.database == "lat"
     assert config.consumer.max_queue == 100
 
 
-def test_builtin_defaults_match_the_field_report() -> None:
+def test_builtin_defaults_take_the_cap_from_the_device_not_a_number() -> None:
     config = load_config(None)
     profile = config.defaults
-    assert (profile.target_size, profile.max_wait_ms, profile.hard_cap, profile.tail_mark_ratio) == (
-        32,
-        20.0,
-        48,
-        2.0,
-    )
+    assert (profile.target_size, profile.hard_cap, profile.max_wait_ms) == ("auto", "auto", 20.0)
+    assert (profile.tail_mark_ratio, profile.tail_mark_quantile) == (1.5, 0.99)
     assert config.models == {}
+
+
+def test_auto_and_explicit_caps_load_from_toml(tmp_path: Path) -> None:
+    path = _write(tmp_path, '[defaults]\nhard_cap = "auto"\n[models.a]\nhard_cap = 48\ntarget_size = 32\n')
+    config = load_config(path)
+    assert config.defaults.hard_cap == "auto"
+    assert (config.model("a").profile.hard_cap, config.model("a").profile.target_size) == (48, 32)
+    bad = _write(tmp_path, '[defaults]\nhard_cap = "max"\n')
+    with pytest.raises(ConfigError, match='hard_cap: expected a whole number or "auto", got \'max\''):
+        load_config(bad)
 
 
 def test_cap_below_target_names_both_values_and_the_table(tmp_path: Path) -> None:
@@ -97,8 +103,8 @@ def test_unknown_table_is_an_error(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("line", "expected"),
     [
-        ("target_size = '32'", "target_size: expected a number, got '32'"),
-        ("target_size = 3.5", "target_size: expected a whole number, got 3.5"),
+        ("target_size = '32'", "target_size: expected a whole number or \"auto\", got '32'"),
+        ("target_size = 3.5", "target_size: expected a whole number or \"auto\", got 3.5"),
         ("max_wait_ms = true", "max_wait_ms: expected a number, got True"),
         ("adaptive_window = 1", "adaptive_window: expected true or false, got 1"),
         ("cost_unit = 'bytes'", "cost_unit: 'bytes' is not one of ['requests', 'tokens']"),
@@ -136,7 +142,10 @@ def test_missing_file_and_invalid_toml(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("changes", "fragment"),
     [
-        ({"tail_mark_ratio": 1.0}, "tail_mark_ratio (1.0) must be > 1"),
+        ({"tail_mark_ratio": 0.8}, "tail_mark_ratio (0.8) must be >= 1"),
+        ({"tail_mark_ratio": 1.0, "tail_mark_quantile": 0.5}, "tail_mark_ratio (1.0) must be > 1"),
+        ({"tail_mark_quantile": 1.0}, "tail_mark_quantile must be in (0, 1)"),
+        ({"hard_cap": 0}, "hard_cap must be a whole number >= 1"),
         ({"min_wait_ms": 30.0}, "min_wait_ms (30.0) must be between 0 and max_wait_ms (20.0)"),
         ({"max_inflight_batches": 0}, "max_inflight_batches must be >= 1"),
         ({"knee_tolerance": 1.0}, "knee_tolerance must be in [0, 1)"),

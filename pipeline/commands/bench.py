@@ -78,15 +78,21 @@ def policies(
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the report as JSON here."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write PNG plots into this directory."),
     quick: bool = typer.Option(False, "--quick", help="Coarser grids (seconds instead of a minute)."),
+    profile: Optional[Path] = typer.Option(
+        None, "--profile", help="Device profile JSON (batchtide profile): replaces the scenario's [cost]."
+    ),
 ) -> None:
     """Grid-search every batching policy family on one scenario and compare with batchtide-default."""
     from pipeline.bench.policy import bench_policies
-    from pipeline.sim.scenario import ScenarioError, load_scenario
+    from pipeline.profile_file import ProfileError, load_profile
+    from pipeline.sim.scenario import ScenarioError, load_scenario, with_cost
     from pipeline.sim.search import Evaluator
 
     try:
         scn = load_scenario(scenario)
-    except ScenarioError as e:
+        if profile is not None:
+            scn = with_cost(scn, load_profile(profile).scenario_cost(), str(profile))
+    except (ScenarioError, ProfileError) as e:
         console.print(f"[red]scenario error:[/red] {escape(str(e))}")
         raise typer.Exit(2) from None
     with _progress() as prog:

@@ -50,7 +50,18 @@ from collections import deque
 from dataclasses import dataclass, field
 
 SAMPLES_PER_BUCKET = 9
-MAX_BUCKETS = 64
+EXACT_SIZES = 64
+"""Sizes up to this get a bucket each: at small sizes one request more is a large
+relative change in t(b), and pooling 1 with 2 would read as noise or a shift."""
+BUCKET_GROWTH = math.log1p(1 / EXACT_SIZES)
+"""Past EXACT_SIZES, buckets grow geometrically (~1.6% wide), so a token cap of
+thousands still has a few hundred buckets at most."""
+
+
+def bucket_key(size: int) -> int:
+    if size <= EXACT_SIZES:
+        return size
+    return EXACT_SIZES + int(math.log(size / EXACT_SIZES) / BUCKET_GROWTH)
 SHIFT_RATIO = math.log(1.4)
 """A completion this far (either way) from its bucket's median is out of line."""
 SHIFT_RUN = 5
@@ -127,7 +138,6 @@ class CostCurve:
         self._doubling_penalty = math.log(1.0 + knee_tolerance) / math.log(2.0)
         self._budget_ms = budget_ms
         self._overhead_ms = overhead_ms
-        self._width = max(1, math.ceil(hard_cap / MAX_BUCKETS))
         self._buckets: dict[int, _Bucket] = {}
         self._probe_every = probe_every
         self._shift_batches = shift_batches
@@ -148,27 +158,48 @@ class CostCurve:
         """Typical spread of log t within a bucket: sizes scoring within it of the
         best are not worse, and the cap reaches the largest of them."""
         self.cap = self._start_cap
-        """Effective cap, in cost units, never above hard_cap."""
+        """Throughput cap, in cost units, never above hard_cap: the knee inside the
+        memory limit, what a backlog is served at."""
         self.reason = "ramp" if self._start_cap < hard_cap else "configured"
-        """Where `cap` comes from: configured, ramp, knee, budget or shift."""
+        """Where `cap` comes from: configured, ramp, knee or shift."""
+        self.latency_cap = self.cap
+        """`cap` cut to the compute budget: what batches are shaped to while the queue is short."""
+        self.latency_reason = self.reason
+        """`budget` when the budget cut it, else `reason`."""
         self.shifts = 0
         """Shifts of t(b) detected so far."""
+
+    def prefill(self, points: list[tuple[int, float]]) -> None:
+        """Start from a measured curve (a profile file) instead of probing it cold:
+        each point counts as EVIDENCE_SAMPLES completions, so live ones take over
+        within a few batches if the device has changed since."""
+        for size, time_ms in points:
+            for _ in range(EVIDENCE_SAMPLES):
+                self.observe(size, time_ms)
+        self._recompute()
 
     def observe(self, size: int, compute_ms: float) -> None:
         """Learn from one completed batch of `size` cost units."""
         if size <= 0 or compute_ms <= 0:
             return
-        key = (size - 1) // self._width
+        key = bucket_key(size)
         bucket = self._buckets.get(key)
         refresh = bucket is None
+        if bucket is not None and len(bucket.times) >= 3:
+            expected, spread = bucket.time_ms, bucket.spread or 0.0
+        else:
+            # A size with too few samples of its own is compared with the curve
+            # between its neighbours, so a shift shows at sizes the old curve
+            # never measured (a prefilled profile, a cap that moved).
+            expected, spread = self.estimate_ms(size), self._noise
         if bucket is None:
             bucket = self._buckets[key] = _Bucket()
-        elif len(bucket.times) >= 3:
-            deviation = math.log(compute_ms / bucket.time_ms)
+        if expected is not None:
+            deviation = math.log(compute_ms / expected)
             # On a busy host the bucket's own spread can exceed 40%: only a
             # departure well outside that noise is a shift, or noise would
             # clear the curve again and again and drag the cap down.
-            limit = max(SHIFT_RATIO, NOISE_MULTIPLE * (bucket.spread or 0.0))
+            limit = max(SHIFT_RATIO, NOISE_MULTIPLE * spread)
             direction = (deviation > limit) - (deviation < -limit)
             if direction and direction == self._run_direction:
                 self._run += 1
@@ -211,46 +242,56 @@ class CostCurve:
         cap, reason = self._knee_cap()
         if self._shift_left:
             cap, reason = min(cap, self._shift_ceiling), "shift"
+            if self.latency_cap > cap:
+                self.latency_cap, self.latency_reason = cap, reason
         self.cap, self.reason = cap, reason
 
     def _knee_cap(self) -> tuple[int, str]:
         points = self._points
         if not points:
-            return self._start_cap, "ramp" if self._start_cap < self._hard_cap else "configured"
+            self.latency_cap, self.latency_reason = self._start_cap, self._start_reason()
+            return self._start_cap, self._start_reason()
+        budget_cap = self._budget_cap(points)
+        best_size, best_g = 0, -math.inf
+        for s, t in points:
+            g = self._score(s, t)
+            if g > best_g:
+                best_size, best_g = s, g
+        reach = max(s for s, t in points if self._score(s, t) >= best_g - self._noise)
+        largest = points[-1][0]
+        knee_reason = "knee"
+        if reach < min(largest, self._evidence):
+            knee_cap = reach
+        elif reach < largest:
+            knee_cap = largest  # not better once: measure it again before moving
+        else:
+            knee_cap, knee_reason = max(self._start_cap, 2 * largest), "ramp"
+        cap = min(self._hard_cap, knee_cap)
+        reason = "configured" if cap == self._hard_cap else knee_reason
+        if budget_cap < cap:
+            self.latency_cap, self.latency_reason = budget_cap, "budget"
+        else:
+            self.latency_cap, self.latency_reason = cap, reason
+        return cap, reason
+
+    def _start_reason(self) -> str:
+        return "ramp" if self._start_cap < self._hard_cap else "configured"
+
+    def _budget_cap(self, points: list[tuple[int, float]]) -> int:
+        """Largest size whose t(b) stays within the compute budget (hard_cap if all do)."""
         budget = self._budget_ms
-        budget_cap = self._hard_cap
-        candidates = points
-        if budget is not None:
-            over = [(s, t) for s, t in points if t > budget]
-            if over:
-                first_over, t_over = over[0]
-                candidates = [(s, t) for s, t in points if s < first_over and t <= budget]
-                # The size where t(b) crosses the budget, interpolated between the
-                # last measured size under it and the first over it (from 0 ms at
-                # size 0 when none is under): unmeasured sizes in between count.
-                s_under, t_under = candidates[-1] if candidates else (0, 0.0)
-                budget_cap = max(
-                    1, s_under + math.floor((first_over - s_under) * (budget - t_under) / (t_over - t_under))
-                )
-        knee_cap, knee_reason = self._hard_cap, "knee"
-        if candidates:
-            best_size, best_g = 0, -math.inf
-            for s, t in candidates:
-                g = self._score(s, t)
-                if g > best_g:
-                    best_size, best_g = s, g
-            reach = max(s for s, t in candidates if self._score(s, t) >= best_g - self._noise)
-            largest = candidates[-1][0]
-            if reach < min(largest, self._evidence):
-                knee_cap = reach
-            elif reach < largest:
-                knee_cap = largest  # not better once: measure it again before moving
-            else:
-                knee_cap, knee_reason = max(self._start_cap, 2 * largest), "ramp"
-        cap = min(self._hard_cap, knee_cap, budget_cap)
-        if cap == self._hard_cap:
-            return cap, "configured"
-        return cap, ("budget" if budget_cap < knee_cap else knee_reason)
+        if budget is None:
+            return self._hard_cap
+        over = [(s, t) for s, t in points if t > budget]
+        if not over:
+            return self._hard_cap
+        first_over, t_over = over[0]
+        under = [(s, t) for s, t in points if s < first_over]
+        # The size where t(b) crosses the budget, interpolated between the last
+        # measured size under it and the first over it (from 0 ms at size 0 when
+        # none is under): unmeasured sizes in between count.
+        s_under, t_under = under[-1] if under else (0, 0.0)
+        return max(1, s_under + math.floor((first_over - s_under) * (budget - t_under) / (t_over - t_under)))
 
     def _score(self, size: int, time_ms: float) -> float:
         """log throughput, less the tolerance per doubling: the knee maximises it.
@@ -303,9 +344,8 @@ class CostCurve:
         shift clears the buckets so they are probed anew. Above the cap the
         far end is re-measured (a lighter model may make bigger batches pay).
         """
-        width = self._width
         for size in sizes:
-            if (size - 1) // width not in self._buckets:
+            if bucket_key(size) not in self._buckets:
                 return size
         return None
 

@@ -55,8 +55,11 @@ class DispatchRecord:
     arrival_rate_per_s: float
     dispatch_ms: float
     cap_reason: str = "configured"
-    """Where effective_cap came from: configured, knee, budget, shift (t(b) moved),
-    probe (a deliberate off-cap size that measures the curve) or ramp (profile cap_ramp)."""
+    """Where effective_cap came from: configured, knee, budget (a short queue, shaped to
+    the compute budget), shift (t(b) moved), probe (a deliberate off-cap size that
+    measures the curve) or ramp (climbing from the target while bigger batches pay)."""
+    target_size: int = 0
+    """The target in force for this batch (`auto`: two thirds of its cap)."""
 
 
 @dataclass(slots=True)

@@ -5,7 +5,8 @@ consumer's clock or the simulator's virtual one); nothing here reads a clock,
 sleeps, does I/O or draws a random number. One poll decides, in this order:
 
 1. expire requests whose deadline passed (answered, never run);
-2. mark tails (wait > tail_mark_ratio x rolling p50) so they go first;
+2. mark tails (wait > tail_mark_ratio x a rolling upper quantile of waits) so
+   they go first;
 3. with a free slot: dispatch at the effective cap (`hard_cap`), at the
    target (`target`), or when the window ends (`idle` if it was zero,
    `max_wait` if the engine held the batch) — the window is measured from the
@@ -16,9 +17,10 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Sequence
 from typing import Any
 
-from pipeline.config import BatchProfile
+from pipeline.config import AUTO_CEILING, AUTO_RAMP_START, AUTO_TARGET_SHARE, BatchProfile
 from pipeline.engine.costcurve import CostCurve
 from pipeline.engine.decisions import (
     Batch,
@@ -35,9 +37,30 @@ from pipeline.engine.window import ArrivalRate, paying_wait_ms
 class BatchingEngine:
     """The rate-adaptive batching policy for one model on one consumer (a BatchPolicy)."""
 
-    def __init__(self, profile: BatchProfile) -> None:
+    def __init__(
+        self,
+        profile: BatchProfile,
+        *,
+        device_cap: int | None = None,
+        prior_costs: Sequence[tuple[int, float]] = (),
+    ) -> None:
+        """`device_cap`: the largest batch (in the profile's cost unit) that fits the
+        device's memory, from its measured profile (the simulator passes the
+        scenario's `[cost] max_batch`); it is the ceiling of `hard_cap = "auto"` and
+        bounds an explicit hard_cap too. `prior_costs`: measured (size, ms) points of
+        t(b) that prefill the cost curve, so the cap starts at the knee, not cold."""
+        if device_cap is not None and device_cap < 1:
+            raise ValueError(f"device_cap must be >= 1 (got {device_cap})")
         self.profile = profile
         self._tokens = profile.cost_unit == "tokens"
+        ceiling = AUTO_CEILING[profile.cost_unit] if profile.hard_cap == "auto" else profile.hard_cap
+        if device_cap is not None:
+            ceiling = device_cap if profile.hard_cap == "auto" else min(ceiling, device_cap)
+        self.ceiling = ceiling
+        """Largest batch ever dispatched: the resolved hard_cap."""
+        self._fixed_target = None if profile.target_size == "auto" else min(profile.target_size, ceiling)
+        ramp = profile.cap_ramp or (profile.hard_cap == "auto" and not prior_costs)
+        start = self._fixed_target or min(AUTO_RAMP_START[profile.cost_unit], ceiling)
         self._queue = PendingQueue(profile.priority_levels, self._tokens)
         self._deadlines: list[tuple[float, int, PendingRequest]] = []
         self._rate = ArrivalRate(profile.rate_halflife_ms)
@@ -46,16 +69,18 @@ class BatchingEngine:
             profile.tail_min_samples,
             profile.tail_mark_ratio,
             profile.max_wait_ms if profile.tail_mark_floor_ms is None else profile.tail_mark_floor_ms,
+            profile.tail_mark_quantile,
         )
-        budget = profile.compute_budget_ms
         self._curve = CostCurve(
-            profile.hard_cap,
+            ceiling,
             profile.knee_tolerance,
-            budget if budget is not None else profile.slo_p99_ms / 2.0,
+            profile.budget_ms(),
             overhead_ms=profile.batch_overhead_ms,
-            start_cap=profile.target_size if profile.cap_ramp else None,
+            start_cap=start if ramp else None,
             enabled=profile.adaptive_cap,
         )
+        if prior_costs:
+            self._curve.prefill(list(prior_costs))
         self._inflight: dict[int, float] = {}
         """batch id -> expected completion (ms), from the cost curve; inf if unknown."""
         self._last_batch_id = 0
@@ -78,6 +103,27 @@ class BatchingEngine:
     @property
     def curve(self) -> CostCurve:
         return self._curve
+
+    @property
+    def target_size(self) -> int:
+        """The target in force: explicit, or two thirds of the learned cap (`auto`)."""
+        return self._target(self._curve.latency_cap)
+
+    def _target(self, cap: int) -> int:
+        if self._fixed_target is not None:
+            return self._fixed_target
+        return max(1, round(AUTO_TARGET_SHARE * cap))
+
+    def _cap_for(self, backlog: int) -> int:
+        """The budget shapes batches only while the queue is short: once more waits
+        than a budgeted batch holds, the throughput knee serves it, so no budget
+        can make the pipeline slower than its arrivals."""
+        curve = self._curve
+        queue = self._queue
+        depth = queue.cost
+        if backlog and queue.count:
+            depth += math.ceil(backlog * queue.cost / queue.count)
+        return curve.latency_cap if depth <= curve.latency_cap else curve.cap
 
     def offer(self, request: PendingRequest, now_ms: float) -> None:
         """Queue a request; works whether or not the device is busy."""
@@ -109,12 +155,12 @@ class BatchingEngine:
         if threshold is not None:
             queue.mark_older_than(threshold, now_ms)
 
-        cap = self._curve.cap
+        cap = self._cap_for(backlog)
         pending_cost = queue.cost
         reason: DispatchReason
         if pending_cost >= cap:
             reason, window = "hard_cap", 0.0
-        elif pending_cost >= self.profile.target_size:
+        elif pending_cost >= self._target(cap):
             reason, window = "target", 0.0
         else:
             oldest = queue.oldest_enqueue_ms()
@@ -158,7 +204,10 @@ class BatchingEngine:
             "window_ms": self._window_ms,
             "effective_cap": self._curve.cap,
             "cap_reason": self._curve.reason,
+            "latency_cap": self._curve.latency_cap,
+            "target_size": self.target_size,
             "p50_wait_ms": self._waits.p50_ms,
+            "tail_threshold_ms": self._waits.threshold_ms(),
             "arrival_rate_per_s": self._rate.requests_per_ms(self._last_now) * 1000.0,
         }
 
@@ -177,7 +226,7 @@ class BatchingEngine:
             now_ms=now_ms,
             pending_cost=pending_cost,
             depth_cost=pending_cost + math.ceil(backlog * per_request),
-            goal_cost=min(profile.target_size, cap),
+            goal_cost=min(self._target(cap), cap),
             cost_rate_per_ms=cost_rate,
             request_rate_per_ms=request_rate,
             free_slots=free,
@@ -192,8 +241,9 @@ class BatchingEngine:
     ) -> Batch:
         queue = self._queue
         curve = self._curve
-        take_cap, cap_reason = cap, curve.reason
-        if reason == "hard_cap":
+        take_cap = cap
+        cap_reason = curve.latency_reason if cap < curve.cap else curve.reason
+        if reason == "hard_cap" and cap == curve.cap:
             probe = curve.probe_cap()
             if probe is not None:
                 take_cap = probe
@@ -220,7 +270,8 @@ class BatchingEngine:
             cost=cost,
             reason=reason,
             window_ms=window,
-            hit_target=cost >= self.profile.target_size,
+            hit_target=cost >= self._target(cap),
+            target_size=self._target(cap),
             marked_count=marked,
             oldest_wait_ms=oldest_wait,
             queue_depth=queue.count + backlog,

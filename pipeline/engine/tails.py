@@ -1,9 +1,16 @@
-"""Rolling p50 of queue waits, and the tail-marking threshold derived from it.
+"""Rolling quantiles of queue waits, and the tail-marking threshold derived from them.
 
-The p50 is taken over the last `wait_sample_window` dispatched requests: a
+Quantiles are taken over the last `wait_sample_window` dispatched requests: a
 sorted list updated with bisect (insert the new wait, delete the one leaving
-the window), so the median is one index away and each sample costs a short
+the window), so any quantile is one index away and each sample costs a short
 memmove inside C, not a sort.
+
+Why the threshold comes from the upper tail and not from the p50 (the field
+report's 2 x p50): when a free device dispatches at once, most waits are near
+zero and any multiple of the p50 is tiny, so everything that waited at all is
+marked and marking reorders nothing. The tail starts where the wait
+distribution's upper quantile is; a request past `ratio x` that quantile is
+unusual for this load, whatever the load is.
 """
 
 from __future__ import annotations
@@ -16,11 +23,12 @@ class WaitTracker:
     """Recent queue waits of dispatched requests and the marking threshold."""
 
     def __init__(
-        self, window: int, min_samples: int, mark_ratio: float, floor_ms: float
+        self, window: int, min_samples: int, mark_ratio: float, floor_ms: float, quantile: float = 0.5
     ) -> None:
         self._window = window
         self._min_samples = min_samples
         self._ratio = mark_ratio
+        self._quantile = quantile
         self._floor_ms = floor_ms
         self._arrival: deque[float] = deque()
         self._sorted: list[float] = []
@@ -48,12 +56,20 @@ class WaitTracker:
             return None
         return ordered[len(ordered) // 2]
 
+    def quantile_ms(self, q: float) -> float | None:
+        ordered = self._sorted
+        if not ordered:
+            return None
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
     def threshold_ms(self) -> float | None:
         """Wait past which a pending request is a tail; None while marking is off
-        or fewer than `tail_min_samples` waits were seen (a p50 of three means nothing)."""
+        or fewer than `tail_min_samples` waits were seen (a quantile of three means nothing)."""
         if self._ratio <= 0 or len(self._sorted) < self._min_samples:
             return None
-        return max(self._ratio * self._sorted[len(self._sorted) // 2], self._floor_ms)
+        reference = self.quantile_ms(self._quantile)
+        assert reference is not None
+        return max(self._ratio * reference, self._floor_ms)
 
     @property
     def marked_share(self) -> float:

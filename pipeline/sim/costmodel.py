@@ -63,6 +63,22 @@ class CostModel:
         x = tokens if self.unit == "tokens" else size
         return scale * self.curve_at(now_ms).ms(x)
 
+    def profile_points(self, cap: int, mean_tokens: float = 1.0, scale: float = 1.0) -> tuple[tuple[int, float], ...]:
+        """What `batchtide profile` would measure before the run: t(b) of the base curve at
+        half-octave request counts (1, 2, 3, 4, 6, 8, 12, ...) up to `cap` (and at `cap`),
+        a token curve at the mean tokens per request."""
+        sizes = []
+        b = 1
+        while b < cap:
+            sizes.append(b)
+            if b >= 2 and b + b // 2 < cap:
+                sizes.append(b + b // 2)
+            b *= 2
+        sizes.append(cap)
+        return tuple(
+            (b, scale * self.base.ms(b * mean_tokens if self.unit == "tokens" else b)) for b in sizes
+        )
+
     def physical_limit_rps(self, cap: int, mean_tokens: float = 1.0, scale: float = 1.0) -> float:
         """max over b <= cap of b / t(b), on the base and (if any) the shifted curve (the lower)."""
         if self.max_batch is not None:

@@ -25,6 +25,9 @@ from pipeline.sim.scenario import Scenario
 
 Config = dict[str, Any]
 
+DEFAULT_DEVICE_CAP = 128
+"""A scenario's device memory limit when `[cost] max_batch` is absent."""
+
 
 @dataclass(frozen=True)
 class LaneContext:
@@ -32,6 +35,11 @@ class LaneContext:
 
     max_inflight: int
     priority_levels: int
+    device_cap: int = DEFAULT_DEVICE_CAP
+    """The device memory limit (`[cost] max_batch`, 128 when absent): batchtide's
+    `hard_cap = "auto"` ceiling, the same one every family's grid reaches."""
+    prior_costs: tuple[tuple[int, float], ...] = ()
+    """The device profile a consumer loads at start (t(b) measured before the run)."""
 
 
 Builder = Callable[[Config, LaneContext], BatchPolicy]
@@ -80,7 +88,7 @@ def build_engine(profile: BatchProfile, ctx: LaneContext) -> BatchPolicy:
 
     if profile.max_inflight_batches != ctx.max_inflight:
         profile = profile.replace(max_inflight_batches=ctx.max_inflight)
-    return BatchingEngine(profile)
+    return BatchingEngine(profile, device_cap=ctx.device_cap, prior_costs=ctx.prior_costs)
 
 
 def _batchtide(cfg: Config, ctx: LaneContext) -> BatchPolicy:

@@ -10,6 +10,7 @@ file and the key. The format is documented in docs/benchmarks.md.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -284,6 +285,32 @@ def _dist(where: str, table: dict[str, Any]) -> LengthDist:
     raise ScenarioError(f"{where}.dist: {kind!r} is not one of ['fixed', 'uniform', 'lognormal']")
 
 
+def parse_cost(cost_raw: dict[str, Any], cw: str) -> CostModel:
+    """A `[cost]` table: t(b) affine or from points, unit, optional shift and memory limit."""
+    _check_keys(cw, cost_raw, {"unit", "a_ms", "c_ms", "points", "shift_at_s", "shifted", "max_batch"})
+    unit = cost_raw.get("unit", "requests")
+    if unit not in ("requests", "tokens"):
+        raise ScenarioError(f"{cw}.unit: {unit!r} is not one of ['requests', 'tokens']")
+    base = _curve(cw, {k: v for k, v in cost_raw.items() if k in ("a_ms", "c_ms", "points")})
+    shifted = None
+    shift_at_ms = None
+    if ("shift_at_s" in cost_raw) != ("shifted" in cost_raw):
+        raise ScenarioError(f"{cw}: shift_at_s and [cost.shifted] go together (give both or neither)")
+    if "shifted" in cost_raw:
+        _check_keys(f"{cw}.shifted", cost_raw["shifted"], {"a_ms", "c_ms", "points"})
+        shifted = _curve(f"{cw}.shifted", cost_raw["shifted"])
+        shift_at_ms = 1000.0 * _number(cw, cost_raw, "shift_at_s", minimum=0.0)
+    max_batch = None
+    if "max_batch" in cost_raw:
+        max_batch = int(_number(cw, cost_raw, "max_batch", minimum=1))
+    return CostModel(unit=unit, base=base, shifted=shifted, shift_at_ms=shift_at_ms, max_batch=max_batch)
+
+
+def with_cost(scenario: Scenario, cost_table: dict[str, Any], source: str) -> Scenario:
+    """The same arrivals on another device: `[cost]` replaced (a measured profile's)."""
+    return dataclasses.replace(scenario, cost=parse_cost(cost_table, f"{source} [cost]"))
+
+
 def parse_scenario(data: dict[str, Any], source: str = "<scenario>") -> Scenario:
     top = {"name", "description", "seed", "slo_p99_ms", "deadline_ms", "phases", "tokens",
            "cost", "topology", "priority", "profile_overrides"}
@@ -327,24 +354,7 @@ def parse_scenario(data: dict[str, Any], source: str = "<scenario>") -> Scenario
     cost_raw = data.get("cost")
     if cost_raw is None:
         raise ScenarioError(f"{source}: missing [cost] table (a_ms/c_ms or points)")
-    cw = f"{source} [cost]"
-    _check_keys(cw, cost_raw, {"unit", "a_ms", "c_ms", "points", "shift_at_s", "shifted", "max_batch"})
-    unit = cost_raw.get("unit", "requests")
-    if unit not in ("requests", "tokens"):
-        raise ScenarioError(f"{cw}.unit: {unit!r} is not one of ['requests', 'tokens']")
-    base = _curve(cw, {k: v for k, v in cost_raw.items() if k in ("a_ms", "c_ms", "points")})
-    shifted = None
-    shift_at_ms = None
-    if ("shift_at_s" in cost_raw) != ("shifted" in cost_raw):
-        raise ScenarioError(f"{cw}: shift_at_s and [cost.shifted] go together (give both or neither)")
-    if "shifted" in cost_raw:
-        _check_keys(f"{cw}.shifted", cost_raw["shifted"], {"a_ms", "c_ms", "points"})
-        shifted = _curve(f"{cw}.shifted", cost_raw["shifted"])
-        shift_at_ms = 1000.0 * _number(cw, cost_raw, "shift_at_s", minimum=0.0)
-    max_batch = None
-    if "max_batch" in cost_raw:
-        max_batch = int(_number(cw, cost_raw, "max_batch", minimum=1))
-    cost = CostModel(unit=unit, base=base, shifted=shifted, shift_at_ms=shift_at_ms, max_batch=max_batch)
+    cost = parse_cost(cost_raw, f"{source} [cost]")
 
     topo_raw = data.get("topology", {})
     tw = f"{source} [topology]"

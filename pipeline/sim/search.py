@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
-from pipeline.sim.families import Builder, Config, LaneContext, builder
+from pipeline.sim.families import DEFAULT_DEVICE_CAP, Builder, Config, LaneContext, builder
 from pipeline.sim.metrics import RunMetrics, measure, slo_budget
 from pipeline.sim.scenario import Arrivals, Scenario, make_arrivals
 from pipeline.sim.simulator import RunOutcome, simulate
@@ -73,6 +73,7 @@ class Evaluator:
     runs: int = 0
     requests_simulated: int = 0
     sim_seconds: float = 0.0
+    _mean_tokens: float | None = None
 
     def load(self, k: int) -> Arrivals:
         if k not in self.arrivals:
@@ -84,8 +85,15 @@ class Evaluator:
     def policies(self, cand: Candidate) -> list:
         topo = self.scenario.topology
         levels = len(self.scenario.priority_mix)
+        cost = self.scenario.cost
+        device_cap = cost.max_batch or DEFAULT_DEVICE_CAP
+        if self._mean_tokens is None:
+            self._mean_tokens = self.scenario.mean_tokens()
         return [
-            cand.build(cand.config, LaneContext(len(topo.lane_devices(lane)), max(1, levels)))
+            cand.build(cand.config, LaneContext(
+                len(topo.lane_devices(lane)), max(1, levels), device_cap,
+                cost.profile_points(device_cap, self._mean_tokens, topo.lane_cost_scale(lane)),
+            ))
             for lane in range(topo.lanes)
         ]
 

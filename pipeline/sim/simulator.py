@@ -77,6 +77,8 @@ def simulate(scenario: Scenario, arrivals: Arrivals, policies: Sequence[BatchPol
     slo = scenario.slo_p99_ms
     deadline = scenario.deadline_ms
     max_batch = cost.max_batch
+    # A policy counting tokens (profile cost_unit) sees each request's tokens as its cost.
+    token_cost = cost.unit == "tokens"
     n = len(arrivals)
     create = arrivals.create_ms.tolist()
     deliver = arrivals.deliver_ms.tolist()
@@ -202,7 +204,7 @@ def simulate(scenario: Scenario, arrivals: Arrivals, policies: Sequence[BatchPol
         now = t_arr
         lane = lane_of[i]
         policies[lane].offer(
-            PendingRequest(str(i), create[i], 1, prio[i],
+            PendingRequest(str(i), create[i], tokens[i] if token_cost else 1, prio[i],
                            None if deadline is None else create[i] + deadline, i),
             now,
         )

@@ -60,7 +60,7 @@ def test_every_request_answered_once_by_a_real_model(kafka_settings: KafkaSettin
         assert set(results.by_id) == ids
         assert not results.duplicates
         # a real model is warmed at doubling batch sizes up to the target before joining the group
-        assert consumer.stats.warm_up_sizes == [1, 2, 4, 8, 16, 32]
+        assert consumer.stats.warm_up_sizes == [1, 2, 4, 8, 16, 32, 64]
         for answers in results.by_id.values():
             (result,) = answers
             assert result["outcome"] == "ok"

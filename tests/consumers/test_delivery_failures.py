@@ -40,7 +40,7 @@ def test_a_reply_topic_deleted_under_the_consumer_gets_its_answers_rerouted(kafk
     async def scenario() -> Delivery:
         await create_topics(kafka_settings, {results: 1, reply: 1})
         producer, outbox, delivery = await _delivery(kafka_settings, {results}, results)
-        answers = Answers("m", "c1", topics, TopicLimits(kafka_settings), 8)
+        answers = Answers("m", "c1", topics, TopicLimits(kafka_settings))
         try:
             await delivery.deliver([answers.result("first", reply, "ok", enqueue_ms=1, done_ms=2)])
             admin = AIOKafkaAdminClient(**client_options(kafka_settings))

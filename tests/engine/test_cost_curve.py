@@ -74,38 +74,93 @@ def test_plateau_counts_as_a_knee() -> None:
     assert (curve.cap, curve.reason) == (16, "knee")
 
 
-def test_compute_budget_bounds_the_cap() -> None:
+def test_compute_budget_bounds_the_latency_cap_not_the_throughput_cap() -> None:
     curve = CostCurve(hard_cap=48, knee_tolerance=0.02, budget_ms=20.0)
     for size in (8, 16, 24, 32, 48) * 3:
         curve.observe(size, linear(size, 0))
     # t(b) = 5 + 0.5 b crosses 20 ms at b = 30, between the measured 24 and 32
-    assert (curve.cap, curve.reason) == (30, "budget")
+    assert (curve.latency_cap, curve.latency_reason) == (30, "budget")
+    assert (curve.cap, curve.reason) == (48, "configured"), "a backlog is still served at the knee"
 
 
-def test_default_budget_is_half_the_slo() -> None:
+def test_default_budget_is_half_the_slo_and_shapes_only_short_queues() -> None:
     engine = BatchingEngine(BatchProfile(hard_cap=48, slo_p99_ms=40.0))
-    run_saturated(engine, linear, 200)
-    assert engine.curve.reason == "budget"
-    assert linear(engine.curve.cap, 0) <= 20.0
+    records = run_saturated(engine, linear, 200)
+    assert engine.curve.latency_reason == "budget"
+    assert 29 <= engine.curve.latency_cap <= 31, "t(b) = 5 + 0.5 b crosses 20 ms near b = 30"
+    assert all(r.size == 48 for r in records[-20:] if r.cap_reason != "probe"), "backlog: throughput"
+    now = 10_000.0
+    while engine.pending < 20:
+        engine.offer(request(now), now)
+    short = engine.poll(now).batch
+    assert short is not None and short.size == 20, "a short queue fits the budget: all of it goes"
+    engine.completed(short, now + linear(20, 0), linear(20, 0))
+    for _ in range(engine.curve.latency_cap):
+        engine.offer(request(now), now)
+    at_budget = engine.poll(now + 10.0).batch
+    assert at_budget is not None and at_budget.record.cap_reason == "budget"
+    assert at_budget.size == engine.curve.latency_cap
+
+
+def test_deadline_shorter_than_the_slo_sets_the_budget() -> None:
+    assert BatchProfile(slo_p99_ms=1000.0, default_deadline_ms=300.0).budget_ms() == 150.0
+    assert BatchProfile(slo_p99_ms=1000.0, compute_budget_ms=70.0).budget_ms() == 70.0
+
+
+def test_a_budget_below_one_request_never_starves_throughput() -> None:
+    """Issue 17: slo 1000 ms gives a 500 ms budget, but one generation request takes
+    2.4 s. Arrivals at 5/s must still be kept up with (the learned cap grows to
+    serve the backlog), on a virtual clock: never a cap of 1 under a backlog."""
+
+    def generate_ms(size: int) -> float:
+        return 2400.0 + 90.0 * (size - 1)  # 0.4 req/s alone, ~10 req/s at 64
+
+    engine = BatchingEngine(BatchProfile(slo_p99_ms=1000.0))
+    rate_per_ms = 5 / 1000.0
+    arrivals = [i / rate_per_ms for i in range(600)]  # 120 s at 5 req/s
+    now, nxt, served, max_pending = 0.0, 0, 0, 0
+    busy_until: float | None = None
+    in_flight = None
+    sizes_under_backlog = []
+    while served < len(arrivals):
+        events = [t for t in (busy_until, arrivals[nxt] if nxt < len(arrivals) else None) if t is not None]
+        now = min(events)
+        if busy_until is not None and now >= busy_until:
+            engine.completed(in_flight, now, generate_ms(in_flight.size))
+            served += in_flight.size
+            busy_until, in_flight = None, None
+        while nxt < len(arrivals) and arrivals[nxt] <= now:
+            engine.offer(request(arrivals[nxt]), now)
+            nxt += 1
+        max_pending = max(max_pending, engine.pending)
+        if busy_until is None:
+            pending_before = engine.pending
+            batch = engine.poll(now).batch
+            if batch is not None:
+                if pending_before > 1:
+                    sizes_under_backlog.append(batch.size)
+                in_flight, busy_until = batch, now + generate_ms(batch.size)
+    assert now - arrivals[-1] < 10_000.0, "keeps up: the last request is answered within seconds"
+    assert max_pending < 80, f"the queue stays bounded (max {max_pending})"
+    assert min(sizes_under_backlog) > 1, "a backlog is never served one request at a time"
+    assert engine.curve.latency_cap == 1 and engine.curve.latency_reason == "budget"
 
 
 def test_step_up_shift_adapts_the_cap_and_says_shift() -> None:
-    profile = BatchProfile(hard_cap=48, compute_budget_ms=40.0)
-    engine = BatchingEngine(profile)
+    """The report's incident: a heavier model ships, memory-bound past b=8."""
+    engine = BatchingEngine(BatchProfile(hard_cap=48))
 
     def heavier_after_300(size: int, index: int) -> float:
-        return linear(size, index) * (2.5 if index >= 300 else 1.0)
+        return 2.5 * peaked_at_8(size, index) if index >= 300 else linear(size, index)
 
     records = run_saturated(engine, heavier_after_300, 600)
     assert all(r.effective_cap == 48 for r in records[250:300] if r.cap_reason != "probe")
     shifted = [i for i, r in enumerate(records) if r.cap_reason == "shift"]
     assert shifted and 300 <= shifted[0] <= 306, "detected within a few batches"
     assert engine.curve.shifts == 1
-    final = engine.curve.cap
-    assert 16 <= final <= 22 and engine.curve.reason == "budget"
-    assert 2.5 * linear(final, 0) <= 40.0
-    settled = next(i for i in range(300, 600) if records[i].effective_cap <= 22)
-    assert settled - 300 <= 40, f"cap moved after {settled - 300} batches"
+    assert engine.curve.cap == 8 and engine.curve.reason == "knee"
+    settled = next(i for i in range(300, 600) if records[i].effective_cap <= 12)
+    assert settled - 300 <= 60, f"cap moved after {settled - 300} batches"
     assert all(r.size <= r.effective_cap <= 48 for r in records)
 
 
@@ -186,3 +241,38 @@ def test_cap_learned_from_tiny_batches_recovers_fast_under_backlog() -> None:
     assert engine.curve.cap <= 3, "premise: the low-load knee is tiny"
     records = run_saturated(engine, lambda size, _: 17.0 if size == 1 else 6.0 + 11.0 * size, 60)
     assert max(r.effective_cap for r in records[-10:]) >= 16
+
+
+def test_auto_cap_climbs_to_the_device_limit_on_an_affine_model() -> None:
+    engine = BatchingEngine(BatchProfile(), device_cap=96)
+    assert engine.ceiling == 96 and engine.curve.reason == "ramp"
+    records = run_saturated(engine, linear, 60, arrivals_per_batch=200)
+    assert [r.size for r in records[:4]] == [16, 32, 64, 96], "doubles from the ramp start, stops at the limit"
+    assert max(r.size for r in records) == 96
+    assert engine.target_size == 64, "auto target: two thirds of the learned cap"
+
+
+def test_auto_cap_without_a_profile_stops_at_the_safe_ceiling() -> None:
+    engine = BatchingEngine(BatchProfile())
+    records = run_saturated(engine, linear, 30, arrivals_per_batch=300)
+    assert engine.ceiling == 128 and max(r.size for r in records) == 128
+
+
+def test_explicit_hard_cap_stays_a_ceiling_under_the_device_limit() -> None:
+    assert BatchingEngine(BatchProfile(hard_cap=48), device_cap=96).ceiling == 48
+    assert BatchingEngine(BatchProfile(hard_cap=200), device_cap=96).ceiling == 96
+    engine = BatchingEngine(BatchProfile(hard_cap=48, target_size=32), device_cap=96)
+    assert engine.target_size == 32
+
+
+def test_a_measured_profile_starts_the_cap_at_the_knee() -> None:
+    points = [(size, peaked_at_8(size, 0)) for size in (1, 2, 4, 8, 16, 32, 64)]
+    engine = BatchingEngine(BatchProfile(), device_cap=64, prior_costs=points)
+    assert (engine.curve.cap, engine.curve.reason) == (8, "knee")
+    records = run_saturated(engine, peaked_at_8, 10)
+    assert records[0].size == 8, "no cold probing at the memory limit"
+
+
+def test_auto_token_cap_ramps_from_a_few_requests_worth_of_tokens() -> None:
+    engine = BatchingEngine(BatchProfile(cost_unit="tokens"))
+    assert engine.ceiling == 16384 and engine.curve.cap == 2048 and engine.curve.reason == "ramp"

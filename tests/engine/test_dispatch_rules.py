@@ -147,7 +147,7 @@ def test_device_busy_flag_from_the_driver_blocks_dispatch() -> None:
 
 
 def test_batch_ids_increase_from_one_and_records_are_complete() -> None:
-    engine = BatchingEngine(BatchProfile())
+    engine = BatchingEngine(BatchProfile(hard_cap=48, target_size=32))
     ids = []
     for step in range(3):
         engine.offer(request(float(step)), float(step))
@@ -159,6 +159,7 @@ def test_batch_ids_increase_from_one_and_records_are_complete() -> None:
         assert record.queue_depth == 7, "the caller's backlog counts toward depth"
         assert record.dispatch_ms == float(step)
         assert record.effective_cap == 48 and record.cap_reason == "configured"
+        assert record.target_size == 32
         engine.completed(batch, float(step) + 0.5, 0.5)
     assert ids == [1, 2, 3]
 

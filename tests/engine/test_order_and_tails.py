@@ -34,6 +34,7 @@ def _profile(**changes: object) -> BatchProfile:
         tail_min_samples=4,
         wait_sample_window=4,
         tail_mark_ratio=2.0,
+        tail_mark_quantile=0.5,
         tail_mark_floor_ms=0.0,
         adaptive_window=False,
         max_wait_ms=10.0,
@@ -120,3 +121,26 @@ def test_default_floor_is_max_wait_so_idle_zero_waits_mark_nothing() -> None:
     engine.offer(request(now - 9.0, priority=2, name="waited-9"), now)
     engine.offer(request(now, priority=0, name="urgent"), now)
     assert _ids(engine.poll(now).batch) == ["urgent", "waited-9"]
+
+
+def test_default_threshold_is_the_upper_tail_not_a_multiple_of_a_zero_p50() -> None:
+    """Most waits are 0 (idle dispatch), 3% waited 100 ms: 2 x p50 would be 0 and mark
+    every request that waited at all; 1.5 x the p99 marks only what waited past 150 ms."""
+    engine = BatchingEngine(BatchProfile(hard_cap=4, target_size=4, tail_mark_floor_ms=0.0,
+                                         adaptive_cap=False, adaptive_window=False, max_wait_ms=0.0))
+    now = 0.0
+    for i in range(400):
+        wait = 100.0 if i % 33 == 0 else 0.0
+        engine.offer(request(now - wait), now)
+        batch = engine.poll(now).batch
+        assert batch is not None
+        engine.completed(batch, now, 0.1)
+        now += 1.0
+    assert engine.stats()["p50_wait_ms"] == 0.0
+    assert engine.stats()["tail_threshold_ms"] == 150.0
+    engine.offer(request(now - 120.0, priority=2, name="waited-120"), now)
+    engine.offer(request(now - 160.0, priority=2, name="waited-160"), now)
+    engine.offer(request(now, priority=0, name="urgent"), now)
+    batch = engine.poll(now).batch
+    assert _ids(batch) == ["waited-160", "urgent", "waited-120"]
+    assert batch is not None and batch.record.marked_count == 1

@@ -11,7 +11,7 @@ from tests.engine.helpers import request
 def _teach_linear_curve(engine: BatchingEngine, fixed_ms: float, per_item_ms: float) -> None:
     """Show the engine one completed batch per size so it knows t(b) = a + c b."""
     now = -10_000.0
-    for size in range(1, engine.profile.hard_cap + 1):
+    for size in range(1, engine.ceiling + 1):
         for _ in range(size):
             engine.offer(request(now), now)
         decision = engine.poll(now)
@@ -51,7 +51,7 @@ def test_window_shrinks_as_the_rate_rises_when_the_last_slot_would_be_taken() ->
 
 def test_single_slot_never_waits_even_at_a_rate_where_two_slots_would() -> None:
     assert _window_at_rate(1.0, slots=2)[1] == "held"
-    profile = BatchProfile(max_inflight_batches=1, rate_halflife_ms=5.0)
+    profile = BatchProfile(max_inflight_batches=1, rate_halflife_ms=5.0, target_size=32, hard_cap=48)
     engine = BatchingEngine(profile)
     _teach_linear_curve(engine, fixed_ms=40.0, per_item_ms=1.0)
     now = 0.0
@@ -63,7 +63,7 @@ def test_single_slot_never_waits_even_at_a_rate_where_two_slots_would() -> None:
 
 
 def test_a_free_second_slot_means_no_wait() -> None:
-    profile = BatchProfile(max_inflight_batches=3, rate_halflife_ms=5.0)
+    profile = BatchProfile(max_inflight_batches=3, rate_halflife_ms=5.0, target_size=32, hard_cap=48)
     engine = BatchingEngine(profile)
     _teach_linear_curve(engine, fixed_ms=40.0, per_item_ms=1.0)
     engine.offer(request(0.0), 0.0)
@@ -83,7 +83,7 @@ def test_backlog_counts_toward_depth_and_shortens_the_window() -> None:
 
 
 def test_held_batch_leaves_at_the_window_with_reason_max_wait() -> None:
-    profile = BatchProfile(max_inflight_batches=2, max_wait_ms=20.0, rate_halflife_ms=5.0)
+    profile = BatchProfile(max_inflight_batches=2, max_wait_ms=20.0, rate_halflife_ms=5.0, target_size=32, hard_cap=48)
     engine = BatchingEngine(profile)
     _teach_linear_curve(engine, fixed_ms=40.0, per_item_ms=1.0)
     engine.offer(request(0.0), 0.0)

@@ -125,3 +125,26 @@ def test_abort_stops_early_once_slo_is_lost():
     arr = make_arrivals(s)
     out = simulate(s, arr, [FixedWindow(0.0, 4)], abort_over_slo=10)
     assert out.aborted and out.offered < len(arr)
+
+
+def test_default_engine_gets_the_device_limit_and_the_profile_it_would_have_measured():
+    from pipeline.sim.search import Candidate, Evaluator
+
+    s = scenario(cost={"a_ms": 4.0, "c_ms": 0.5, "max_batch": 60})
+    default = Evaluator(s).policies(Candidate("batchtide-default", {}))[0]
+    assert default.ceiling == 60, "hard_cap auto: the scenario's [cost] max_batch"
+    assert [size for size, _ in default.curve.points()] == [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 60]
+    assert default.curve.cap == 60, "affine: the knee is the memory limit"
+    unlimited = Evaluator(scenario()).policies(Candidate("batchtide-default", {}))[0]
+    assert unlimited.ceiling == 128
+    outcome = simulate(s, make_arrivals(s, 3.0), Evaluator(s).policies(Candidate("batchtide-default", {})))
+    assert max(outcome.batches.size) <= 60 and not conservation_problems(outcome)
+
+
+def test_token_cost_reaches_a_token_unit_engine():
+    s = scenario(cost={"unit": "tokens", "a_ms": 4.0, "c_ms": 0.01},
+                 tokens={"prompt": {"dist": "fixed", "value": 100}})
+    engine = BatchingEngine(BatchProfile(cost_unit="tokens", hard_cap=1000, target_size=500))
+    outcome = simulate(s, make_arrivals(s), [engine])
+    assert max(outcome.batches.size) <= 10, "a 1000-token cap holds ten 100-token requests"
+    assert not conservation_problems(outcome)

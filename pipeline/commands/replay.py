@@ -1,0 +1,120 @@
+"""CLI command: `batchtide replay` (recorded traffic through the simulator, per candidate profile)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+console = Console()
+
+
+def replay_command(
+    since: str = typer.Option("1h", "--since", help="Window ending now: 30s, 15m, 1h, 1d..."),
+    config: Optional[Path] = typer.Option(None, "--config", help="batchtide TOML config (the profile that ran)."),
+    model: Optional[str] = typer.Option(None, "--model", help="Model to replay (default: the config's only model)."),
+    profile: Optional[Path] = typer.Option(
+        None, "--profile", help="Device profile JSON the consumer loaded (memory limit, prefilled t(b))."
+    ),
+    export: Optional[Path] = typer.Option(None, "--export", help="Write the window as a scenario TOML here."),
+    validate: bool = typer.Option(
+        False, "--validate", help="Exit 1 unless the prediction for the profile that ran is within 15% of the recording."
+    ),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the predictions as JSON here."),
+) -> None:
+    """Replay the recorded arrivals of a window under the profile that ran and a grid of
+    candidates: predicted p50/p99/p999, throughput, hit ratio, expired share, and the
+    recommended profile."""
+    from pipeline.config import ConfigError, load_config
+    from pipeline.profile_file import ProfileError, load_profile
+    from pipeline.views.report import parse_duration_ms
+    from pipeline.bench.replay import ReplayError, replay, scenario_toml
+    from pipeline.store.client import ClickHouseUnavailable, connect
+    from pipeline.store.traffic import read_traffic
+
+    try:
+        cfg = load_config(config)
+        span = parse_duration_ms(since)
+        device = load_profile(profile) if profile is not None else None
+    except (ConfigError, ProfileError, ValueError) as e:
+        console.print(f"[red]error:[/red] {escape(str(e))}")
+        raise typer.Exit(2) from None
+    if model is None:
+        if len(cfg.models) != 1:
+            known = ", ".join(sorted(cfg.models)) or "none"
+            console.print(f"[red]error:[/red] say which model with --model (configured: {known})")
+            raise typer.Exit(2)
+        model = next(iter(cfg.models))
+    ran = cfg.model(model).profile if model in cfg.models else cfg.defaults
+    now = int(time.time() * 1000)
+    try:
+        client = connect(cfg.clickhouse, database=cfg.clickhouse.database)
+    except ClickHouseUnavailable as e:
+        console.print(f"[red]error:[/red] {escape(str(e))}")
+        raise typer.Exit(2) from None
+    try:
+        traffic = read_traffic(client, cfg.clickhouse.database, model, now - span, now)
+    finally:
+        client.close()
+    try:
+        result = replay(
+            traffic, ran,
+            device_cap=device.memory_limit if device else None,
+            prior_costs=device.cost_points() if device else None,
+        )
+    except ReplayError as e:
+        console.print(f"[red]nothing to replay:[/red] {escape(str(e))}")
+        raise typer.Exit(2) from None
+
+    rec = result.recorded
+    table = Table(title=f"replay of {model}: {rec.requests} recorded requests over the last {since} "
+                        f"(SLO p99 {ran.slo_p99_ms:g} ms; hops outside the device {rec.overhead_ms:.1f} ms added)")
+    for column in ("candidate", "hard_cap", "target", "max_wait", "mark", "p50 ms", "p99 ms", "p999 ms",
+                   "req/s", "hit ratio", "expired", "marked", "mean batch"):
+        table.add_column(column, justify="left" if column == "candidate" else "right")
+    best = result.recommended()
+    for p in result.predictions:
+        prof = p.profile
+        name = f"[bold]{p.name}[/bold] (recommended)" if p is best else p.name
+        table.add_row(
+            name, str(prof.hard_cap), str(prof.target_size), f"{prof.max_wait_ms:g}",
+            "off" if not prof.tail_marking else f"{prof.tail_mark_ratio:g}x q{prof.tail_mark_quantile:g}",
+            f"{p.p50_ms:.1f}", f"{p.p99_ms:.1f}", f"{p.p999_ms:.1f}", f"{p.throughput_rps:.1f}",
+            f"{p.hit_ratio:.2f}", f"{p.expired_share:.2%}", f"{p.marked_share:.2%}", f"{p.mean_batch:.1f}",
+        )
+    table.add_row("[italic]recorded[/italic]", "", "", "", "", f"{rec.p50_ms:.1f}", f"{rec.p99_ms:.1f}",
+                  f"{rec.p999_ms:.1f}", f"{rec.throughput_rps:.1f}", "", "", f"{rec.marked_share:.2%}", "")
+    console.print(table)
+    changes = {k: v for k, v in vars(best.profile).items() if getattr(ran, k) != v}
+    console.print(f"recommended: {best.name}" + (f" — set {changes}" if changes else " — keep the profile that ran"))
+    check = result.validation()
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps({
+            "model": model, "since": since, "recorded": vars(rec), "validation": check,
+            "recommended": best.name,
+            "predictions": [{**{k: v for k, v in vars(p).items() if k != "profile"},
+                             "profile": vars(p.profile)} for p in result.predictions],
+        }, indent=2, default=str))
+        console.print(f"wrote {json_out}")
+    if export:
+        export.parent.mkdir(parents=True, exist_ok=True)
+        export.write_text(scenario_toml(result))
+        console.print(f"wrote {export}")
+    if validate:
+        verdict = "agree" if result.validates() else "DISAGREE"
+        console.print(f"validate: predicted/recorded p99 {check['p99_ratio']:.2f}, "
+                      f"throughput {check['throughput_ratio']:.2f} (within 15%: {verdict})")
+        if not result.validates():
+            raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    """Attach this module's commands to the root app."""
+    app.command("replay")(replay_command)
