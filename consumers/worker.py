@@ -44,7 +44,7 @@ from consumers.intake import Rejection, RecentIds, decode_request, parse_forward
 from consumers.kafka import Topics, client_options
 from consumers.offsets import OffsetTracker
 from consumers.outbox import Message, Outbox
-from consumers.runners import serving_runner
+from consumers.runners import profile_file, serving_runner
 from consumers.runners.base import Output, Runner, run_isolating
 from pipeline.config import Config, ConsumerSettings, KafkaSettings, ModelConfig
 from pipeline.engine.decisions import Batch, PendingRequest
@@ -81,14 +81,17 @@ def default_consumer_id(model: str) -> str:
 def build_consumer(
     config: Config, model_name: str, *, consumer_id: str | None = None, runner: Runner | None = None
 ) -> "Consumer":
-    """A consumer for one configured model with its runner and its own engine."""
-    model = config.model(model_name)
+    """A consumer for one configured model with its runner and its own engine (started from the
+    model's profile file when `batchtide profile` wrote one: measured curve, device limit)."""
+    model, measured = profile_file.apply(config.model(model_name))
+    engine = BatchingEngine(model.profile)
+    profile_file.seed(engine.curve, measured)
     return Consumer(
         model,
         config.kafka,
         config.consumer,
         runner=runner or serving_runner(model),
-        engine=BatchingEngine(model.profile),
+        engine=engine,
         consumer_id=consumer_id,
     )
 

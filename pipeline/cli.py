@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from pipeline.commands import bench, chaos, dashboards, db, demo, local, serve, settings
+from pipeline.commands import bench, chaos, dashboards, db, demo, local, profile, serve, settings
 
 app = typer.Typer(
     name="batchtide",
@@ -13,7 +13,7 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 
-for module in (local, serve, bench, db, dashboards, chaos, demo, settings):
+for module in (local, serve, bench, db, dashboards, chaos, demo, settings, profile):
     module.register(app)
 
 if __name__ == "__main__":
