@@ -44,6 +44,7 @@ from aiokafka import AIOKafkaConsumer
 
 from consumers.kafka import Topics, client_options, ensure_topics, stable_group_size
 from consumers.producer import Load, LoadProducer, poisson_load
+from consumers.runners.profile_file import ITERATION_SLOTS
 from pipeline.config import KafkaSettings
 
 RunnerChoice = Literal["zero-cost", "minilm", "cost-model", "smollm"]
@@ -155,8 +156,10 @@ LLM_TOKEN_CAP = 4096
 
 
 def llm_token_cap(options: BenchOptions) -> int:
+    """Tokens the device holds at once (the profile's running_tokens); a static batch's cap."""
     if options.llm_profile and Path(options.llm_profile).is_file():
-        return int(json.loads(Path(options.llm_profile).read_text())["recommended"]["hard_cap"])
+        recommended = json.loads(Path(options.llm_profile).read_text())["recommended"]
+        return int(recommended.get("running_tokens", recommended["hard_cap"]))
     return LLM_TOKEN_CAP
 
 
@@ -173,9 +176,10 @@ def llm_section(options: BenchOptions) -> str:
         )
     cap = llm_token_cap(options)
     if options.llm_mode == "iteration":
+        per_request = options.tokens + MIXED_NEW_TOKENS[1]
         return runner + (
-            f'batching = "iteration"\ncost_unit = "tokens"\nhard_cap = {cap}\ntarget_size = {min(256, cap)}\n'
-            "max_inflight_batches = 8\nadaptive_cap = false\n"
+            f'batching = "iteration"\ncost_unit = "tokens"\nhard_cap = {max(per_request, cap // ITERATION_SLOTS)}\n'
+            f"target_size = {per_request}\nmax_inflight_batches = {ITERATION_SLOTS}\nadaptive_cap = false\n"
         )
     # static: the engine learns the knee in tokens; no compute budget (a generation batch is
     # seconds long, a 500 ms budget would hold it at one request)

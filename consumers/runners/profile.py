@@ -279,12 +279,21 @@ def knee(points: list[Point], tolerance: float = KNEE_TOLERANCE) -> int:
 
 
 def bytes_per_unit(found: Measurement) -> float:
-    """Memory one more unit costs (request, or KV token for generation), from the largest size."""
+    """Memory one more unit costs (request, or KV token for generation): the growth between the two
+    largest sizes (what the first batch pages in once, e.g. weights, is not per unit)."""
     if not found.points:
         return 0.0
+
+    def units(p: Point) -> int:
+        return p.size * (found.prompt_tokens + found.decode_steps) if found.task == "generate" else p.size
+
     last = found.points[-1]
-    units = last.size * (found.prompt_tokens + found.decode_steps) if found.task == "generate" else last.size
-    return last.peak_bytes / max(units, 1)
+    if len(found.points) >= 2:
+        before = found.points[-2]
+        grew = last.peak_bytes - before.peak_bytes
+        if grew > 0:
+            return grew / max(units(last) - units(before), 1)
+    return last.peak_bytes / max(units(last), 1)
 
 
 def memory_limit_units(found: Measurement) -> int | None:

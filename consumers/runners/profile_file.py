@@ -24,6 +24,8 @@ from pipeline.config import ModelConfig
 from .profile import Measurement, Point, bytes_per_unit, knee, memory_limit_units
 
 FORMAT = "batchtide-profile/1"
+ITERATION_SLOTS = 16
+"""Batches in flight recommended for iteration-level batching (each joins the running set)."""
 SEED_SAMPLES = 3
 """Completions each seeded point counts as: enough evidence for the knee, few enough that live
 measurements replace it within a few batches."""
@@ -54,15 +56,19 @@ def build(found: Measurement, model: ModelConfig, *, simulated: bool) -> dict[st
     within_budget = max((p.size for p in found.points if p.median_ms <= found.budget_ms), default=1)
     memory_units = memory_limit_units(found)
     if generate:
+        # iteration-level: the running set holds at most max_inflight_batches x hard_cap tokens;
+        # batches stay small so each one's answers go out as soon as its last request ends
         per_request = found.prompt_tokens + model.max_new_tokens
         compute_cap = within_budget * per_request
-        hard_cap = min(compute_cap, memory_units) if memory_units else compute_cap
+        running = min(compute_cap, memory_units) if memory_units else compute_cap
+        hard_cap = max(per_request, running // ITERATION_SLOTS)
         recommended = {
             "cost_unit": "tokens",
             "hard_cap": hard_cap,
-            "target_size": max(1, min(hard_cap, knee_size * per_request)),
+            "target_size": per_request,
             "batching": "iteration",
-            "max_inflight_batches": 8,
+            "max_inflight_batches": ITERATION_SLOTS,
+            "running_tokens": running,
         }
     else:
         hard_cap = min(within_budget, memory_units) if memory_units else within_budget
@@ -154,7 +160,10 @@ def apply(model: ModelConfig, path: Path | None = None) -> tuple[ModelConfig, li
     if profile.get("unit") != model.profile.cost_unit:
         log.warning("profile %s is in %s, the model batches in %s: cap and curve not used", path, profile.get("unit"), model.profile.cost_unit)
         return model, []
-    limit = int(profile["recommended"]["hard_cap"])
+    recommended = profile["recommended"]
+    # a static batch may fill the whole device; an iteration-level batch is one of several in the running set
+    whole = model.batching == "static" and "running_tokens" in recommended
+    limit = int(recommended["running_tokens"] if whole else recommended["hard_cap"])
     batching = model.profile
     hard_cap = min(batching.hard_cap, limit)
     target = min(batching.target_size, hard_cap)

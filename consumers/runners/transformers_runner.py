@@ -141,7 +141,8 @@ class TransformersRunner:
         self._stop_ids: frozenset[int] = frozenset()
         self._positions: int | None = None
         self._token_cap = model.profile.hard_cap if model.profile.cost_unit == "tokens" else None
-        """In the tokens unit no batch may exceed hard_cap tokens: a request over it never runs."""
+        """In the tokens unit no batch may exceed hard_cap tokens: a request over it never runs.
+        The iteration-level running set holds at most max_inflight_batches of them."""
         self.iteration: Any = None
         """The iteration-level scheduler (`batching = "iteration"`), started by load()."""
         self._encoded = EncodingCache()
@@ -200,7 +201,9 @@ class TransformersRunner:
         if model is not None and task == "generate" and self.config.batching == "iteration":
             from .iteration import IterationScheduler
 
-            self.iteration = IterationScheduler(self._running_set, self._to_output, token_cap=self._token_cap)
+            slots = self.config.profile.max_inflight_batches
+            running_cap = None if self._token_cap is None else self._token_cap * slots
+            self.iteration = IterationScheduler(self._running_set, self._to_output, token_cap=running_cap)
 
     def _ids(self, req: Request) -> list[int]:
         """Input ids of one request, tokenizing a text at most once."""
