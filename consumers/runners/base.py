@@ -31,6 +31,9 @@ class Output:
     text: str | None = None
     token_ids: list[int] | None = None
     tokens_out: int = 0
+    first_token_ms: float | None = None
+    """Generation: wall-clock epoch ms when the first token was decoded (its prefill ended): the
+    request's time to first token is this less its enqueue time."""
 
 
 @runtime_checkable

@@ -15,6 +15,7 @@ join with a clear error.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +34,8 @@ class Sequence:
     """Whatever the caller needs to route the result back."""
     generated: list[int] = field(default_factory=list)
     finished: bool = False
+    first_token_ms: float | None = None
+    """Epoch ms when the prefill that produced the first token ended."""
 
     @property
     def reserved_tokens(self) -> int:
@@ -94,6 +97,9 @@ class RunningSet:
         cache = out.past_key_values
         _check_cache(cache)
         first = out.logits[:, -1, :].argmax(-1)
+        stamp = time.time() * 1000.0
+        for s in seqs:
+            s.first_token_ms = stamp
         offset = len(self.rows)
         if self._cache is None:
             self._cache, self._mask, self._last = cache, mask, first

@@ -49,6 +49,18 @@ def test_greedy_generation_repeats_itself(static: TransformersRunner) -> None:
     assert len({tuple(o.token_ids or ()) for o in first}) > 1
 
 
+def test_first_token_time_is_stamped_at_prefill(static: TransformersRunner) -> None:
+    import time
+
+    before = time.time() * 1000.0
+    outs = static.run([_gen(i, p, 12) for i, p in enumerate(PROMPTS)])
+    after = time.time() * 1000.0
+    stamps = {o.first_token_ms for o in outs}
+    assert len(stamps) == 1  # one prefill for the whole static batch
+    (stamp,) = stamps
+    assert stamp is not None and before <= stamp <= after
+
+
 def test_each_row_stops_at_its_own_max_new_tokens(static: TransformersRunner) -> None:
     limits = [1, 5, 12, 3, 7, 2]
     outs = static.run([_gen(i, p, n) for i, (p, n) in enumerate(zip(PROMPTS, limits))])
