@@ -187,16 +187,11 @@ def measure_batches(
                 found.stop_reason = "oom"
                 break
             raise
-        median = statistics.median(times)
         in_tokens = sum(tokens_of[:b])
-        peak = memory.peak()
-        found.points.append(Point(b, in_tokens, median, _p90(times), b * 1000 / median, in_tokens * 1000 / median, peak, len(times)))
-        on_point(f"b={b}: {median:.1f} ms")
-        if median > budget_ms:
-            found.stop_reason = "budget"
-            break
-        if not memory.fits(peak * 2):
-            found.stop_reason = "memory"
+        point = _point(b, in_tokens, times, in_tokens, memory.peak())
+        found.points.append(point)
+        on_point(f"b={b}: {point.median_ms:.1f} ms")
+        if _stops(found, point, memory):
             break
     return found
 
@@ -251,20 +246,33 @@ def measure_generation(
                     found.stop_reason = "oom"
                     break
                 raise
-            prefill_ms, step_ms = prefill_ms[1:], step_ms[decode_steps:]
             prompt_total = sum(len(p) for p in prompts[:b])
-            pre, step = statistics.median(prefill_ms), statistics.median(step_ms)
             peak = memory.peak()
-            found.prefill.append(Point(b, prompt_total, pre, _p90(prefill_ms), b * 1000 / pre, prompt_total * 1000 / pre, peak, len(prefill_ms)))
-            found.points.append(Point(b, cache - decode_steps // 2, step, _p90(step_ms), b * 1000 / step, b * 1000 / step, peak, len(step_ms)))
-            on_point(f"b={b}: prefill {pre:.0f} ms, step {step:.1f} ms")
-            if step > budget_ms:
-                found.stop_reason = "budget"
-                break
-            if not memory.fits(peak * 2):
-                found.stop_reason = "memory"
+            prefill = _point(b, prompt_total, prefill_ms[1:], prompt_total, peak)
+            step = _point(b, cache - decode_steps // 2, step_ms[decode_steps:], b, peak)
+            found.prefill.append(prefill)
+            found.points.append(step)
+            on_point(f"b={b}: prefill {prefill.median_ms:.0f} ms, step {step.median_ms:.1f} ms")
+            if _stops(found, step, memory):
                 break
     return found
+
+
+def _point(size: int, tokens: int, times: list[float], per_run: int, peak: int) -> Point:
+    """A size's timings; `per_run` is what one run produces (input tokens, or generated tokens)."""
+    median = statistics.median(times)
+    return Point(size, tokens, median, _p90(times), size * 1000 / median, per_run * 1000 / median, peak, len(times))
+
+
+def _stops(found: Measurement, point: Point, memory: DeviceMemory) -> bool:
+    """Doubling ends past the compute budget, or when twice this size's memory would not fit."""
+    if point.median_ms > found.budget_ms:
+        found.stop_reason = "budget"
+    elif not memory.fits(point.peak_bytes * 2):
+        found.stop_reason = "memory"
+    else:
+        return False
+    return True
 
 
 def knee(points: list[Point], tolerance: float = KNEE_TOLERANCE) -> int:
