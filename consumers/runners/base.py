@@ -34,6 +34,9 @@ class Output:
     first_token_ms: float | None = None
     """Generation: wall-clock epoch ms when the first token was decoded (its prefill ended): the
     request's time to first token is this less its enqueue time."""
+    last_token_ms: float | None = None
+    """Generation: epoch ms when its last token was decoded; with first_token_ms, its time per
+    output token (iteration-level batching answers a batch when its last request ends)."""
 
 
 @runtime_checkable

@@ -36,6 +36,8 @@ class Sequence:
     finished: bool = False
     first_token_ms: float | None = None
     """Epoch ms when the prefill that produced the first token ended."""
+    last_token_ms: float | None = None
+    """Epoch ms when the step that finished this sequence ended."""
 
     @property
     def reserved_tokens(self) -> int:
@@ -134,6 +136,7 @@ class RunningSet:
         """Append the new token (unless EOS) of rows `offset`.. ; drop rows that are done."""
         done: list[Sequence] = []
         keep = list(range(offset))
+        stamp = time.time() * 1000.0
         for row, token in enumerate(tokens.tolist(), start=offset):
             seq = self.rows[row]
             if token in self.stop_ids:
@@ -142,6 +145,7 @@ class RunningSet:
                 seq.generated.append(token)
                 seq.finished = len(seq.generated) >= seq.limit
             if seq.finished:
+                seq.last_token_ms = stamp
                 done.append(seq)
             else:
                 keep.append(row)

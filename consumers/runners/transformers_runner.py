@@ -346,7 +346,13 @@ class TransformersRunner:
     def _to_output(self, seq: Sequence) -> Output:
         with self._tokenizer_lock:
             text = self._tokenizer.decode(seq.generated, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-        return Output(text=text, token_ids=list(seq.generated), tokens_out=len(seq.generated), first_token_ms=seq.first_token_ms)
+        return Output(
+            text=text,
+            token_ids=list(seq.generated),
+            tokens_out=len(seq.generated),
+            first_token_ms=seq.first_token_ms,
+            last_token_ms=seq.last_token_ms,
+        )
 
     def device_memory(self) -> tuple[int, MemoryKind]:
         if self.device and self.device.startswith("cuda"):

@@ -59,6 +59,8 @@ def test_first_token_time_is_stamped_at_prefill(static: TransformersRunner) -> N
     assert len(stamps) == 1  # one prefill for the whole static batch
     (stamp,) = stamps
     assert stamp is not None and before <= stamp <= after
+    ends = [o.last_token_ms for o in outs]
+    assert all(e is not None and stamp <= e <= after for e in ends)
 
 
 def test_each_row_stops_at_its_own_max_new_tokens(static: TransformersRunner) -> None:
