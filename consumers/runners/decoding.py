@@ -34,6 +34,9 @@ class Sequence:
     """Whatever the caller needs to route the result back."""
     generated: list[int] = field(default_factory=list)
     finished: bool = False
+    reserve: int | None = None
+    """Tokens to reserve for generation in the KV cap (None: `limit`): the model's whole
+    max_new_tokens keeps the row count at what the profile measured whatever the mix."""
     first_token_ms: float | None = None
     """Epoch ms when the prefill that produced the first token ended."""
     last_token_ms: float | None = None
@@ -42,7 +45,7 @@ class Sequence:
     @property
     def reserved_tokens(self) -> int:
         """KV tokens this sequence holds at most: prompt plus every token it may generate."""
-        return len(self.prompt) + self.limit
+        return len(self.prompt) + (self.limit if self.reserve is None else max(self.reserve, self.limit))
 
 
 class UnsupportedCache(RuntimeError):

@@ -14,14 +14,21 @@ joiners are admitted as a group: when the running set is empty, when
 `JOIN_GROUP` are waiting, when the running set has shrunk to half of what it
 was at the last join (rows left: the device has room to fill), or when the
 oldest joiner has waited `JOIN_WAIT_STEPS` steps (its time to first token is
-bounded). The token cap bounds the running set: a joiner is admitted only if
-every admitted row's prompt plus its whole `max_new_tokens` still fits, so
-the KV cache never outgrows what the profile measured.
+bounded). Two bounds keep the running set what the device can hold:
+
+- memory: a joiner is admitted only if every admitted row's prompt plus the
+  tokens it may generate still fits the token cap, so the KV cache never
+  outgrows what the profile measured;
+- time per output token: while the last decode step took longer than the
+  step budget, nobody joins (rows still leave). Without it, at overload every
+  row would share the device (processor sharing): all requests slow down
+  together and none finishes, instead of the oldest finishing first.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -61,12 +68,15 @@ class IterationScheduler:
         to_output: Callable[[Sequence], Output],
         *,
         token_cap: int | None = None,
+        step_budget_ms: float | None = None,
         join_group: int = JOIN_GROUP,
         join_wait_steps: int = JOIN_WAIT_STEPS,
     ) -> None:
         self._new_running = new_running
         self._to_output = to_output
         self.token_cap = token_cap
+        self.step_budget_ms = step_budget_ms
+        self._last_step_ms = 0.0
         self._join_group = join_group
         self._join_wait_steps = join_wait_steps
         self._running = new_running()
@@ -118,6 +128,8 @@ class IterationScheduler:
             fits.append(seq)
         if not fits:
             return []
+        if len(running) and self.step_budget_ms is not None and self._last_step_ms > self.step_budget_ms:
+            return []  # the device is at its time per token: more rows would slow every row
         oldest: _Group = fits[0].tag
         pays = (
             len(running) == 0
@@ -149,7 +161,9 @@ class IterationScheduler:
                         finished += self._running.join(joining)
                         self._size_at_join = len(self._running)
                     if len(self._running):
+                        started = time.perf_counter()
                         finished += self._running.step()
+                        self._last_step_ms = (time.perf_counter() - started) * 1000.0
                         self.steps += 1
                 except Exception as e:  # noqa: BLE001 - every row of the set fails; the loop goes on
                     self._fail(self._running.rows + joining, describe_error(e))

@@ -203,7 +203,10 @@ class TransformersRunner:
 
             slots = self.config.profile.max_inflight_batches
             running_cap = None if self._token_cap is None else self._token_cap * slots
-            self.iteration = IterationScheduler(self._running_set, self._to_output, token_cap=running_cap)
+            budget = self.config.profile.compute_budget_ms or self.config.profile.slo_p99_ms / 2.0
+            self.iteration = IterationScheduler(
+                self._running_set, self._to_output, token_cap=running_cap, step_budget_ms=budget
+            )
 
     def _ids(self, req: Request) -> list[int]:
         """Input ids of one request, tokenizing a text at most once."""
@@ -333,7 +336,8 @@ class TransformersRunner:
         return [Output(embedding=row) for row in pooled.float().cpu().tolist()]
 
     def _generate(self, reqs: list[Request], ids: list[list[int]]) -> list[Output]:
-        seqs = [Sequence(prompt, self._new_tokens(r)) for r, prompt in zip(reqs, ids)]
+        reserve = self.config.max_new_tokens if self.iteration is not None else None
+        seqs = [Sequence(prompt, self._new_tokens(r), reserve=reserve) for r, prompt in zip(reqs, ids)]
         if self.iteration is not None:
             return self.iteration.run(seqs)
         decode_all(self._running_set(), seqs)

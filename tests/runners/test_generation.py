@@ -159,3 +159,36 @@ def test_tokens_unit_refuses_a_request_that_could_never_fit(tiny_gpt2_dir: Path)
     assert runner.check(Request(id="ok", model="g", token_ids=[5] * 24, params=GenerationParams(max_new_tokens=16))) is None
     why = runner.check(Request(id="no", model="g", token_ids=[5] * 25, params=GenerationParams(max_new_tokens=16)))
     assert why is not None and "needs 41 tokens (prompt 25 + max_new_tokens 16)" in why and "at most 40" in why
+
+
+def test_nobody_joins_while_a_step_takes_longer_than_the_step_budget(static: TransformersRunner) -> None:
+    """At its time-per-token budget the running set only drains: no processor sharing at overload."""
+    sizes: list[int] = []
+
+    class Watched(RunningSet):
+        def step(self) -> list[Sequence]:
+            sizes.append(len(self.rows))
+            return super().step()
+
+    scheduler = IterationScheduler(
+        lambda: Watched(static._model, "cpu", static._pad_id, static._stop_ids), static._to_output, step_budget_ms=1e-6
+    )
+    ids = [static._tokenize([p])[0] for p in PROMPTS[:4]]
+    results: list[int] = []
+
+    def submit(i: int) -> None:
+        results.append(len(scheduler.run([Sequence(ids[i], 6), Sequence(ids[i + 1], 3)])[0].token_ids or []))
+
+    import time
+
+    threads = [threading.Thread(target=submit, args=(i,)) for i in (0, 2)]
+    threads[0].start()
+    deadline = time.monotonic() + 30
+    while scheduler.steps < 1 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    threads[1].start()  # arrives while the first batch is decoding
+    for t in threads:
+        t.join(60)
+    scheduler.close()
+    assert sorted(results) == [6, 6]
+    assert max(sizes) <= 2 and scheduler.joins == 2  # the second batch waited for the set to empty
