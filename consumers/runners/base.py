@@ -31,6 +31,12 @@ class Output:
     text: str | None = None
     token_ids: list[int] | None = None
     tokens_out: int = 0
+    first_token_ms: float | None = None
+    """Generation: wall-clock epoch ms when the first token was decoded (its prefill ended): the
+    request's time to first token is this less its enqueue time."""
+    last_token_ms: float | None = None
+    """Generation: epoch ms when its last token was decoded; with first_token_ms, its time per
+    output token (iteration-level batching answers a batch when its last request ends)."""
 
 
 @runtime_checkable

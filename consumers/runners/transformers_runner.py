@@ -2,10 +2,11 @@
 
 - embed: AutoModel, mean pooling over the attention mask, L2 normalised
   (the sentence-transformers recipe MiniLM was trained for).
-- generate: AutoModelForCausalLM, greedy decoding, left padding,
-  `max_new_tokens` from the request's params (default 32) capped by the
-  model's `max_new_tokens`. Sampling parameters are accepted on the wire but
-  decoding is greedy, so results are reproducible.
+- generate: AutoModelForCausalLM, greedy decoding over a running set
+  (`decoding`): rows leave as they finish (EOS or their own
+  `max_new_tokens`, default 32); with `batching = "iteration"` new requests
+  join between decode steps (`iteration`). Sampling parameters are accepted
+  on the wire but decoding is greedy, so results are reproducible.
 
 Inputs are never truncated: `check()` refuses an input longer than
 `max_input_tokens` (or than the model's position table), and token ids
@@ -27,6 +28,7 @@ from pipeline.config import ModelConfig
 from schemas.messages import Request
 
 from .base import MemoryKind, Output, process_rss
+from .decoding import RunningSet, Sequence, decode_all
 from .gguf_cache import convert_once
 from .model_source import ModelSource, resolve_model_source
 
@@ -97,6 +99,26 @@ def pick_device(setting: str) -> str:
     return setting
 
 
+def pick_dtype(device: str) -> "torch.dtype":
+    """bf16 on GPUs that have it, fp16 on older ones, fp32 on CPU (half is slow there)."""
+    import torch
+
+    if not device.startswith("cuda"):
+        return torch.float32
+    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+
+def stop_token_ids(hf_config: Any, generation_config: Any, tokenizer: Any) -> frozenset[int]:
+    """EOS ids the model was trained to end on: its generation config first, then its config,
+    then the tokenizer (a GGUF tokenizer's eos can be wrong: SmolLM2's says <|im_start|>)."""
+    for source in (generation_config, hf_config):
+        found = getattr(source, "eos_token_id", None) if source is not None else None
+        if found is not None:
+            return frozenset(found if isinstance(found, list) else [found])
+    eos = tokenizer.eos_token_id
+    return frozenset() if eos is None else frozenset([eos])
+
+
 class TransformersRunner:
     """Runs a transformers model; not simulated."""
 
@@ -116,7 +138,13 @@ class TransformersRunner:
         self._loaded = False
         self._vocab_size = 0
         self._pad_id = 0
-        self._eos_id: int | None = None
+        self._stop_ids: frozenset[int] = frozenset()
+        self._positions: int | None = None
+        self._token_cap = model.profile.hard_cap if model.profile.cost_unit == "tokens" else None
+        """In the tokens unit no batch may exceed hard_cap tokens: a request over it never runs.
+        The iteration-level running set holds at most max_inflight_batches of them."""
+        self.iteration: Any = None
+        """The iteration-level scheduler (`batching = "iteration"`), started by load()."""
         self._encoded = EncodingCache()
         self._lock = threading.Lock()
         self._tokenizer_lock = threading.Lock()
@@ -149,14 +177,16 @@ class TransformersRunner:
         if task == "generate":
             tokenizer.padding_side = "left"
         model = None
+        generation_config = None
         if self.weights:
             auto = AutoModelForCausalLM if task == "generate" else AutoModel
-            model = auto.from_pretrained(source.directory, config=hf_config)
             self.device = pick_device(self.config.device)
+            model = auto.from_pretrained(source.directory, config=hf_config, dtype=pick_dtype(self.device))
             model.to(self.device).eval()
-        self._eos_id = tokenizer.eos_token_id
+            generation_config = getattr(model, "generation_config", None)
+        self._stop_ids = stop_token_ids(hf_config, generation_config, tokenizer)
         pad = tokenizer.pad_token_id
-        self._pad_id = pad if pad is not None else (self._eos_id if self._eos_id is not None else 0)
+        self._pad_id = pad if pad is not None else min(self._stop_ids, default=0)
         self._vocab_size = model.get_input_embeddings().num_embeddings if model is not None else hf_config.vocab_size
         positions = getattr(hf_config, "max_position_embeddings", None) or getattr(hf_config, "n_positions", None)
         limit = self.config.max_input_tokens
@@ -164,9 +194,19 @@ class TransformersRunner:
             room = positions - (self.config.max_new_tokens if task == "generate" else 0)
             limit = min(limit, max(1, room))
         self.max_input_tokens = limit
+        self._positions = positions
         self.source, self.task = source, task
         self._tokenizer = tokenizer
         self._model = model
+        if model is not None and task == "generate" and self.config.batching == "iteration":
+            from .iteration import IterationScheduler
+
+            slots = self.config.profile.max_inflight_batches
+            running_cap = None if self._token_cap is None else self._token_cap * slots
+            budget = self.config.profile.compute_budget_ms or self.config.profile.slo_p99_ms / 2.0
+            self.iteration = IterationScheduler(
+                self._running_set, self._to_output, token_cap=running_cap, step_budget_ms=budget
+            )
 
     def _ids(self, req: Request) -> list[int]:
         """Input ids of one request, tokenizing a text at most once."""
@@ -184,6 +224,8 @@ class TransformersRunner:
             return self._tokenizer(texts, add_special_tokens=True)["input_ids"]
 
     def _new_tokens(self, req: Request) -> int:
+        """Tokens this request may generate: what it asked (or the default), never over the
+        model's cap (check() refuses a request asking more; run() still holds the cap)."""
         asked = req.params.max_new_tokens if req.params is not None else _DEFAULT_NEW_TOKENS
         return min(asked, self.config.max_new_tokens)
 
@@ -194,15 +236,40 @@ class TransformersRunner:
 
     def check(self, req: Request) -> str | None:
         self.load()
+        if self.task == "generate":
+            why = self._check_generation(req)
+            if why is not None:
+                return why
         ids = self._ids(req)
         if len(ids) > self.max_input_tokens:
-            return f"input is {len(ids)} tokens; this model accepts at most {self.max_input_tokens}"
+            return f"input is {len(ids)} tokens; this model accepts at most {self.max_input_tokens}" + (
+                f" (context {self._positions} less max_new_tokens {self.config.max_new_tokens})"
+                if self.task == "generate" and self._positions
+                else ""
+            )
         if not ids:
             return "input is empty after tokenization"
+        if self._token_cap is not None and len(ids) + self._new_tokens(req) > self._token_cap:
+            return (
+                f"request needs {len(ids) + self._new_tokens(req)} tokens (prompt {len(ids)} + max_new_tokens "
+                f"{self._new_tokens(req)}) but a batch holds at most {self._token_cap} (hard_cap, tokens): it could never run"
+            )
         if req.token_ids is not None:
             top = max(ids)
             if top >= self._vocab_size:
                 return f"token id {top} is outside the vocabulary (size {self._vocab_size})"
+        return None
+
+    def _check_generation(self, req: Request) -> str | None:
+        if req.params is not None and req.params.max_new_tokens > self.config.max_new_tokens:
+            return (
+                f"max_new_tokens {req.params.max_new_tokens} is over this model's limit "
+                f"{self.config.max_new_tokens} (1..{self.config.max_new_tokens} accepted)"
+            )
+        if req.token_ids is None and not (req.text or "").strip():
+            return "empty prompt: a generation request needs text or token_ids"
+        if req.token_ids is not None and not req.token_ids:
+            return "empty prompt: token_ids is an empty list"
         return None
 
     def _batch_ids(self, reqs: list[Request]) -> list[list[int]]:
@@ -269,26 +336,27 @@ class TransformersRunner:
         return [Output(embedding=row) for row in pooled.float().cpu().tolist()]
 
     def _generate(self, reqs: list[Request], ids: list[list[int]]) -> list[Output]:
-        input_ids, mask = self._padded(ids, left=True)
-        wanted = [self._new_tokens(r) for r in reqs]
-        generated = self._model.generate(
-            input_ids=input_ids,
-            attention_mask=mask,
-            max_new_tokens=max(wanted),
-            do_sample=False,
-            pad_token_id=self._pad_id,
-            eos_token_id=self._eos_id,
+        reserve = self.config.max_new_tokens if self.iteration is not None else None
+        seqs = [Sequence(prompt, self._new_tokens(r), reserve=reserve) for r, prompt in zip(reqs, ids)]
+        if self.iteration is not None:
+            return self.iteration.run(seqs)
+        decode_all(self._running_set(), seqs)
+        return [self._to_output(s) for s in seqs]
+
+    def _running_set(self) -> RunningSet:
+        assert self.device is not None
+        return RunningSet(self._model, self.device, self._pad_id, self._stop_ids)
+
+    def _to_output(self, seq: Sequence) -> Output:
+        with self._tokenizer_lock:
+            text = self._tokenizer.decode(seq.generated, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        return Output(
+            text=text,
+            token_ids=list(seq.generated),
+            tokens_out=len(seq.generated),
+            first_token_ms=seq.first_token_ms,
+            last_token_ms=seq.last_token_ms,
         )
-        new = generated[:, input_ids.shape[1] :].cpu().tolist()
-        outputs: list[Output] = []
-        for tokens, limit in zip(new, wanted):
-            tokens = tokens[:limit]
-            if self._eos_id is not None and self._eos_id in tokens:
-                tokens = tokens[: tokens.index(self._eos_id)]
-            with self._tokenizer_lock:
-                text = self._tokenizer.decode(tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-            outputs.append(Output(text=text, token_ids=tokens, tokens_out=len(tokens)))
-        return outputs
 
     def device_memory(self) -> tuple[int, MemoryKind]:
         if self.device and self.device.startswith("cuda"):
@@ -298,4 +366,5 @@ class TransformersRunner:
         return process_rss()
 
     def close(self) -> None:
-        return None
+        if self.iteration is not None:
+            self.iteration.close()

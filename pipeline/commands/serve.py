@@ -191,7 +191,7 @@ async def _seek(consumer: Any, partitions: list[Any], since_ms: Optional[int], f
 def bench_pipeline(
     find_max: bool = typer.Option(False, "--find-max", help="Zero-cost runner: ramp the rate to the max sustained req/s."),
     rates: Optional[str] = typer.Option(None, "--rates", help="Comma-separated offered rates (req/s) for --runner."),
-    runner: str = typer.Option("minilm", "--runner", help="Runner for --rates: minilm, zero-cost or cost-model."),
+    runner: str = typer.Option("minilm", "--runner", help="Runner for --rates: minilm, smollm (generation), zero-cost or cost-model."),
     duration: float = typer.Option(30.0, "--duration", help="Seconds per offered rate of --rates."),
     find_max_duration: float = typer.Option(8.0, "--find-max-duration", help="Seconds per --find-max trial."),
     seed: int = typer.Option(1, "--seed"),
@@ -209,6 +209,9 @@ def bench_pipeline(
     cost_c_ms: float = typer.Option(0.5, "--cost-c-ms", help="cost-model runner: ms per request."),
     isolation: str = typer.Option("auto", "--isolation", help="Where the consumers run batches: auto, process or thread."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the figures as JSON here."),
+    modes: str = typer.Option("static,iteration,fixed", "--modes", help="smollm: batching modes to run (static, iteration, fixed)."),
+    equal_tokens: int = typer.Option(64, "--equal-tokens", help="smollm: max_new_tokens of the all-equal load."),
+    llm_profile: Optional[Path] = typer.Option(Path("var/profiles/smollm.json"), "--profile", help="smollm: profile file (token cap, machine limit)."),
 ) -> None:
     """Real pipeline bench: open-loop producer -> Kafka -> consumer process(es) -> results, end to end."""
     import logging
@@ -216,8 +219,8 @@ def bench_pipeline(
     from pipeline.bench.pipeline import BenchOptions, run_bench
 
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # new topics log transient leader errors
-    if runner not in ("minilm", "zero-cost", "cost-model"):
-        typer.echo(f"error: --runner must be minilm, zero-cost or cost-model (got {runner!r})", err=True)
+    if runner not in ("minilm", "smollm", "zero-cost", "cost-model"):
+        typer.echo(f"error: --runner must be minilm, smollm, zero-cost or cost-model (got {runner!r})", err=True)
         raise typer.Exit(2)
     if isolation not in ("auto", "process", "thread"):
         typer.echo(f"error: --isolation must be auto, process or thread (got {isolation!r})", err=True)
@@ -249,15 +252,25 @@ def bench_pipeline(
         hard_cap=hard_cap,
         late_consumer_s=late_consumer_s,
         isolation=isolation,  # type: ignore[arg-type]
+        llm_profile=str(llm_profile) if llm_profile else None,
     )
-    figures = asyncio.run(run_bench(options, find_max_mode=find_max, rates_mode=bool(offered), say=typer.echo))
+    mode_list = tuple(m.strip() for m in modes.split(",") if m.strip())
+    if runner == "smollm" and not set(mode_list) <= {"static", "iteration", "fixed"}:
+        typer.echo(f"error: --modes takes static, iteration and fixed (got {modes!r})", err=True)
+        raise typer.Exit(2)
+    figures = asyncio.run(
+        run_bench(
+            options, find_max_mode=find_max, rates_mode=bool(offered), say=typer.echo,
+            llm_modes_list=mode_list, equal_tokens=equal_tokens,
+        )
+    )
     if find_max:
         typer.echo(
             f"zero-cost: max sustained {figures['zero_cost_max_rps']:.0f} req/s; "
             f"added latency at half: p50 {figures.get('zero_cost_added_p50_ms', float('nan')):.1f} ms, "
             f"p99 {figures.get('zero_cost_added_p99_ms', float('nan')):.1f} ms"
         )
-    if offered:
+    if offered and runner != "smollm":
         for rate in figures["model_p99_ms"]:
             typer.echo(
                 f"{runner} @ {rate} req/s: p50 {figures['model_p50_ms'][rate]:.1f} ms, p99 {figures['model_p99_ms'][rate]:.1f} ms, "

@@ -26,7 +26,7 @@ from aiokafka.partitioner import murmur2
 
 from pipeline.kafka.client import Topics, client_options
 from pipeline.config import KafkaSettings
-from schemas.messages import Request
+from schemas.messages import GenerationParams, Request
 
 WORDS = (
     "river stone light batch queue window token cloud signal model request answer "
@@ -45,6 +45,8 @@ class Load:
     priority: np.ndarray
     partition: np.ndarray | None = None
     """Fixed partition per request (skewed loads); None lets the key hash decide."""
+    new_tokens: np.ndarray | None = None
+    """Generation: max_new_tokens per request (sent as params); None sends no params."""
 
     def __len__(self) -> int:
         return int(self.send_ms.shape[0])
@@ -120,9 +122,19 @@ class LoadProducer:
         to their longest input as real traffic does. `warmup` tags them as warm-up traffic."""
         rng = np.random.default_rng(self._seed)
         encode = msgspec.json.Encoder().encode
+        new = load.new_tokens.tolist() if load.new_tokens is not None else [None] * len(load)
         return [
-            encode(Request(id=self.request_id(i, tag), model=self.model, text=request_text(rng, int(t)), priority=int(p), warmup=warmup))
-            for i, (t, p) in enumerate(zip(load.tokens, load.priority))
+            encode(
+                Request(
+                    id=self.request_id(i, tag),
+                    model=self.model,
+                    text=request_text(rng, int(t)),
+                    priority=int(p),
+                    params=None if n is None else GenerationParams(max_new_tokens=int(n)),
+                    warmup=warmup,
+                )
+            )
+            for i, (t, p, n) in enumerate(zip(load.tokens, load.priority, new))
         ]
 
     async def send(

@@ -105,11 +105,14 @@ def test_generation_respects_max_new_tokens(gpt2: TransformersRunner) -> None:
     ]
     outs = gpt2.run(reqs)
     assert [o.tokens_out for o in outs][0] <= 2
-    assert all(o.tokens_out <= 6 for o in outs)  # capped by the model's max_new_tokens
+    assert all(o.tokens_out <= 6 for o in outs)  # run() holds the model's cap even unchecked
     for out in outs:
         assert out.token_ids is not None and out.tokens_out == len(out.token_ids)
         assert isinstance(out.text, str)
     assert gpt2.measure(reqs[2]) == (len(gpt2._tokenizer("kafka")["input_ids"]), 6)
+    reason = gpt2.check(reqs[2])
+    assert reason is not None and "max_new_tokens 100 is over this model's limit 6" in reason
+    assert gpt2.check(reqs[0]) is None and gpt2.check(reqs[1]) is None
 
 
 def test_generation_is_independent_of_batch_neighbours(gpt2: TransformersRunner) -> None:

@@ -9,6 +9,7 @@ model a user points `model_path` at. Building both takes well under a second.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -86,6 +87,18 @@ def build_tiny_gpt2(directory: Path) -> Path:
         directory, GPT2LMHeadModel, GPT2Config, n_embd=HIDDEN, n_layer=LAYERS, n_head=2, n_positions=MAX_POSITIONS,
         bos_token_id=eos, eos_token_id=eos,
     )  # fmt: skip
+
+
+def with_stop_token(source: Path, target: Path, eos_id: int) -> Path:
+    """A copy of a saved causal LM whose generation config ends on `eos_id`: a greedy
+    sequence known from the original then has a known early stop."""
+    import shutil
+
+    shutil.copytree(source, target, dirs_exist_ok=True)
+    config = json.loads((target / "generation_config.json").read_text())
+    config["eos_token_id"] = eos_id
+    (target / "generation_config.json").write_text(json.dumps(config))
+    return target
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,214 @@
+"""Greedy decoding over a running set of sequences that can grow and shrink between steps.
+
+`generate()` keeps every row until the longest request ends and cannot take
+new rows; serving needs both. A `RunningSet` holds one KV cache for all its
+rows (left-padded, with an attention mask and per-row positions): `join()`
+prefills a group of new prompts and merges its cache into the running one,
+`step()` decodes one token for every row and drops the rows that finished
+(EOS or their own `max_new_tokens`). Static batching is `join()` once, then
+`step()` until empty; iteration-level batching joins between steps.
+
+Works with transformers' `DynamicCache` of full-attention layers (GPT-2,
+Llama, ...); a model whose cache is of another kind is refused at the first
+join with a clear error.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One request inside a running set."""
+
+    prompt: list[int]
+    limit: int
+    """Tokens this request may generate (its max_new_tokens)."""
+    tag: Any = None
+    """Whatever the caller needs to route the result back."""
+    generated: list[int] = field(default_factory=list)
+    finished: bool = False
+    reserve: int | None = None
+    """Tokens to reserve for generation in the KV cap (None: `limit`): the model's whole
+    max_new_tokens keeps the row count at what the profile measured whatever the mix."""
+    first_token_ms: float | None = None
+    """Epoch ms when the prefill that produced the first token ended."""
+    last_token_ms: float | None = None
+    """Epoch ms when the step that finished this sequence ended."""
+
+    @property
+    def reserved_tokens(self) -> int:
+        """KV tokens this sequence holds at most: prompt plus every token it may generate."""
+        return len(self.prompt) + (self.limit if self.reserve is None else max(self.reserve, self.limit))
+
+
+class UnsupportedCache(RuntimeError):
+    """The model's KV cache is not a list of plain dynamic layers: rows cannot be merged."""
+
+
+class RunningSet:
+    """Rows decoding together on one device, one token per `step()`."""
+
+    def __init__(self, model: Any, device: str, pad_id: int, stop_ids: frozenset[int]) -> None:
+        self.model = model
+        self.device = device
+        self.pad_id = pad_id
+        self.stop_ids = stop_ids
+        self.rows: list[Sequence] = []
+        self._cache: Any = None
+        self._mask: "torch.Tensor | None" = None
+        self._last: "torch.Tensor | None" = None
+        """The token each row decodes from next (its latest, not yet in the cache)."""
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def reserved_tokens(self) -> int:
+        return sum(s.reserved_tokens for s in self.rows)
+
+    @property
+    def cache_tokens(self) -> int:
+        """Width of the shared cache (longest row, padding included)."""
+        return 0 if self._mask is None else int(self._mask.shape[1])
+
+    def kv_bytes(self) -> int:
+        """Bytes the KV cache holds now."""
+        if self._cache is None:
+            return 0
+        return sum(layer.keys.nbytes + layer.values.nbytes for layer in self._cache.layers)
+
+    def join(self, seqs: list[Sequence]) -> list[Sequence]:
+        """Prefill `seqs` and merge them in; returns those already finished by their first token."""
+        if not seqs:
+            return []
+        import torch
+
+        width = max(len(s.prompt) for s in seqs)
+        ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for row, s in enumerate(seqs):
+            ids[row, width - len(s.prompt) :] = torch.tensor(s.prompt, dtype=torch.long)
+            mask[row, width - len(s.prompt) :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+        cache = out.past_key_values
+        _check_cache(cache)
+        first = out.logits[:, -1, :].argmax(-1)
+        stamp = time.time() * 1000.0
+        for s in seqs:
+            s.first_token_ms = stamp
+        offset = len(self.rows)
+        if self._cache is None:
+            self._cache, self._mask, self._last = cache, mask, first
+            self.rows = list(seqs)
+        else:
+            self._merge(cache, mask, first, seqs)
+        return self._accept(first, offset)
+
+    def step(self) -> list[Sequence]:
+        """Decode one token for every row; returns the rows that finished (and drops them)."""
+        if not self.rows:
+            return []
+        import torch
+
+        assert self._mask is not None and self._last is not None
+        ones = torch.ones((len(self.rows), 1), dtype=self._mask.dtype, device=self._mask.device)
+        mask = torch.cat([self._mask, ones], dim=1)
+        positions = (mask.sum(-1, keepdim=True) - 1).clamp(min=0)
+        out = self.model(
+            input_ids=self._last.unsqueeze(-1),
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=self._cache,
+            use_cache=True,
+        )
+        self._cache, self._mask = out.past_key_values, mask
+        nxt = out.logits[:, -1, :].argmax(-1)
+        self._last = nxt
+        return self._accept(nxt)
+
+    def _accept(self, tokens: "torch.Tensor", offset: int = 0) -> list[Sequence]:
+        """Append the new token (unless EOS) of rows `offset`.. ; drop rows that are done."""
+        done: list[Sequence] = []
+        keep = list(range(offset))
+        stamp = time.time() * 1000.0
+        for row, token in enumerate(tokens.tolist(), start=offset):
+            seq = self.rows[row]
+            if token in self.stop_ids:
+                seq.finished = True
+            else:
+                seq.generated.append(token)
+                seq.finished = len(seq.generated) >= seq.limit
+            if seq.finished:
+                seq.last_token_ms = stamp
+                done.append(seq)
+            else:
+                keep.append(row)
+        if done:
+            self._keep(keep)
+        return done
+
+    def _keep(self, rows: list[int]) -> None:
+        """Drop every other row, and cache columns that are padding in all remaining rows."""
+        if not rows:
+            self.rows, self._cache, self._mask, self._last = [], None, None, None
+            return
+        import torch
+
+        assert self._mask is not None and self._last is not None
+        index = torch.tensor(rows, dtype=torch.long, device=self._mask.device)
+        mask = self._mask.index_select(0, index)
+        used = mask.any(dim=0).nonzero()
+        start = int(used[0]) if used.numel() else 0
+        for layer in self._cache.layers:
+            layer.keys = layer.keys.index_select(0, index)[..., start:, :]
+            layer.values = layer.values.index_select(0, index)[..., start:, :]
+        self._mask = mask[:, start:]
+        self._last = self._last.index_select(0, index)
+        self.rows = [self.rows[i] for i in rows]
+
+    def _merge(self, cache: Any, mask: "torch.Tensor", first: "torch.Tensor", seqs: list[Sequence]) -> None:
+        """Append prefilled rows: both caches left-padded to one width, then stacked."""
+        import torch
+
+        assert self._mask is not None and self._last is not None
+        width = max(self._mask.shape[1], mask.shape[1])
+
+        def pad(t: "torch.Tensor", dim: int) -> "torch.Tensor":
+            missing = width - t.shape[dim]
+            if missing == 0:
+                return t
+            shape = list(t.shape)
+            shape[dim] = missing
+            return torch.cat([t.new_zeros(shape), t], dim=dim)
+
+        for ours, theirs in zip(self._cache.layers, cache.layers):
+            ours.keys = torch.cat([pad(ours.keys, -2), pad(theirs.keys, -2)], dim=0)
+            ours.values = torch.cat([pad(ours.values, -2), pad(theirs.values, -2)], dim=0)
+        self._mask = torch.cat([pad(self._mask, 1), pad(mask, 1)], dim=0)
+        self._last = torch.cat([self._last, first], dim=0)
+        self.rows.extend(seqs)
+
+
+def _check_cache(cache: Any) -> None:
+    from transformers.cache_utils import DynamicLayer
+
+    layers = getattr(cache, "layers", None)
+    if not layers or any(type(layer) is not DynamicLayer for layer in layers):
+        kinds = sorted({type(layer).__name__ for layer in layers or ()}) or [type(cache).__name__]
+        raise UnsupportedCache(f"running-set decoding needs full-attention dynamic cache layers (got {', '.join(kinds)})")
+
+
+def decode_all(running: RunningSet, seqs: list[Sequence]) -> None:
+    """Static batching: prefill all, then step until every row finished."""
+    running.join(seqs)
+    while len(running):
+        running.step()

