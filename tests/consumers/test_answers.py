@@ -7,6 +7,7 @@ import json
 import time
 from pathlib import Path
 
+from consumers.answers import DECISION_FIELDS, Answers, BatchTiming
 from consumers.runners import serving_runner
 from consumers.runners.device_process import ProcessRunner
 from consumers.worker import Consumer
@@ -22,10 +23,10 @@ from tests.consumers.harness import (
     committed_offsets,
     cost_model,
     create_topics,
-    make_consumer,
     request,
     running,
     send,
+    serving,
     topics,
 )
 
@@ -92,12 +93,11 @@ def test_requests_past_their_deadline_are_answered_expired(kafka_settings: Kafka
     model = cost_model(a_ms=200.0, c_ms=0.0, partitions=1, hard_cap=4, target_size=4)
 
     async def scenario() -> None:
-        await create_topics(kafka_settings, model)
         now = int(time.time() * 1000)
         late = [request(i, "late", deadline_ms=now - 1000) for i in range(5)]
         short = [request(i, "short", timeout_ms=50) for i in range(12)]
         ids = {r["id"] for r in late + short}
-        async with running(make_consumer(model, kafka_settings)) as consumer:
+        async with serving(model, kafka_settings) as consumer:
             await send(kafka_settings, topics(kafka_settings).requests(MODEL), late + short)
             results = await collect(kafka_settings, topics(kafka_settings).results(MODEL), ids)
         outcomes = {k: v[0]["outcome"] for k, v in results.by_id.items()}
@@ -116,9 +116,8 @@ def test_a_request_id_seen_again_while_its_batch_runs_is_a_duplicate(kafka_setti
     model = cost_model(a_ms=600.0, c_ms=0.0, partitions=1)
 
     async def scenario() -> None:
-        await create_topics(kafka_settings, model)
         original = request(0, "dup")
-        async with running(make_consumer(model, kafka_settings)) as consumer:
+        async with serving(model, kafka_settings) as consumer:
             await send(kafka_settings, topics(kafka_settings).requests(MODEL), [original])
             for _ in range(200):  # until its batch is on the device (600 ms of compute)
                 if consumer.stats.batches:
