@@ -66,6 +66,13 @@ class BatchTiming:
     device_mem_kind: str
 
 
+DECISION_FIELDS = (
+    "cost", "reason", "window_ms", "hit_target", "target_size", "marked_count",
+    "oldest_wait_ms", "queue_depth", "effective_cap", "cap_reason", "arrival_rate_per_s",
+)
+"""The engine's account of why a batch left (`DispatchRecord`), carried into its `BatchEvent` unchanged."""
+
+
 class Answers:
     """Builders for one model's consumer; every one returns a `Message` ready for the outbox."""
 
@@ -222,28 +229,17 @@ class Answers:
         return Message(self.topics.latency_events, held.request.id.encode(), _encode(event))
 
     def batch(self, batch: Batch, timing: BatchTiming, *, compute_ms: float, tokens_in: int, tokens_out: int) -> Message:
-        rec = batch.record
         event = BatchEvent(
             batch_id=batch.batch_id,
             model=self.model,
             consumer_id=self.consumer_id,
             dispatch_ms=timing.dispatch_ms,
             size=batch.size,
-            cost=rec.cost,
-            reason=rec.reason,
-            window_ms=rec.window_ms,
-            hit_target=rec.hit_target,
-            target_size=batch.record.target_size,
-            marked_count=rec.marked_count,
-            oldest_wait_ms=rec.oldest_wait_ms,
-            queue_depth=rec.queue_depth,
-            effective_cap=rec.effective_cap,
-            cap_reason=rec.cap_reason,
-            arrival_rate_per_s=rec.arrival_rate_per_s,
             compute_ms=compute_ms,
             tokens_in=tokens_in,
             tokens_out=tokens_out,
             device_mem_bytes=timing.device_mem_bytes,
             device_mem_kind=timing.device_mem_kind,
+            **{name: getattr(batch.record, name) for name in DECISION_FIELDS},
         )
         return Message(self.topics.batch_events, None, _encode(event))

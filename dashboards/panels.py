@@ -173,53 +173,21 @@ CONSUMER_LAG = BoardSpec(
     ),
     tags=("batchtide", "kafka", "lag", "clickhouse"),
     panels=(
-        PanelSpec(
-            key="consumer_lag",
-            title="Consumer lag (records)",
-            kind="timeseries",
-            query="lag_over_time",
-            fmt="time_series",
-            unit="short",
-            description=(
-                "End offset minus committed offset, summed over the model's request partitions "
-                "(each partition's last sample in the bucket). Growing while throughput is flat: "
-                "the group cannot keep up, add consumers or partitions; a sawtooth is bursts draining."
-            ),
-            x=0, y=0, w=8, h=8,
-            hidden=("lag_age_ms",),
-        ),
-        PanelSpec(
-            key="consumer_lag_age",
-            title="Lag age (oldest unanswered record)",
-            kind="timeseries",
-            query="lag_over_time",
-            fmt="time_series",
-            unit="ms",
-            description=(
-                "How long the oldest record not yet answered has waited (its Kafka CreateTime to the "
-                "sample), max over partitions. This is what a user waits for; lag in records hides it "
-                "when requests are slow. Dashed line: the lag-age alert's default, 60 s."
-            ),
-            x=8, y=0, w=8, h=8,
-            thresholds=(Threshold(60_000.0, "red"),),
-            hidden=("lag",),
-        ),
-        PanelSpec(
-            key="engine_state",
-            title="Engine state reported by the consumers",
-            kind="timeseries",
-            query="engine_state",
-            fmt="time_series",
-            unit="ms",
-            description=(
-                "Window (left), learned cap and engine queue (right), averaged over the consumers' "
-                "lag samples. A queue that grows with the window pinned at max_wait_ms: the device "
-                "is the limit; a cap falling while lag grows: the model got heavier."
-            ),
-            x=16, y=0, w=8, h=8,
-            field_units={"effective_cap": "short", "queue": "short"},
-            hidden=("marked_share",),
-        ),
+        timeseries("consumer_lag", "Consumer lag (records)", "lag_over_time", "short", (0, 0, 8, 8),
+            "End offset minus committed offset, summed over the model's request partitions "
+            "(each partition's last sample in the bucket). Growing while throughput is flat: "
+            "the group cannot keep up, add consumers or partitions; a sawtooth is bursts draining.",
+            hidden=("lag_age_ms",)),
+        timeseries("consumer_lag_age", "Lag age (oldest unanswered record)", "lag_over_time", "ms", (8, 0, 8, 8),
+            "How long the oldest record not yet answered has waited (its Kafka CreateTime to the "
+            "sample), max over partitions. This is what a user waits for; lag in records hides it "
+            "when requests are slow. Dashed line: the lag-age alert's default, 60 s.",
+            thresholds=(Threshold(60_000.0, "red"),), hidden=("lag",)),
+        timeseries("engine_state", "Engine state reported by the consumers", "engine_state", "ms", (16, 0, 8, 8),
+            "Window (left), learned cap and engine queue (right), averaged over the consumers' "
+            "lag samples. A queue that grows with the window pinned at max_wait_ms: the device "
+            "is the limit; a cap falling while lag grows: the model got heavier.",
+            field_units={"effective_cap": "short", "queue": "short"}, hidden=("marked_share",)),
     ),
     refresh="10s",
 )

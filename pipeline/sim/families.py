@@ -116,37 +116,26 @@ TRITON = Family(
     cap_key="max_batch_size",
 )
 
-TF_SERVING = Family(
-    "tf-serving",
-    lambda c, x: TFServingBasic(c["max_batch_size"], c["batch_timeout_ms"], x.max_inflight),
-    _grid(max_batch_size=CAPS, batch_timeout_ms=(0.0, 2.0, 10.0, 50.0)),
-    _grid(max_batch_size=QUICK_CAPS, batch_timeout_ms=(0.0, 10.0)),
-    cap_key="max_batch_size",
-)
+def _cap_and_wait(name: str, peer: Callable[[int, float, int], BatchPolicy], cap_key: str, wait_key: str,
+                  waits: tuple[float, ...], quick_waits: tuple[float, ...], wait_to_ms: float = 1.0) -> Family:
+    """A peer whose only knobs are a batch cap and one wait (in its own unit): the cap spans the shared CAPS."""
+    return Family(
+        name,
+        lambda c, x: peer(c[cap_key], c[wait_key] * wait_to_ms, x.max_inflight),
+        _grid(**{cap_key: CAPS, wait_key: waits}),
+        _grid(**{cap_key: QUICK_CAPS, wait_key: quick_waits}),
+        cap_key=cap_key,
+    )
 
-TORCHSERVE = Family(
-    "torchserve",
-    lambda c, x: PollTimerBatcher(c["batch_size"], c["max_batch_delay_ms"], x.max_inflight),
-    _grid(batch_size=CAPS, max_batch_delay_ms=(0.0, 2.0, 10.0, 50.0)),
-    _grid(batch_size=QUICK_CAPS, max_batch_delay_ms=(0.0, 10.0)),
-    cap_key="batch_size",
-)
 
-RAY_SERVE = Family(
-    "ray-serve",
-    lambda c, x: PollTimerBatcher(c["max_batch_size"], c["batch_wait_timeout_s"] * 1000.0, x.max_inflight),
-    _grid(max_batch_size=CAPS, batch_wait_timeout_s=(0.0, 0.001, 0.01, 0.05)),
-    _grid(max_batch_size=QUICK_CAPS, batch_wait_timeout_s=(0.0, 0.01)),
-    cap_key="max_batch_size",
-)
-
-BENTOML = Family(
-    "bentoml",
-    lambda c, x: BentoAdaptive(c["max_batch_size"], c["max_latency_ms"], x.max_inflight),
-    _grid(max_batch_size=CAPS, max_latency_ms=(500.0, 1000.0, 2000.0, 10000.0)),
-    _grid(max_batch_size=QUICK_CAPS, max_latency_ms=(1000.0, 10000.0)),
-    cap_key="max_batch_size",
-)
+TF_SERVING = _cap_and_wait("tf-serving", TFServingBasic, "max_batch_size", "batch_timeout_ms",
+                           (0.0, 2.0, 10.0, 50.0), (0.0, 10.0))
+TORCHSERVE = _cap_and_wait("torchserve", PollTimerBatcher, "batch_size", "max_batch_delay_ms",
+                           (0.0, 2.0, 10.0, 50.0), (0.0, 10.0))
+RAY_SERVE = _cap_and_wait("ray-serve", PollTimerBatcher, "max_batch_size", "batch_wait_timeout_s",
+                          (0.0, 0.001, 0.01, 0.05), (0.0, 0.01), wait_to_ms=1000.0)
+BENTOML = _cap_and_wait("bentoml", BentoAdaptive, "max_batch_size", "max_latency_ms",
+                        (500.0, 1000.0, 2000.0, 10000.0), (1000.0, 10000.0))
 
 CLIPPER = Family(
     "clipper",

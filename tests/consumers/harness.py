@@ -95,6 +95,16 @@ async def running(consumer: Consumer) -> AsyncIterator[Consumer]:
         await asyncio.wait_for(task, 60)
 
 
+@asynccontextmanager
+async def serving(
+    model: ModelConfig, kafka: KafkaSettings, settings: ConsumerSettings | None = None, name: str = "c1"
+) -> AsyncIterator[Consumer]:
+    """The model's topics created and one consumer serving them, as most consumer tests start."""
+    await create_topics(kafka, model)
+    async with running(make_consumer(model, kafka, settings, name)) as consumer:
+        yield consumer
+
+
 def request(i: int, prefix: str = "r", **fields: Any) -> dict[str, Any]:
     return {"id": f"{prefix}{i}", "model": MODEL, "text": f"hello number {i}", **fields}
 

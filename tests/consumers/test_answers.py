@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 
+from consumers.answers import DECISION_FIELDS, Answers, BatchTiming
 from consumers.runners import serving_runner
 from consumers.runners.device_process import ProcessRunner
 from consumers.worker import Consumer
 from pipeline.config import ConsumerSettings, KafkaSettings, ModelConfig
 from pipeline.engine import BatchingEngine
+from pipeline.engine.decisions import Batch, DispatchRecord
+from pipeline.kafka.client import Topics
+from pipeline.kafka.topic_limits import TopicLimits
 from tests.support.kafka import consume_n, json_values
 from tests.consumers.harness import (
     MODEL,
@@ -18,10 +23,10 @@ from tests.consumers.harness import (
     committed_offsets,
     cost_model,
     create_topics,
-    make_consumer,
     request,
     running,
     send,
+    serving,
     topics,
 )
 
@@ -88,12 +93,11 @@ def test_requests_past_their_deadline_are_answered_expired(kafka_settings: Kafka
     model = cost_model(a_ms=200.0, c_ms=0.0, partitions=1, hard_cap=4, target_size=4)
 
     async def scenario() -> None:
-        await create_topics(kafka_settings, model)
         now = int(time.time() * 1000)
         late = [request(i, "late", deadline_ms=now - 1000) for i in range(5)]
         short = [request(i, "short", timeout_ms=50) for i in range(12)]
         ids = {r["id"] for r in late + short}
-        async with running(make_consumer(model, kafka_settings)) as consumer:
+        async with serving(model, kafka_settings) as consumer:
             await send(kafka_settings, topics(kafka_settings).requests(MODEL), late + short)
             results = await collect(kafka_settings, topics(kafka_settings).results(MODEL), ids)
         outcomes = {k: v[0]["outcome"] for k, v in results.by_id.items()}
@@ -112,9 +116,8 @@ def test_a_request_id_seen_again_while_its_batch_runs_is_a_duplicate(kafka_setti
     model = cost_model(a_ms=600.0, c_ms=0.0, partitions=1)
 
     async def scenario() -> None:
-        await create_topics(kafka_settings, model)
         original = request(0, "dup")
-        async with running(make_consumer(model, kafka_settings)) as consumer:
+        async with serving(model, kafka_settings) as consumer:
             await send(kafka_settings, topics(kafka_settings).requests(MODEL), [original])
             for _ in range(200):  # until its batch is on the device (600 ms of compute)
                 if consumer.stats.batches:
@@ -130,3 +133,19 @@ def test_a_request_id_seen_again_while_its_batch_runs_is_a_duplicate(kafka_setti
         assert consumer.stats.batches == 1
 
     asyncio.run(scenario())
+
+
+def test_a_batch_event_carries_the_dispatch_record_as_the_engine_wrote_it() -> None:
+    record = DispatchRecord(
+        batch_id=7, size=3, cost=41, reason="max_wait", window_ms=12.5, hit_target=True, marked_count=2,
+        oldest_wait_ms=33.25, queue_depth=9, effective_cap=24, arrival_rate_per_s=180.5, dispatch_ms=1.0,
+        cap_reason="knee", target_size=16,
+    )
+    timing = BatchTiming(dispatch_ms=1000, compute_start_ms=1001, compute_end_ms=1020, produce_ms=1021,
+                         device_mem_bytes=4096, device_mem_kind="process_rss")
+    answers = Answers("m", "c1", Topics("p"), TopicLimits(KafkaSettings()))
+    message = answers.batch(Batch(7, [], record), timing, compute_ms=19.0, tokens_in=30, tokens_out=0)
+    event = json.loads(message.value)
+    assert {name: event[name] for name in DECISION_FIELDS} == {name: getattr(record, name) for name in DECISION_FIELDS}
+    assert (event["batch_id"], event["size"], event["dispatch_ms"], event["compute_ms"]) == (7, 0, 1000, 19.0)
+    assert (event["model"], event["consumer_id"], event["device_mem_bytes"]) == ("m", "c1", 4096)

@@ -21,6 +21,7 @@ from tests.consumers.harness import (
     request,
     running,
     send,
+    serving,
     topics,
 )
 from tests.support.kafka import produce_json
@@ -96,9 +97,8 @@ def test_transactions_answer_every_request_exactly_once(kafka_settings: KafkaSet
     n = 400
 
     async def scenario() -> None:
-        await create_topics(kafka, model)
         names = topics(kafka)
-        async with running(make_consumer(model, kafka, ConsumerSettings(commit_interval_ms=50))) as consumer:
+        async with serving(model, kafka, ConsumerSettings(commit_interval_ms=50)) as consumer:
             await send(kafka, names.requests(MODEL), [request(i) for i in range(n)])
             results = await collect(kafka, names.results(MODEL), {f"r{i}" for i in range(n)}, grace_s=1.0)
         assert len(results.by_id) == n and not results.duplicates

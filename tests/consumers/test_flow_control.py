@@ -6,7 +6,7 @@ import asyncio
 import statistics
 
 from pipeline.config import ConsumerSettings, KafkaSettings
-from tests.consumers.harness import collect, cost_model, create_topics, make_consumer, request, running, send, topics
+from tests.consumers.harness import collect, cost_model, create_topics, make_consumer, request, running, send, serving, topics
 
 
 def test_backpressure_bounds_the_queue_while_everything_is_answered(kafka_settings: KafkaSettings) -> None:
@@ -31,9 +31,8 @@ def test_priority_topic_is_served_before_the_backlog(kafka_settings: KafkaSettin
     n_normal, n_priority = 400, 20
 
     async def scenario() -> None:
-        await create_topics(kafka_settings, model)
         names = topics(kafka_settings)
-        async with running(make_consumer(model, kafka_settings, ConsumerSettings(max_queue=64))):
+        async with serving(model, kafka_settings, ConsumerSettings(max_queue=64)):
             await send(kafka_settings, names.requests(model.name), [request(i, "n") for i in range(n_normal)])
             await asyncio.sleep(0.3)
             await send(kafka_settings, names.priority(model.name), [request(i, "p") for i in range(n_priority)])

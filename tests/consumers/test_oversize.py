@@ -22,12 +22,10 @@ from tests.consumers.harness import (
     committed_offsets,
     configure_topic,
     cost_model,
-    create_topics,
-    make_consumer,
     produce_raw,
     request,
-    running,
     send,
+    serving,
     topics,
 )
 from tests.support.kafka import consume_n, json_values
@@ -73,9 +71,8 @@ def test_a_request_just_under_the_brokers_limit_is_answered_and_dead_lettered_tr
     after = [request(i, "after") for i in range(20)]
 
     async def scenario() -> None:
-        await create_topics(kafka_settings, model)
         names = topics(kafka_settings)
-        async with running(make_consumer(model, kafka_settings)) as consumer:
+        async with serving(model, kafka_settings) as consumer:
             await send(kafka_settings, names.requests(MODEL), before)
             offset = await produce_raw(kafka_settings, names.requests(MODEL), big, key=b"big")
             await send(kafka_settings, names.requests(MODEL), after)
@@ -111,8 +108,7 @@ def test_a_topic_raised_to_10_mb_serves_on_past_its_giant_records(kafka_settings
     async def scenario() -> None:
         names = topics(kafka_settings)
         await configure_topic(kafka_settings, names.requests(MODEL), {"max.message.bytes": str(TEN_MB)})
-        await create_topics(kafka_settings, model)
-        async with running(make_consumer(model, kafka_settings, settings)) as consumer:
+        async with serving(model, kafka_settings, settings) as consumer:
             await produce_raw(kafka_settings, names.requests(MODEL), decoded, key=b"six")
             await produce_raw(kafka_settings, names.requests(MODEL), giant, key=b"giant")
             await send(kafka_settings, names.requests(MODEL), after)
@@ -146,9 +142,8 @@ def test_a_dead_letter_topic_shrunk_under_a_running_consumer(kafka_settings: Kaf
     after = [request(i, "after") for i in range(10)]
 
     async def scenario() -> None:
-        await create_topics(kafka, model)
         names = topics(kafka)
-        async with running(make_consumer(model, kafka)) as consumer:
+        async with serving(model, kafka) as consumer:
             await configure_topic(kafka, names.dlq, {"max.message.bytes": str(limit)})
             await asyncio.sleep(1.0)  # the broker applies topic configs asynchronously
             await produce_raw(kafka, names.requests(MODEL), bad, key=b"bad")

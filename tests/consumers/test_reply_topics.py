@@ -14,11 +14,9 @@ from tests.consumers.harness import (
     collect,
     configure_topic,
     cost_model,
-    create_topics,
-    make_consumer,
     request,
-    running,
     send,
+    serving,
     topics,
 )
 from tests.support.kafka import consume_n, json_values
@@ -52,11 +50,10 @@ def test_reply_topics_follow_the_documented_rules(kafka_settings: KafkaSettings)
     refused[bad_priority_into["id"]] = "schema"
 
     async def scenario() -> None:
-        await create_topics(kafka_settings, model)
         await configure_topic(kafka_settings, f"{app}.answers", {})
         await configure_topic(kafka_settings, f"{app}.tiny", {"max.message.bytes": "150"})
         await configure_topic(kafka_settings, names.results("another"), {})  # where a leak would land
-        async with running(make_consumer(model, kafka_settings)) as consumer:
+        async with serving(model, kafka_settings) as consumer:
             hostile = [own, other_model, request_topic, internal, missing, client, tiny, wrong_model, wrong_model_replied]
             hostile += [wrong_model_into, bad_priority_into]
             await send(kafka_settings, names.requests(MODEL), hostile + plain)
@@ -102,8 +99,7 @@ def test_a_duplicate_id_gets_one_answer_and_a_dead_letter(kafka_settings: KafkaS
     again = dict(first, text="the same id, other text")
 
     async def scenario() -> None:
-        await create_topics(kafka_settings, model)
-        async with running(make_consumer(model, kafka_settings)) as consumer:
+        async with serving(model, kafka_settings) as consumer:
             await send(kafka_settings, names.requests(MODEL), [first])
             await collect(kafka_settings, names.results(MODEL), {first["id"]}, grace_s=0)
             await send(kafka_settings, names.requests(MODEL), [again, request(1)])

@@ -20,21 +20,21 @@ from tests.support.kafka import SASL_USERS, consume_n, json_values, produce_json
 PASSWORD = SASL_USERS["batchtide"]
 
 
+async def _round_trip(settings: KafkaSettings, topic: str, partitions: int, values: list[dict[str, int]]) -> list[object]:
+    """`values` produced to a new topic and read back, with `settings`' security."""
+    await create_topics(settings, {topic: partitions})
+    await produce_json(settings, topic, values)
+    return json_values(await consume_n(settings, topic, len(values)))
+
+
 @pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256"])
 def test_right_credentials_produce_and_consume(
     sasl_kafka_settings: KafkaSettings, mechanism: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     settings = dataclasses.replace(sasl_kafka_settings, sasl_mechanism=mechanism)  # type: ignore[arg-type]
-    topic = f"{settings.topic_prefix}.secure"
     values = [{"n": n} for n in range(20)]
-
-    async def scenario() -> list[object]:
-        await create_topics(settings, {topic: 2})
-        await produce_json(settings, topic, values)
-        return json_values(await consume_n(settings, topic, len(values)))
-
     with caplog.at_level(logging.DEBUG):
-        received = asyncio.run(scenario())
+        received = asyncio.run(_round_trip(settings, f"{settings.topic_prefix}.secure", 2, values))
     assert sorted(received, key=lambda v: v["n"]) == values  # type: ignore[index]
     assert PASSWORD not in caplog.text
 
@@ -110,15 +110,8 @@ def test_tls_settings_build_an_ssl_context() -> None:
 
 
 def test_sasl_over_tls_round_trip(tls_kafka_settings: KafkaSettings) -> None:
-    topic = f"{tls_kafka_settings.topic_prefix}.tls"
     values = [{"n": n} for n in range(10)]
-
-    async def scenario() -> list[object]:
-        await create_topics(tls_kafka_settings, {topic: 1})
-        await produce_json(tls_kafka_settings, topic, values)
-        return json_values(await consume_n(tls_kafka_settings, topic, len(values)))
-
-    assert asyncio.run(scenario()) == values
+    assert asyncio.run(_round_trip(tls_kafka_settings, f"{tls_kafka_settings.topic_prefix}.tls", 1, values)) == values
 
 
 def test_tls_client_that_does_not_trust_the_ca_is_refused(

@@ -25,11 +25,9 @@ from tests.consumers.harness import (
     MODEL,
     collect,
     cost_model,
-    create_topics,
-    make_consumer,
     request,
-    running,
     send,
+    serving,
     topics,
 )
 
@@ -67,8 +65,7 @@ def test_replay_of_a_live_cost_model_run_agrees_with_the_recording(
     ids = {f"live{i}" for i in range(n)}
 
     async def live_run():  # type: ignore[no-untyped-def]
-        await create_topics(kafka_settings, model)
-        async with running(make_consumer(model, kafka_settings)):
+        async with serving(model, kafka_settings):
             # A consumer joining its group holds the first records back for a second:
             # that is startup, not batching, and the simulator does not model it.
             await send(kafka_settings, topics(kafka_settings).requests(MODEL), [request(0, "warm")])

@@ -82,16 +82,25 @@ async def _committed(kafka: KafkaSettings, group: str) -> int:
         await admin.close()
 
 
+def _sink_config(
+    kafka: KafkaSettings, clickhouse: ClickHouseSettings, database: str, *, events_partitions: int, **knobs: Any
+) -> Config:
+    """A sink's config for one test: its own database, inserts every 200 ms unless `knobs` say otherwise."""
+    return Config(
+        kafka=dataclasses.replace(kafka, events_partitions=events_partitions),
+        clickhouse=dataclasses.replace(clickhouse, **{"database": database, "insert_interval_ms": 200, **knobs}),
+    )
+
+
 @pytest.fixture
 def sink_config(kafka_settings: KafkaSettings, clickhouse_settings: ClickHouseSettings, ch_database: str) -> Config:
-    kafka = dataclasses.replace(kafka_settings, events_partitions=2)
-    topics = Topics(kafka.topic_prefix)
-    asyncio.run(create_topics(kafka, {topics.latency_events: 2, topics.batch_events: 2}))
-    clickhouse = dataclasses.replace(
-        clickhouse_settings, database=ch_database, insert_batch_size=400, insert_interval_ms=200,
-        max_buffer_events=100_000, insert_retry_max_s=0.5,
+    config = _sink_config(
+        kafka_settings, clickhouse_settings, ch_database, events_partitions=2,
+        insert_batch_size=400, max_buffer_events=100_000, insert_retry_max_s=0.5,
     )  # fmt: skip
-    return Config(kafka=kafka, clickhouse=clickhouse)
+    topics = Topics(config.kafka.topic_prefix)
+    asyncio.run(create_topics(config.kafka, {topics.latency_events: 2, topics.batch_events: 2}))
+    return config
 
 
 def _counts(client: Client, database: str) -> tuple[int, int, int]:
@@ -238,10 +247,8 @@ def test_sink_authenticates_with_sasl(
     clickhouse_client: Client, tmp_path: Path,
 ) -> None:  # fmt: skip
     """The sink reaches a SASL-only broker with the same KafkaSettings every other client uses."""
-    kafka = dataclasses.replace(sasl_kafka_settings, events_partitions=1)
-    topics = Topics(kafka.topic_prefix)
-    clickhouse = dataclasses.replace(clickhouse_settings, database=ch_database, insert_interval_ms=200)
-    config = Config(kafka=kafka, clickhouse=clickhouse)
+    config = _sink_config(sasl_kafka_settings, clickhouse_settings, ch_database, events_partitions=1)
+    kafka, clickhouse, topics = config.kafka, config.clickhouse, Topics(config.kafka.topic_prefix)
     latency, _ = _events(300, seed=25)
     sink = build_sink(config, connect=Outage(clickhouse, ch_database).connect, datadir=str(tmp_path))
 

@@ -4,7 +4,6 @@ engine): one row per partition, a replayed sample stored once, garbage dropped a
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from pathlib import Path
 
@@ -13,11 +12,11 @@ import pytest
 from clickhouse_connect.driver.client import Client
 
 from pipeline.kafka.client import Topics, create_topics
-from pipeline.config import ClickHouseSettings, Config, KafkaSettings
+from pipeline.config import ClickHouseSettings, KafkaSettings
 from pipeline.store.sink import build_sink
 from pipeline.store.client import connect
 from tests.store.test_lag_store import T0, lag_event
-from tests.store.test_sink import _produce, _running, _until
+from tests.store.test_sink import _produce, _running, _sink_config, _until
 
 pytestmark = pytest.mark.kafka
 
@@ -26,10 +25,8 @@ def test_sink_stores_lag_samples_once(
     kafka_settings: KafkaSettings, clickhouse_settings: ClickHouseSettings, ch_database: str,
     clickhouse_client: Client, tmp_path: Path,
 ) -> None:  # fmt: skip
-    kafka = dataclasses.replace(kafka_settings, events_partitions=1)
-    topics = Topics(kafka.topic_prefix)
-    clickhouse = dataclasses.replace(clickhouse_settings, database=ch_database, insert_batch_size=50, insert_interval_ms=200)
-    config = Config(kafka=kafka, clickhouse=clickhouse)
+    config = _sink_config(kafka_settings, clickhouse_settings, ch_database, events_partitions=1, insert_batch_size=50)
+    kafka, clickhouse, topics = config.kafka, config.clickhouse, Topics(config.kafka.topic_prefix)
     events = [lag_event(f"c{i % 3}", T0 + i * 1_000, {0: i, 1: 2 * i}, age_ms=100.0 * i) for i in range(30)]
     events.append(lag_event("idle", T0 + 500, {}))
     values = [msgspec.json.encode(e) for e in events]
