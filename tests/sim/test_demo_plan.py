@@ -84,7 +84,7 @@ def test_a_generation_load_sends_its_fixed_output_as_max_new_tokens() -> None:
 
 def test_the_generation_slo_scales_with_max_new_tokens() -> None:
     short, long = plan.generation_slo_ms(_generator(), 16), plan.generation_slo_ms(_generator(), 64)
-    assert short == 4500.0  # 4 x (150 + 16 x 60) = 4440, rounded up to 500 ms
+    assert short == 6000.0  # 5 x (150 + 16 x 60) = 5550, rounded up to 500 ms
     assert long > short and long % 500 == 0
 
 
