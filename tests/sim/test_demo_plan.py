@@ -119,3 +119,46 @@ def test_the_speed_seen_weighs_each_profiled_size_by_its_batches() -> None:
     assert ratio == pytest.approx((0.5 * 30 + 1.0 * 10) / 40)
     assert plan.speed_seen(_encoder(), rows[2:]) is None
     assert plan.speed_seen(_generator(), rows) is None
+
+
+def test_the_demo_config_carries_what_the_profiles_sized(tmp_path: Path) -> None:
+    from pipeline.commands.demo import _write_config
+    from pipeline.config import load_config
+
+    path = tmp_path / "batchtide.toml"
+    sized = {"minilm": {"slo_p99_ms": 1000.0},
+             "smollm": {"slo_p99_ms": 5000.0, "hard_cap": 96, "target_size": 48, "max_inflight_batches": 16}}
+    _write_config(path, "127.0.0.1:9999", tmp_path, 1, sized)
+    cfg = load_config(path)
+    llm, encoder = cfg.model("smollm"), cfg.model("minilm")
+    assert (llm.task, llm.batching, llm.isolation, llm.max_new_tokens) == ("generate", "iteration", "thread", 16)
+    assert (llm.profile.hard_cap, llm.profile.target_size, llm.profile.max_inflight_batches) == (96, 48, 16)
+    assert llm.profile.cost_unit == "tokens" and llm.profile.slo_p99_ms == 5000.0
+    assert encoder.profile.hard_cap == "auto" and encoder.torch_threads == 1
+    assert cfg.kafka.bootstrap_servers == "127.0.0.1:9999"
+
+
+def test_a_cached_profile_for_this_set_up_is_reused(tmp_path: Path) -> None:
+    import json
+
+    from pipeline.commands.demo import MINILM, _profile, _write_config
+    from pipeline.config import load_config
+
+    config = tmp_path / "batchtide.toml"
+    _write_config(config, "127.0.0.1:9999", tmp_path, 1, {})
+    key = plan.cache_key(load_config(config).model("minilm"), plan.machine_fingerprint())
+    cached = tmp_path / "cache" / f"{key}.json"
+    cached.parent.mkdir()
+    cached.write_text(json.dumps({"format": "batchtide-profile/1", **_encoder()}))
+    assert _profile(MINILM, config, tmp_path / "cache", False, {}, tmp_path / "profile.log") == (cached, True)
+    assert not (tmp_path / "profile.log").exists(), "nothing was measured"
+
+
+def test_the_demo_refuses_a_derate_above_one(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+
+    result = CliRunner().invoke(app, ["demo", "--derate", "1.5", "--workdir", str(tmp_path / "demo")])
+    assert result.exit_code == 2 and "--derate" in result.output
+    assert not (tmp_path / "demo").exists()
