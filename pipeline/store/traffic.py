@@ -1,7 +1,7 @@
 """Recorded traffic of one model over a time range, read back for `batchtide replay`.
 
 Two reads, both bounded by the range and the model (bound as parameters, never
-spliced): every answered request (record time, tokens, priority, partition,
+spliced): every answered request except warm-ups, as the report counts them (record time, tokens, priority, partition,
 the consumer that served it, and what it measured), and every batch (size,
 cost, compute time), from which the device's t(b) is taken. `FINAL` collapses
 the rows a redelivered event may have inserted twice.
@@ -31,7 +31,7 @@ SELECT
     compute_ms,
     tail_marked
 FROM {db}.request_latency FINAL
-WHERE model = {{model:String}}
+WHERE model = {{model:String}} AND NOT warmup
   AND enqueue_time >= fromUnixTimestamp64Milli({{time_from:Int64}}, 'UTC')
   AND enqueue_time < fromUnixTimestamp64Milli({{time_to:Int64}}, 'UTC')
 ORDER BY enqueue_ms

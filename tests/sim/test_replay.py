@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pytest
 from typer.testing import CliRunner
@@ -80,7 +81,9 @@ def _record(client, database: str, arrivals: Arrivals, outcome: RunOutcome, star
                 priority=int(arrivals.priority[i]), tokens_in=int(arrivals.tokens[i]), tokens_out=0,
                 device_mem_bytes=0, device_mem_kind="none", partition=int(arrivals.lane[i]), offset=i,
             ))
-    assert insert_latency_events(client, database, latency) == len(arrivals)
+    # a warm-up request (a cold model: 30 s) is stored like any other but replays nothing
+    latency.append(msgspec.structs.replace(latency[0], request_id="warm-up", e2e_ms=30_000.0, wait_ms=29_000.0, warmup=True))
+    assert insert_latency_events(client, database, latency) == len(arrivals) + 1
     assert insert_batch_events(client, database, batches) == len(log.size)
 
 

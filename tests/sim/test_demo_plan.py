@@ -1,0 +1,164 @@
+"""The demo's plan: capacity from a profile, load sized to it, the profile cache key, the verdict."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.config import ModelConfig
+from pipeline.devtools import demo_plan as plan
+from pipeline.sim.scenario import load_scenario
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _point(size: int, ms: float, per_run: int) -> dict:
+    return {"size": size, "tokens": 32 * size, "median_ms": ms, "p90_ms": ms * 1.1, "items_per_s": size * 1000 / ms,
+            "tokens_per_s": per_run * 1000 / ms, "peak_bytes": 0, "runs": 3}
+
+
+def _encoder() -> dict:
+    return {"model": "minilm", "task": "embed", "knee": 8,
+            "points": [_point(1, 20.0, 32), _point(8, 80.0, 256), _point(32, 400.0, 1024)]}
+
+
+def _generator() -> dict:
+    return {"model": "smollm", "task": "generate", "knee": 8,
+            "prefill": [_point(1, 150.0, 32), _point(8, 600.0, 256)],
+            "points": [_point(1, 60.0, 1), _point(8, 120.0, 8)]}
+
+
+def test_encoder_capacity_is_the_knee_throughput() -> None:
+    cap = plan.capacity(_encoder(), 0)
+    assert cap.knee == 8
+    assert cap.requests_per_s == pytest.approx(100.0)  # 8 texts in 80 ms
+    assert cap.service_ms == 80.0
+
+
+def test_generation_capacity_pays_prefill_and_every_decode_step() -> None:
+    cap = plan.capacity(_generator(), 16)
+    assert cap.service_ms == pytest.approx(600.0 + 16 * 120.0)
+    assert cap.requests_per_s == pytest.approx(8 * 1000 / 2520.0)
+    assert cap.tokens_per_s == pytest.approx(cap.requests_per_s * 16)
+    assert plan.capacity(_generator(), 32).requests_per_s < cap.requests_per_s
+
+
+def test_a_knee_between_measured_sizes_falls_back_to_the_size_below() -> None:
+    profile = {**_encoder(), "knee": 16}
+    assert plan.capacity(profile, 0).knee == 8
+
+
+def test_the_busiest_phase_runs_at_load_times_the_derated_capacity() -> None:
+    scenario = load_scenario(ROOT / "scenarios" / "demo.toml")
+    scale = plan.multiplier(scenario, capacity_per_s=100.0, load=0.85, derate=0.5)
+    assert plan.busiest_rate(scenario) * scale == pytest.approx(42.5)
+    burst = max(p.bursts.rate_per_s for p in scenario.phases if p.bursts)
+    assert burst * scale > 50.0, "bursts go past the de-rated capacity"
+    quiet = min(p.rate_per_s for p in scenario.phases)
+    assert quiet * scale < 42.5
+    with pytest.raises(ValueError):
+        plan.multiplier(scenario, 100.0, 0.85, derate=1.5)
+
+
+def test_the_sized_load_follows_the_scale() -> None:
+    scenario = load_scenario(ROOT / "scenarios" / "demo.toml")
+    small = plan.sized_load(scenario, plan.multiplier(scenario, 60.0, 0.85, 0.5))
+    large = plan.sized_load(scenario, plan.multiplier(scenario, 120.0, 0.85, 0.5))
+    expected = sum(rate * (e - s) / 1000 for s, e, rate in scenario.segments())
+    for load, capacity in ((small, 60.0), (large, 120.0)):
+        scale = plan.multiplier(scenario, capacity, 0.85, 0.5)
+        assert len(load) == pytest.approx(expected * scale, rel=0.1)
+    assert small.new_tokens is None and int(small.tokens.min()) >= 12
+
+
+def test_a_generation_load_sends_its_fixed_output_as_max_new_tokens() -> None:
+    scenario = load_scenario(ROOT / "scenarios" / "demo-llm.toml")
+    load = plan.sized_load(scenario, 2.0)
+    assert load.new_tokens is not None and set(load.new_tokens.tolist()) == {16}
+    assert int(load.tokens.max()) <= 48 and int(load.tokens.min()) >= 16, "prompt only, output not counted in"
+    assert np.all(np.diff(load.send_ms) >= 0)
+
+
+def test_the_generation_slo_scales_with_max_new_tokens() -> None:
+    short, long = plan.generation_slo_ms(_generator(), 16), plan.generation_slo_ms(_generator(), 64)
+    assert short == 6000.0  # 5 x (150 + 16 x 60) = 5550, rounded up to 500 ms
+    assert long > short and long % 500 == 0
+
+
+def test_the_cache_key_changes_with_what_the_measurement_depends_on() -> None:
+    model = ModelConfig(name="minilm", torch_threads=1)
+    key = plan.cache_key(model, "Xeon|2|x86_64")
+    assert key == plan.cache_key(model, "Xeon|2|x86_64") and key.startswith("minilm-")
+    assert key != plan.cache_key(dataclasses.replace(model, torch_threads=2), "Xeon|2|x86_64")
+    assert key != plan.cache_key(model, "Xeon|4|x86_64")
+    assert key != plan.cache_key(dataclasses.replace(model, model_path="other"), "Xeon|2|x86_64")
+    assert "|" in plan.machine_fingerprint()
+
+
+def test_the_verdict_checks_each_goal_per_model() -> None:
+    row = {"model": "minilm", "e2e_p99_ms": 400.0, "share_wait_over_1s": 0.001, "marked_share": 0.02}
+    checks = plan.verdict([row], {"minilm": 1000.0}, {"minilm": (100, 100)})
+    assert [c.passed for c in checks] == [True, True, True, True]
+    slow = {**row, "e2e_p99_ms": 1500.0, "marked_share": 0.2}
+    failed = [c.name for c in plan.verdict([slow], {"minilm": 1000.0}, {"minilm": (99, 100)}) if not c.passed]
+    assert failed == ["minilm: every request answered", "minilm: e2e p99 within the SLO", "minilm: tail-marked under 10%"]
+    nothing_waited = {**row, "share_wait_over_1s": 0.0, "marked_share": 0.0}
+    assert all(c.passed for c in plan.verdict([nothing_waited], {"minilm": 1000.0}, {}))
+    missing = plan.verdict([], {"smollm": 4000.0}, {})
+    assert [c.passed for c in missing] == [False]
+
+
+def test_the_speed_seen_weighs_each_profiled_size_by_its_batches() -> None:
+    rows = [{"size": 1, "batches": 30, "compute_p50_ms": 40.0}, {"size": 8, "batches": 10, "compute_p50_ms": 80.0},
+            {"size": 3, "batches": 99, "compute_p50_ms": 50.0}]
+    ratio, batches = plan.speed_seen(_encoder(), rows)
+    assert batches == 40, "size 3 was not profiled"
+    assert ratio == pytest.approx((0.5 * 30 + 1.0 * 10) / 40)
+    assert plan.speed_seen(_encoder(), rows[2:]) is None
+    assert plan.speed_seen(_generator(), rows) is None
+
+
+def test_the_demo_config_carries_what_the_profiles_sized(tmp_path: Path) -> None:
+    from pipeline.commands.demo import _write_config
+    from pipeline.config import load_config
+
+    path = tmp_path / "batchtide.toml"
+    sized = {"minilm": {"slo_p99_ms": 1000.0},
+             "smollm": {"slo_p99_ms": 5000.0, "hard_cap": 96, "target_size": 48, "max_inflight_batches": 16}}
+    _write_config(path, "127.0.0.1:9999", tmp_path, 1, sized)
+    cfg = load_config(path)
+    llm, encoder = cfg.model("smollm"), cfg.model("minilm")
+    assert (llm.task, llm.batching, llm.isolation, llm.max_new_tokens) == ("generate", "iteration", "thread", 16)
+    assert (llm.profile.hard_cap, llm.profile.target_size, llm.profile.max_inflight_batches) == (96, 48, 16)
+    assert llm.profile.cost_unit == "tokens" and llm.profile.slo_p99_ms == 5000.0
+    assert encoder.profile.hard_cap == "auto" and encoder.torch_threads == 1
+    assert cfg.kafka.bootstrap_servers == "127.0.0.1:9999"
+
+
+def test_a_cached_profile_for_this_set_up_is_reused(tmp_path: Path) -> None:
+    import json
+
+    from pipeline.commands.demo import MINILM, _profile, _write_config
+    from pipeline.config import load_config
+
+    config = tmp_path / "batchtide.toml"
+    _write_config(config, "127.0.0.1:9999", tmp_path, 1, {})
+    key = plan.cache_key(load_config(config).model("minilm"), plan.machine_fingerprint())
+    cached = tmp_path / "cache" / f"{key}.json"
+    cached.parent.mkdir()
+    cached.write_text(json.dumps({"format": "batchtide-profile/1", **_encoder()}))
+    assert _profile(MINILM, config, tmp_path / "cache", False, {}, tmp_path / "profile.log") == (cached, True)
+    assert not (tmp_path / "profile.log").exists(), "nothing was measured"
+
+
+def test_the_demo_refuses_a_derate_above_one(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+
+    result = CliRunner().invoke(app, ["demo", "--derate", "1.5", "--workdir", str(tmp_path / "demo")])
+    assert result.exit_code == 2 and "--derate" in result.output
+    assert not (tmp_path / "demo").exists()
