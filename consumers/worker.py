@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
@@ -83,11 +84,14 @@ def build_consumer(
     model's profile file when `batchtide profile` wrote one: measured curve, device limit)."""
     model = config.model(model_name)
     engine = BatchingEngine(model.profile, **profile_file.apply(model))
+    # the runner refuses what could never fit a batch, so it needs the cap as the engine resolved it
+    # (hard_cap = "auto" becomes the device's limit)
+    resolved = dataclasses.replace(model, profile=model.profile.replace(hard_cap=engine.ceiling))
     return Consumer(
         model,
         config.kafka,
         config.consumer,
-        runner=runner or serving_runner(model),
+        runner=runner or serving_runner(resolved),
         engine=engine,
         consumer_id=consumer_id,
     )

@@ -192,3 +192,32 @@ def test_nobody_joins_while_a_step_takes_longer_than_the_step_budget(static: Tra
     scheduler.close()
     assert sorted(results) == [6, 6]
     assert max(sizes) <= 2 and scheduler.joins == 2  # the second batch waited for the set to empty
+
+
+def test_auto_token_cap_is_the_engines_resolved_ceiling(tiny_gpt2_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """hard_cap = "auto" in tokens: the runner refuses by the cap the engine resolved from the device profile."""
+    import json
+
+    from consumers.worker import build_consumer
+    from pipeline.config import load_config
+
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    (profiles / "g.json").write_text(json.dumps({
+        "format": "batchtide-profile/1", "model": "g", "model_path": str(tiny_gpt2_dir), "runner": "transformers",
+        "torch_threads": 1, "task": "generate", "unit": "tokens", "memory": {"limit_units": 40},
+        "cost_points": [[20, 5.0], [40, 9.0]], "recommended": {"hard_cap": 40},
+    }))  # fmt: skip
+    monkeypatch.setenv("BATCHTIDE_PROFILE_DIR", str(profiles))
+    config = tmp_path / "c.toml"
+    config.write_text(
+        f'[models.g]\nmodel_path = "{tiny_gpt2_dir}"\ntask = "generate"\ntorch_threads = 1\nisolation = "thread"\n'
+        'max_new_tokens = 16\ncost_unit = "tokens"\nhard_cap = "auto"\n'
+    )
+    consumer = build_consumer(load_config(config), "g")
+    assert consumer.engine.ceiling == 40
+    consumer.runner.load()
+    assert consumer.runner.check(Request(id="ok", model="g", token_ids=[5] * 24, params=GenerationParams(max_new_tokens=16))) is None
+    why = consumer.runner.check(Request(id="no", model="g", token_ids=[5] * 25, params=GenerationParams(max_new_tokens=16)))
+    assert why is not None and "at most 40" in why
+    consumer.runner.close()
