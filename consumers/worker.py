@@ -412,7 +412,8 @@ class Consumer:
                 outcome = "ok"
             messages.append(
                 answers.latency(
-                    held, outcome, timing, batch_id=batch.batch_id, batch_size=batch.size, marked=pr.marked, priority=pr.priority
+                    held, outcome, timing, batch_id=batch.batch_id, batch_size=batch.size, marked=pr.marked,
+                    priority=pr.priority, output=output,
                 )
             )
             answered.append(held)

@@ -78,6 +78,38 @@ def test_quantiles_per_bucket_match_numpy(seeded_clickhouse: SeededClickHouse, r
     assert sum(r["requests_per_s"] * interval_s for r in throughput) == pytest.approx(s.summary.rows, rel=1e-12)
 
 
+def test_generation_figures_match_numpy(seeded_clickhouse: SeededClickHouse, report: Report) -> None:
+    """Only the generating model has a row; its token rates and per-token times equal numpy's on the same rows."""
+    s = seeded_clickhouse
+    rows = {r["model"]: r for r in report.sections["generation"]}
+    generating = [m for m in s.summary.models if _column(s, "latency", m, "first_token_time").any()]
+    assert generating and sorted(rows) == sorted(generating)
+    for model, row in rows.items():
+        first = _column(s, "latency", model, "first_token_time")
+        chosen = first > 0
+        enqueue, produce = _column(s, "latency", model, "enqueue_time")[chosen], _column(s, "latency", model, "produce_time")[chosen]
+        first, last = first[chosen], _column(s, "latency", model, "last_token_time")[chosen]
+        tokens_in, tokens_out = _column(s, "latency", model, "tokens_in")[chosen], _column(s, "latency", model, "tokens_out")[chosen]
+        assert (enqueue <= first).all() and (first <= last).all() and (last <= produce).all()
+        seconds = max((produce.max() - enqueue.min()) / 1000, 1)
+        assert row["requests"] == int(chosen.sum())
+        assert row["prompt_tokens_per_s"] == pytest.approx(tokens_in.sum() / seconds, rel=1e-12)
+        assert row["generated_tokens_per_s"] == pytest.approx(tokens_out.sum() / seconds, rel=1e-12)
+        assert row["generated_tokens_per_s"] != pytest.approx(row["prompt_tokens_per_s"])
+        assert [row["ttft_p50_ms"], row["ttft_p99_ms"]] == pytest.approx(np.quantile(first - enqueue, [0.5, 0.99]), rel=1e-12)
+        many = tokens_out > 1
+        tpot = (last - first)[many] / (tokens_out[many] - 1)
+        assert [row["tpot_p50_ms"], row["tpot_p99_ms"]] == pytest.approx(np.quantile(tpot, [0.5, 0.99]), rel=1e-12)
+        assert 0 < row["tpot_p50_ms"] < row["ttft_p50_ms"]
+        timing = run_query(s.client, "token_timing", time_from_ms=s.time_from_ms, time_to_ms=s.time_to_ms,
+                           interval_ms=report.interval_ms, model=model)  # fmt: skip
+        interval_s = report.interval_ms / 1000
+        assert len(timing) >= 5
+        assert sum(r["generated_tokens_per_s"] for r in timing) * interval_s == pytest.approx(tokens_out.sum(), rel=1e-12)
+        assert sum(r["prompt_tokens_per_s"] for r in timing) * interval_s == pytest.approx(tokens_in.sum(), rel=1e-12)
+        assert all(r["ttft_p50_ms"] <= r["ttft_p99_ms"] and r["tpot_p50_ms"] <= r["tpot_p99_ms"] for r in timing)
+
+
 def test_batch_figures_match_numpy(seeded_clickhouse: SeededClickHouse, report: Report) -> None:
     s = seeded_clickhouse
     loads_seen: set[str] = set()
