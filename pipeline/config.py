@@ -114,6 +114,9 @@ class BatchProfile:
     slo_p99_ms: float = 1000.0
     """End-to-end p99 objective, used by reports, the capacity-at-SLO benchmark and
     (halved) as the default compute budget."""
+    slo_ms_per_new_token: float = 0.0
+    """Generation: the end-to-end objective grows by this per generated token, so a request's
+    SLO is slo_p99_ms + tokens x this (`report` judges each request by its own; 0: one SLO for all)."""
 
     def __post_init__(self) -> None:
         problems = self.problems()
@@ -167,6 +170,8 @@ class BatchProfile:
             p.append(f"rate_halflife_ms must be > 0 (got {self.rate_halflife_ms})")
         if self.slo_p99_ms <= 0:
             p.append(f"slo_p99_ms must be > 0 (got {self.slo_p99_ms})")
+        if self.slo_ms_per_new_token < 0:
+            p.append(f"slo_ms_per_new_token must be >= 0 (got {self.slo_ms_per_new_token})")
         if not 0 <= self.knee_tolerance < 1:
             p.append(f"knee_tolerance must be in [0, 1) (got {self.knee_tolerance})")
         if self.tail_min_samples < 1 or self.wait_sample_window < self.tail_min_samples:

@@ -316,6 +316,32 @@ ORDER BY model
 """),
 ]  # fmt: skip
 
+SLO = _q("slo", "Requests within their SLO", "table",
+         "Share of requests answered ok within slo_p99_ms + tokens_out x slo_ms_per_new_token of their model, and "
+         "the p99 of e2e over that SLO (<= 1: the objective held). Report only: the objectives come from the config "
+         "as bound arrays, and tokens_out (what was generated) stands for the requested max_new_tokens, which "
+         "judges a request that stopped early by EOS against the tighter SLO.",
+         f"""
+SELECT
+    model,
+    count() AS requests,
+    any(slo_base_ms) AS slo_p99_ms,
+    any(slo_token_ms) AS slo_ms_per_new_token,
+    countIf(outcome = 'ok' AND e2e_ms <= slo_ms) / count() AS within_slo_share,
+    quantileExactInclusive(0.99)(if(outcome = 'ok', e2e_ms / slo_ms, inf)) AS p99_over_slo
+FROM (
+    SELECT
+        model, outcome, e2e_ms,
+        transform(model, {{slo_models:Array(String)}}, {{slo_base:Array(Float64)}}, {{slo_default:Float64}}) AS slo_base_ms,
+        transform(model, {{slo_models:Array(String)}}, {{slo_per_token:Array(Float64)}}, 0.) AS slo_token_ms,
+        slo_base_ms + tokens_out * slo_token_ms AS slo_ms
+    {LATENCY_ROWS.replace(chr(10), chr(10) + "    ")}
+)
+GROUP BY model
+ORDER BY model
+""")
+"""Not a board panel (Grafana has no config to bind); `batchtide report` runs it with the config's objectives."""
+
 QUERIES: dict[str, AnalysisQuery] = {q.name: q for q in _ALL + _LAG}
 REPORT_QUERIES = (
     "summary", "warmup", "generation", "latency_quantiles", "throughput", "batch_sizes", "target_hit_ratio",

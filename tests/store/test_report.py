@@ -16,7 +16,7 @@ from pipeline.config import ClickHouseSettings
 from pipeline.store.client import connect
 from pipeline.store.seed import generate, latency_events, recent_start_ms
 from pipeline.store.writer import insert_latency_events
-from pipeline.views.report import Report, pick_interval_ms, run_query, run_report
+from pipeline.views.report import Objective, Report, pick_interval_ms, run_query, run_report
 from tests.support.clickhouse import SeededClickHouse
 
 QUANTILES = [0.5, 0.99, 0.999]
@@ -110,6 +110,26 @@ def test_generation_figures_match_numpy(seeded_clickhouse: SeededClickHouse, rep
         assert all(r["ttft_p50_ms"] <= r["ttft_p99_ms"] and r["tpot_p50_ms"] <= r["tpot_p99_ms"] for r in timing)
 
 
+def test_slo_scales_with_generated_tokens(seeded_clickhouse: SeededClickHouse) -> None:
+    """Each request is judged by its own SLO: base + tokens_out x per-token; an unnamed model gets the default."""
+    s = seeded_clickhouse
+    objectives = {"smollm": Objective(base_ms=100.0, per_new_token_ms=4.0)}
+    rows = {r["model"]: r for r in run_report(s.client, time_from_ms=s.time_from_ms, time_to_ms=s.time_to_ms,
+                                              names=(), objectives=objectives).sections["slo"]}  # fmt: skip
+    for model, (base, per_token) in {"smollm": (100.0, 4.0), "minilm": (1000.0, 0.0)}.items():
+        e2e = _column(s, "latency", model, "e2e_ms")
+        ok = _column(s, "latency", model, "outcome") == "ok"
+        slo = base + _column(s, "latency", model, "tokens_out") * per_token
+        row = rows[model]
+        assert (row["slo_p99_ms"], row["slo_ms_per_new_token"]) == (base, per_token)
+        assert row["within_slo_share"] == pytest.approx(np.mean(ok & (e2e <= slo)), rel=1e-12)
+        assert row["p99_over_slo"] == pytest.approx(np.quantile(np.where(ok, e2e / slo, np.inf), 0.99), rel=1e-12)
+    flat = run_report(s.client, time_from_ms=s.time_from_ms, time_to_ms=s.time_to_ms, names=(),
+                      objectives={"smollm": Objective(base_ms=100.0)}).sections["slo"]  # fmt: skip
+    flat_smollm = next(r for r in flat if r["model"] == "smollm")
+    assert flat_smollm["within_slo_share"] < rows["smollm"]["within_slo_share"], "per-token allowance admits more"
+
+
 def test_batch_figures_match_numpy(seeded_clickhouse: SeededClickHouse, report: Report) -> None:
     s = seeded_clickhouse
     loads_seen: set[str] = set()
@@ -192,9 +212,12 @@ def test_cli_json(seeded_clickhouse: SeededClickHouse, tmp_path: Path) -> None:
     wait = _column(s, "latency", "minilm", "wait_ms")
     assert summary["requests"] == len(wait)
     assert summary["wait_p99_ms"] == pytest.approx(np.quantile(wait, 0.99), rel=1e-12)
+    assert body["sections"]["generation"] == [], "minilm does not generate"
+    assert [r["slo_p99_ms"] for r in body["sections"]["slo"]] == [1000.0], "the config's default objective"
     assert body["model"] == "minilm" and body["interval_s"] == pick_interval_ms(2 * 3_600_000) / 1000
     text = CliRunner().invoke(app, ["report", "--config", str(config), "--since", "2h"])
     assert text.exit_code == 0 and "smollm" in text.output and "Dispatch reasons" in text.output
+    assert "Generation" in text.output and "TTFT" in text.output and "SLO" in text.output
 
 
 def test_durations_and_buckets() -> None:
