@@ -82,7 +82,7 @@ def build_consumer(
     """A consumer for one configured model with its runner and its own engine (started from the
     model's profile file when `batchtide profile` wrote one: measured curve, device limit)."""
     model = config.model(model_name)
-    engine = BatchingEngine(model.profile, **profile_file.apply(model))
+    engine = BatchingEngine(model.engine_profile(), **profile_file.apply(model))
     return Consumer(
         model,
         config.kafka,
