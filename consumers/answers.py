@@ -198,7 +198,9 @@ class Answers:
         batch_size: int,
         marked: bool,
         priority: int,
+        output: Output | None = None,
     ) -> Message:
+        first_ms, last_ms = _token_times(output) if outcome == "ok" else (0, 0)
         event = LatencyEvent(
             request_id=held.request.id,
             model=self.model,
@@ -225,6 +227,8 @@ class Answers:
             offset=held.offset,
             forwarded=held.forwarded_in,
             warmup=held.request.warmup,
+            first_token_ms=first_ms,
+            last_token_ms=last_ms,
         )
         return Message(self.topics.latency_events, held.request.id.encode(), _encode(event))
 
@@ -243,3 +247,14 @@ class Answers:
             **{name: getattr(batch.record, name) for name in DECISION_FIELDS},
         )
         return Message(self.topics.batch_events, None, _encode(event))
+
+
+def _token_times(output: Output | None) -> tuple[int, int]:
+    """The runner's first/last token stamps as whole epoch ms (0, 0 when it decoded none).
+
+    Floored, like every other stamp of the event, so enqueue <= first <= last <= produce holds."""
+    if output is None or output.first_token_ms is None:
+        return 0, 0
+    first = int(output.first_token_ms)
+    last = int(output.last_token_ms) if output.last_token_ms is not None else first
+    return first, max(first, last)

@@ -83,7 +83,7 @@ def build_consumer(
     """A consumer for one configured model with its runner and its own engine (started from the
     model's profile file when `batchtide profile` wrote one: measured curve, device limit)."""
     model = config.model(model_name)
-    engine = BatchingEngine(model.profile, **profile_file.apply(model))
+    engine = BatchingEngine(model.engine_profile(), **profile_file.apply(model))
     # the runner refuses what could never fit a batch, so it needs the cap as the engine resolved it
     # (hard_cap = "auto" becomes the device's limit)
     resolved = dataclasses.replace(model, profile=model.profile.replace(hard_cap=engine.ceiling))
@@ -416,7 +416,8 @@ class Consumer:
                 outcome = "ok"
             messages.append(
                 answers.latency(
-                    held, outcome, timing, batch_id=batch.batch_id, batch_size=batch.size, marked=pr.marked, priority=pr.priority
+                    held, outcome, timing, batch_id=batch.batch_id, batch_size=batch.size, marked=pr.marked,
+                    priority=pr.priority, output=output,
                 )
             )
             answered.append(held)

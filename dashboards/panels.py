@@ -192,4 +192,25 @@ CONSUMER_LAG = BoardSpec(
     refresh="10s",
 )
 
-BOARDS: tuple[BoardSpec, ...] = (TAIL_LATENCY, CONSUMER_LAG)
+GENERATION = BoardSpec(
+    uid="batchtide-generation",
+    title="batchtide — generation",
+    description=(
+        "Per-token objectives of generating models: time to first token, time per output token, and "
+        "prompt and generated tokens/s apart. Models that do not generate have no rows here."
+    ),
+    tags=("batchtide", "generation", "clickhouse"),
+    panels=(
+        timeseries("token_latency", "Time to first token and per output token", "token_timing", "ms", (0, 0, 12, 8),
+            "TTFT (first token - Kafka record time: queue wait plus prefill) and TPOT ((last - first token) / "
+            "(tokens - 1)), p50 and p99 per bucket. TTFT up with TPOT flat: requests wait or prefill longer "
+            "(queue, longer prompts); TPOT up: decode steps got slower (a larger running batch, a heavier model).",
+            hidden=("prompt_tokens_per_s", "generated_tokens_per_s")),
+        timeseries("token_rates", "Prompt and generated tokens/s", "token_timing", "tokens/s", (12, 0, 12, 8),
+            "Prompt tokens/s (prefill work) and generated tokens/s (decode work) answered, apart: the machine's "
+            "limits for the two differ by an order of magnitude, so a sum would hide which one is saturated.",
+            hidden=("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms")),
+    ),
+)
+
+BOARDS: tuple[BoardSpec, ...] = (TAIL_LATENCY, CONSUMER_LAG, GENERATION)

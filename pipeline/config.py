@@ -114,6 +114,10 @@ class BatchProfile:
     slo_p99_ms: float = 1000.0
     """End-to-end p99 objective, used by reports, the capacity-at-SLO benchmark and
     (halved) as the default compute budget."""
+    slo_ms_per_new_token: float = 0.0
+    """Generation: the end-to-end objective grows by this per generated token, so a request's
+    SLO is slo_p99_ms + tokens x this (`report` judges each request by its own; the derived
+    compute budget is half that of a request asking for max_new_tokens; 0: one SLO for all)."""
 
     def __post_init__(self) -> None:
         problems = self.problems()
@@ -167,6 +171,8 @@ class BatchProfile:
             p.append(f"rate_halflife_ms must be > 0 (got {self.rate_halflife_ms})")
         if self.slo_p99_ms <= 0:
             p.append(f"slo_p99_ms must be > 0 (got {self.slo_p99_ms})")
+        if self.slo_ms_per_new_token < 0:
+            p.append(f"slo_ms_per_new_token must be >= 0 (got {self.slo_ms_per_new_token})")
         if not 0 <= self.knee_tolerance < 1:
             p.append(f"knee_tolerance must be in [0, 1) (got {self.knee_tolerance})")
         if self.tail_min_samples < 1 or self.wait_sample_window < self.tail_min_samples:
@@ -180,11 +186,12 @@ class BatchProfile:
     def tail_marking(self) -> bool:
         return self.tail_mark_ratio > 0
 
-    def budget_ms(self) -> float:
-        """The compute budget in force: explicit, else half the SLO or of the default deadline."""
+    def budget_ms(self, new_tokens: int = 0) -> float:
+        """The compute budget in force: explicit, else half the SLO (of a request asking for
+        `new_tokens`) or of the default deadline."""
         if self.compute_budget_ms is not None:
             return self.compute_budget_ms
-        objective = self.slo_p99_ms
+        objective = self.slo_p99_ms + new_tokens * self.slo_ms_per_new_token
         if self.default_deadline_ms is not None:
             objective = min(objective, self.default_deadline_ms)
         return objective / 2.0
@@ -231,6 +238,14 @@ class ModelConfig:
     partitions: int = 4
     """Partitions of this model's request topic."""
     profile: BatchProfile = field(default_factory=BatchProfile)
+
+    def engine_profile(self) -> BatchProfile:
+        """The profile the engine runs: with slo_ms_per_new_token, the derived compute budget is
+        that of a request asking for max_new_tokens (the engine itself never sees tokens asked for)."""
+        p = self.profile
+        if p.compute_budget_ms is not None or p.slo_ms_per_new_token == 0:
+            return p
+        return p.replace(compute_budget_ms=p.budget_ms(self.max_new_tokens))
 
 
 @dataclass(frozen=True)

@@ -107,6 +107,12 @@ class LatencyEvent(msgspec.Struct, omit_defaults=False):
     forwarded: bool = False
     warmup: bool = False
     """The request was warm-up traffic (Request.warmup): stored, but not counted in latency figures."""
+    first_token_ms: int = 0
+    """Generation: epoch ms its first token was decoded (time to first token = this - enqueue_ms);
+    0 for models that do not generate and for requests that did not run."""
+    last_token_ms: int = 0
+    """Generation: epoch ms its last token was decoded (time per output token =
+    (last_token_ms - first_token_ms) / (tokens_out - 1)); 0 when first_token_ms is."""
     v: int = SCHEMA_VERSION
 
 

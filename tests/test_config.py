@@ -151,6 +151,7 @@ def test_missing_file_and_invalid_toml(tmp_path: Path) -> None:
         ({"knee_tolerance": 1.0}, "knee_tolerance must be in [0, 1)"),
         ({"tail_mark_floor_ms": -1.0}, "tail_mark_floor_ms must be >= 0"),
         ({"wait_sample_window": 8, "tail_min_samples": 16}, "wait_sample_window (8) must be >="),
+        ({"slo_ms_per_new_token": -1.0}, "slo_ms_per_new_token must be >= 0"),
     ],
 )
 def test_profile_value_checks(changes: dict, fragment: str) -> None:
@@ -168,3 +169,16 @@ def test_value_errors_in_files_name_file_and_table() -> None:
 def test_tail_marking_zero_turns_it_off() -> None:
     assert BatchProfile(tail_mark_ratio=0).tail_marking is False
     assert BatchProfile().tail_marking is True
+
+
+def test_generation_slo_grows_with_max_new_tokens_and_so_does_the_derived_budget() -> None:
+    """slo_p99_ms 1000 + 64 tokens x 50 ms = 4200 ms for a request asking for 64: the engine's budget is half."""
+    model = parse_config({"models": {"gen": {"task": "generate", "max_new_tokens": 64, "slo_ms_per_new_token": 50.0}}}).model("gen")
+    assert model.profile.budget_ms() == 500.0
+    assert model.engine_profile().compute_budget_ms == 2100.0
+    capped = parse_config({"models": {"gen": {"max_new_tokens": 64, "slo_ms_per_new_token": 50.0, "default_deadline_ms": 3000.0}}}).model("gen")
+    assert capped.engine_profile().compute_budget_ms == 1500.0, "a shorter default deadline still bounds it"
+    explicit = parse_config({"models": {"gen": {"slo_ms_per_new_token": 50.0, "compute_budget_ms": 700.0}}}).model("gen")
+    assert explicit.engine_profile() is explicit.profile
+    plain = parse_config({"models": {"enc": {}}}).model("enc")
+    assert plain.engine_profile() is plain.profile

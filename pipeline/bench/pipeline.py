@@ -60,6 +60,7 @@ SUSTAINED_P99_MS = 1000.0
 DRAIN_S = 5.0
 """After the last send, answers still count for this long (then the run is cut)."""
 WARMUP_REQUESTS = 40
+RSS_SAMPLE_S = 0.5
 STEADY_SKIP_S = 1.0
 """Throughput counts answers arriving from this long after the first send to the end of
 the send window: a pipeline that keeps up answers at the offered rate there, one that
@@ -102,6 +103,9 @@ class BenchOptions:
     """smollm: max_new_tokens of every request; 0 draws each from MIXED_NEW_TOKENS."""
     llm_profile: str | None = None
     """smollm: the model's profile file (`batchtide profile`): its token cap and curve."""
+    timeout_ms: int | None = None
+    """Deadline of every measured request (Request.timeout_ms): past it the answer is `expired`,
+    so an overloaded consumer sheds work instead of holding it (warm-up requests have none)."""
 
 
 @dataclass
@@ -127,6 +131,16 @@ class Trial:
     mean_batch: float = float("nan")
     stages_p50_ms: dict[str, float] = field(default_factory=dict)
     stages_p99_ms: dict[str, float] = field(default_factory=dict)
+    ttft_p50_ms: float = float("nan")
+    ttft_p99_ms: float = float("nan")
+    tpot_p50_ms: float = float("nan")
+    tpot_p99_ms: float = float("nan")
+    rss_start_mib: float = float("nan")
+    """Resident memory of the consumer processes (device processes included) when the load began."""
+    rss_peak_mib: float = float("nan")
+    """...its highest sample (every RSS_SAMPLE_S) over the load and the drain."""
+    rss_end_mib: float = float("nan")
+    """...after the drain: bounded memory ends near where it started, a leak or an unbounded queue does not."""
 
     @property
     def sustained(self) -> bool:
@@ -238,7 +252,7 @@ class ConsumerProcesses:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
         if self.options.runner in ("minilm", "smollm"):
             env["OMP_NUM_THREADS"] = str(self.options.torch_threads)
-        if self.options.runner == "smollm" and self.options.llm_profile:
+        if self.options.runner == "smollm" and self.options.llm_profile and Path(self.options.llm_profile).is_file():
             profiles = self.config.parent / "profiles"
             profiles.mkdir(exist_ok=True)
             shutil.copyfile(self.options.llm_profile, profiles / f"{MODEL}.json")
@@ -267,6 +281,24 @@ class ConsumerProcesses:
             except psutil.NoSuchProcess:
                 continue
         return total
+
+    def rss_mib(self) -> float:
+        """Resident memory now of the consumer processes and their device processes, MiB."""
+        total = 0
+        for proc in self.procs:
+            try:
+                parent = psutil.Process(proc.pid)
+                for each in (parent, *parent.children(recursive=True)):
+                    total += each.memory_info().rss
+            except psutil.NoSuchProcess:
+                continue
+        return total / 2**20
+
+    async def sample_rss(self, peak: list[float]) -> None:
+        """Keep the highest RSS seen in `peak[0]` until cancelled."""
+        while True:
+            peak[0] = max(peak[0], await asyncio.to_thread(self.rss_mib))
+            await asyncio.sleep(RSS_SAMPLE_S)
 
     def check_alive(self) -> None:
         for proc, log in zip(self.procs, self.logs):
@@ -350,6 +382,18 @@ class EventFigures:
     mean_batch: float = float("nan")
     stages_p50_ms: dict[str, float] = field(default_factory=dict)
     stages_p99_ms: dict[str, float] = field(default_factory=dict)
+    ttft_ms: tuple[float, float] = (float("nan"), float("nan"))
+    """Generation: p50, p99 of first token - enqueue over the requests that generated."""
+    tpot_ms: tuple[float, float] = (float("nan"), float("nan"))
+    """Generation: p50, p99 of (last - first token) / (tokens_out - 1) over those with two tokens or more."""
+
+
+def token_timing(rows: list[dict[str, Any]]) -> tuple[tuple[float, float], tuple[float, float]]:
+    """TTFT and TPOT p50/p99 from latency events (events without token stamps are left out)."""
+    generated = [r for r in rows if r.get("first_token_ms")]
+    ttft = np.array([r["first_token_ms"] - r["enqueue_ms"] for r in generated])
+    tpot = np.array([(r["last_token_ms"] - r["first_token_ms"]) / (r["tokens_out"] - 1) for r in generated if r["tokens_out"] > 1])
+    return (_percentile(ttft, 50), _percentile(ttft, 99)), (_percentile(tpot, 50), _percentile(tpot, 99))
 
 
 async def event_figures(kafka: KafkaSettings, received_ms: dict[str, float], timeout_s: float = 20.0) -> EventFigures:
@@ -369,7 +413,10 @@ async def event_figures(kafka: KafkaSettings, received_ms: dict[str, float], tim
         return EventFigures()
     rows = list(events.values())
     spans = {name: np.array([r[end] - r[start] for r in rows]) for name, (start, end) in STAGES.items()}
+    ttft, tpot = token_timing(rows)
     return EventFigures(
+        ttft_ms=ttft,
+        tpot_ms=tpot,
         tokens=sum(r["tokens_in"] + r["tokens_out"] for r in rows),
         tokens_out=sum(r["tokens_out"] for r in rows),
         mean_batch=float(np.mean([r["batch_size"] for r in rows])),
@@ -432,6 +479,7 @@ async def run_trial(
                 options.hot_share,
                 options.seed,
             )
+            load = replace(load, timeout_ms=options.timeout_ms)
             say(f"  offered {rate:g} req/s for {options.duration_s:g} s ({len(load)} requests, {options.consumers} consumer(s))")
             producer.sent_ms.clear()
             late = None
@@ -440,12 +488,19 @@ async def run_trial(
                 last = range(consumers.at_start, options.consumers)
                 late = asyncio.get_running_loop().call_later(delay, consumers.start, last)
             cpu_before = consumers.cpu_s()
-            report = await producer.send(load)
-            if late is not None:
-                late.cancel()
-            ids = list(producer.sent_ms)
-            await collector.wait_for(ids, LLM_DRAIN_S if llm else DRAIN_S)
+            rss_start = consumers.rss_mib()
+            rss_peak = [rss_start]
+            sampler = asyncio.create_task(consumers.sample_rss(rss_peak))
+            try:
+                report = await producer.send(load)
+                if late is not None:
+                    late.cancel()
+                ids = list(producer.sent_ms)
+                await collector.wait_for(ids, LLM_DRAIN_S if llm else DRAIN_S)
+            finally:
+                sampler.cancel()
             consumer_cpu_s = consumers.cpu_s() - cpu_before
+            rss_end = consumers.rss_mib()
             sent_ms = producer.sent_ms
         consumers.check_alive()
         answered = [i for i in ids if i in collector.received_ms]
@@ -486,6 +541,13 @@ async def run_trial(
             outcomes=outcomes,
             consumers=options.consumers,
             consumer_cpu_ms_per_request=consumer_cpu_s * 1000.0 / max(len(ids), 1),
+            ttft_p50_ms=events.ttft_ms[0],
+            ttft_p99_ms=events.ttft_ms[1],
+            tpot_p50_ms=events.tpot_ms[0],
+            tpot_p99_ms=events.tpot_ms[1],
+            rss_start_mib=rss_start,
+            rss_peak_mib=max(rss_peak[0], rss_end),
+            rss_end_mib=rss_end,
         )
     finally:
         await collector.stop()
@@ -499,6 +561,10 @@ def describe(trial: Trial) -> str:
         + f"; e2e p50 {trial.p50_ms:.1f} ms, p99 {trial.p99_ms:.1f} ms, p999 {trial.p999_ms:.1f} ms"
         + f"; sender p99 lateness {trial.send_late_p99_ms:.1f} ms"
         + ("" if trial.sustained else "  [NOT sustained]")
+        + (f"\n     TTFT p50 {trial.ttft_p50_ms:.0f} ms, p99 {trial.ttft_p99_ms:.0f} ms; time per output token "
+           f"p50 {trial.tpot_p50_ms:.1f} ms, p99 {trial.tpot_p99_ms:.1f} ms" if trial.ttft_p99_ms == trial.ttft_p99_ms else "")
+        + (f"\n     outcomes {trial.outcomes}; consumer RSS start {trial.rss_start_mib:.0f} MiB, "
+           f"peak {trial.rss_peak_mib:.0f} MiB, end {trial.rss_end_mib:.0f} MiB")
         + stage_line(trial)
     )
 
@@ -617,11 +683,15 @@ async def llm_modes(
 
 
 def llm_table(out: dict[str, Any]) -> str:
-    lines = [f"{'lengths':<8} {'mode':<10} {'req/s':>6} {'answered':>9} {'gen tok/s':>9} {'share':>6} {'p50 ms':>8} {'p99 ms':>8}"]
+    lines = [
+        f"{'lengths':<8} {'mode':<10} {'req/s':>6} {'answered':>9} {'gen tok/s':>9} {'share':>6} {'p50 ms':>8} {'p99 ms':>8}"
+        f" {'TTFT p99':>9} {'TPOT p99':>9} {'RSS peak MiB':>12}"
+    ]
     for run in out["llm_runs"]:
         lines.append(
             f"{run['mix']:<8} {run['mode']:<10} {run['offered_rps']:>6g} {run['answered']:>4}/{run['sent']:<4} "
             f"{run['generated_tokens_per_s']:>9.1f} {run['share_of_limit']:>6.2f} {run['p50_ms']:>8.0f} {run['p99_ms']:>8.0f}"
+            f" {run['ttft_p99_ms']:>9.0f} {run['tpot_p99_ms']:>9.1f} {run['rss_peak_mib']:>12.0f}"
         )
     return "\n".join(lines)
 

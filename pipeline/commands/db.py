@@ -183,7 +183,7 @@ def report_command(
     """Latency analysis per model: quantiles, throughput, batches, tail marking, memory."""
     from rich.console import Console
 
-    from pipeline.views.report import parse_duration_ms, render, run_report
+    from pipeline.views.report import Objective, parse_duration_ms, render, run_report
 
     cfg = _config(config, clickhouse_url)
     try:
@@ -195,7 +195,10 @@ def report_command(
     client = _connect(cfg, cfg.clickhouse.database, reading=True)
     try:
         now = int(time.time() * 1000)
-        report = run_report(client, time_from_ms=now - span, time_to_ms=now, model=model, interval_ms=bucket)
+        objectives = {m.name: Objective(m.profile.slo_p99_ms, m.profile.slo_ms_per_new_token) for m in cfg.models.values()}
+        report = run_report(
+            client, time_from_ms=now - span, time_to_ms=now, model=model, interval_ms=bucket, objectives=objectives
+        )
     finally:
         client.close()
     if as_json:

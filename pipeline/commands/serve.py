@@ -212,6 +212,7 @@ def bench_pipeline(
     modes: str = typer.Option("static,iteration,fixed", "--modes", help="smollm: batching modes to run (static, iteration, fixed)."),
     equal_tokens: int = typer.Option(64, "--equal-tokens", help="smollm: max_new_tokens of the all-equal load."),
     llm_profile: Optional[Path] = typer.Option(Path("var/profiles/smollm.json"), "--profile", help="smollm: profile file (token cap, machine limit)."),
+    timeout_ms: Optional[int] = typer.Option(None, "--timeout-ms", help="Deadline of every request (expired past it): overload with deadlines; RSS is printed per run."),
 ) -> None:
     """Real pipeline bench: open-loop producer -> Kafka -> consumer process(es) -> results, end to end."""
     import logging
@@ -224,6 +225,9 @@ def bench_pipeline(
         raise typer.Exit(2)
     if isolation not in ("auto", "process", "thread"):
         typer.echo(f"error: --isolation must be auto, process or thread (got {isolation!r})", err=True)
+        raise typer.Exit(2)
+    if timeout_ms is not None and timeout_ms <= 0:
+        typer.echo(f"error: --timeout-ms must be > 0 (got {timeout_ms})", err=True)
         raise typer.Exit(2)
     if not find_max and rates is None:
         typer.echo("error: give --find-max and/or --rates R1,R2,...", err=True)
@@ -253,6 +257,7 @@ def bench_pipeline(
         late_consumer_s=late_consumer_s,
         isolation=isolation,  # type: ignore[arg-type]
         llm_profile=str(llm_profile) if llm_profile else None,
+        timeout_ms=timeout_ms,
     )
     mode_list = tuple(m.strip() for m in modes.split(",") if m.strip())
     if runner == "smollm" and not set(mode_list) <= {"static", "iteration", "fixed"}:

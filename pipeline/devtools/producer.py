@@ -47,6 +47,8 @@ class Load:
     """Fixed partition per request (skewed loads); None lets the key hash decide."""
     new_tokens: np.ndarray | None = None
     """Generation: max_new_tokens per request (sent as params); None sends no params."""
+    timeout_ms: int | None = None
+    """Deadline of every request, relative to its record time (Request.timeout_ms); None: none."""
 
     def __len__(self) -> int:
         return int(self.send_ms.shape[0])
@@ -131,6 +133,7 @@ class LoadProducer:
                     text=request_text(rng, int(t)),
                     priority=int(p),
                     params=None if n is None else GenerationParams(max_new_tokens=int(n)),
+                    timeout_ms=load.timeout_ms,
                     warmup=warmup,
                 )
             )

@@ -52,6 +52,11 @@ LATENCY_ROWS = f"FROM request_latency FINAL\nWHERE $__timeFilter(enqueue_time) A
 DATA_SPAN_S = "greatest((toUnixTimestamp64Milli(max(produce_time)) - toUnixTimestamp64Milli(min(enqueue_time))) / 1000, 1)"
 """Seconds from the first request to the last answer in the range (at least 1): throughput is over
 the span that has data, not over the range asked for (a 2-minute run reported over 3 h is not 0.3 req/s)."""
+GENERATED_ROWS = f"{LATENCY_ROWS} AND toUnixTimestamp64Milli(first_token_time) > 0"
+"""Answered generation requests: the rows that carry first/last token stamps."""
+TTFT_MS = "toUnixTimestamp64Milli(first_token_time) - toUnixTimestamp64Milli(enqueue_time)"
+TPOT_MS = "(toUnixTimestamp64Milli(last_token_time) - toUnixTimestamp64Milli(first_token_time)) / (tokens_out - 1)"
+"""Time per output token after the first; defined only where tokens_out > 1."""
 BATCH_ROWS = f"FROM batches FINAL\nWHERE $__timeFilter(dispatch_time) AND {MODEL_FILTER}"
 EXACT_QUANTILES = (
     "quantilesExactInclusive(0.5, 0.99, 0.999)(e2e_ms) AS e2e",
@@ -150,6 +155,34 @@ ORDER BY model
            "sum(tokens_in) / $__interval_s AS tokens_in_per_s",
            "sum(tokens_out) / $__interval_s AS tokens_out_per_s",
        ), LATENCY_ROWS)),
+    _q("generation", "Generation: token rates, time to first token, time per output token", "table",
+       "Per generating model over the span with data: prompt and generated tokens/s apart, TTFT "
+       "(first token - enqueue) and TPOT ((last - first token) / (tokens_out - 1)) p50 / p99, exact.",
+       f"""
+SELECT
+    model,
+    count() AS requests,
+    {DATA_SPAN_S} AS span_s,
+    sum(tokens_in) / span_s AS prompt_tokens_per_s,
+    sum(tokens_out) / span_s AS generated_tokens_per_s,
+    quantilesExactInclusive(0.5, 0.99)({TTFT_MS}) AS ttft,
+    ttft[1] AS ttft_p50_ms, ttft[2] AS ttft_p99_ms,
+    quantilesExactInclusiveIf(0.5, 0.99)({TPOT_MS}, tokens_out > 1) AS tpot,
+    tpot[1] AS tpot_p50_ms, tpot[2] AS tpot_p99_ms
+{GENERATED_ROWS}
+GROUP BY model
+ORDER BY model
+"""),
+    _q("token_timing", "Generation: TTFT and time per output token p50 / p99, token rates", "time_series",
+       "Per generating model and bucket; prompt and generated tokens/s apart (edge buckets may be partial).",
+       per_bucket("enqueue_time", (
+           f"quantileExactInclusive(0.5)({TTFT_MS}) AS ttft_p50_ms",
+           f"quantileExactInclusive(0.99)({TTFT_MS}) AS ttft_p99_ms",
+           f"quantileExactInclusiveIf(0.5)({TPOT_MS}, tokens_out > 1) AS tpot_p50_ms",
+           f"quantileExactInclusiveIf(0.99)({TPOT_MS}, tokens_out > 1) AS tpot_p99_ms",
+           "sum(tokens_in) / $__interval_s AS prompt_tokens_per_s",
+           "sum(tokens_out) / $__interval_s AS generated_tokens_per_s",
+       ), GENERATED_ROWS)),
     _q("long_waits", "Share of requests waiting > 1 s", "time_series",
        "Per bucket: share of requests whose queue wait exceeded one second.",
        per_bucket("enqueue_time", ("countIf(wait_ms > 1000) / count() AS share_wait_over_1s",), LATENCY_ROWS)),
@@ -283,9 +316,35 @@ ORDER BY model
 """),
 ]  # fmt: skip
 
+SLO = _q("slo", "Requests within their SLO", "table",
+         "Share of requests answered ok within slo_p99_ms + tokens_out x slo_ms_per_new_token of their model, and "
+         "the p99 of e2e over that SLO (<= 1: the objective held). Report only: the objectives come from the config "
+         "as bound arrays, and tokens_out (what was generated) stands for the requested max_new_tokens, which "
+         "judges a request that stopped early by EOS against the tighter SLO.",
+         f"""
+SELECT
+    model,
+    count() AS requests,
+    any(slo_base_ms) AS slo_p99_ms,
+    any(slo_token_ms) AS slo_ms_per_new_token,
+    countIf(outcome = 'ok' AND e2e_ms <= slo_ms) / count() AS within_slo_share,
+    quantileExactInclusive(0.99)(if(outcome = 'ok', e2e_ms / slo_ms, inf)) AS p99_over_slo
+FROM (
+    SELECT
+        model, outcome, e2e_ms,
+        transform(model, {{slo_models:Array(String)}}, {{slo_base:Array(Float64)}}, {{slo_default:Float64}}) AS slo_base_ms,
+        transform(model, {{slo_models:Array(String)}}, {{slo_per_token:Array(Float64)}}, 0.) AS slo_token_ms,
+        slo_base_ms + tokens_out * slo_token_ms AS slo_ms
+    {LATENCY_ROWS.replace(chr(10), chr(10) + "    ")}
+)
+GROUP BY model
+ORDER BY model
+""")
+"""Not a board panel (Grafana has no config to bind); `batchtide report` runs it with the config's objectives."""
+
 QUERIES: dict[str, AnalysisQuery] = {q.name: q for q in _ALL + _LAG}
 REPORT_QUERIES = (
-    "summary", "warmup", "latency_quantiles", "throughput", "batch_sizes", "target_hit_ratio",
+    "summary", "warmup", "generation", "latency_quantiles", "throughput", "batch_sizes", "target_hit_ratio",
     "dispatch_reasons", "device_memory", "compute_by_batch_size", "window_over_time",
     "lag_summary", "lag_over_time",
 )  # fmt: skip

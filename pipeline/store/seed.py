@@ -151,6 +151,8 @@ def _model_chunk(
     compute_end = compute_start + np.ceil(compute).astype(np.int64)
     produce = compute_end + rng.integers(1, 4, keep)
     outcome_draw = rng.random(n)
+    ok = outcome_draw < 0.995
+    first_token, last_token = _token_times(compute_start, compute_end, tok_out, starts, batch_of, ok & (tok_out > 0))
     priority = np.where(rng.random(n) < 0.05, 0, np.where(rng.random(n) < 0.1, 2, 1))
     consumers = np.array([f"{name}-c0", f"{name}-c1"], dtype=object)
     marked_count = np.add.reduceat(marked.astype(np.int64), starts)
@@ -160,7 +162,7 @@ def _model_chunk(
         "request_id": [f"{name}-{seed}-{i:010d}" for i in row_index.tolist()],
         "model": [name] * n,
         "consumer_id": consumers[consumer[batch_of]].tolist(),
-        "outcome": np.where(outcome_draw < 0.995, "ok", np.where(outcome_draw < 0.998, "expired", "error")).tolist(),
+        "outcome": np.where(ok, "ok", np.where(outcome_draw < 0.998, "expired", "error")).tolist(),
         "enqueue_time": enqueue.tolist(),
         "fetch_time": fetch.tolist(),
         "dispatch_time": dispatch_r.tolist(),
@@ -183,6 +185,8 @@ def _model_chunk(
         "forwarded": marked & (rng.random(n) < 0.02),
         "schema_version": np.ones(n, np.int64),
         "warmup": np.zeros(n, bool),
+        "first_token_time": first_token.tolist(),
+        "last_token_time": last_token.tolist(),
     }
     batches = {
         "batch_id": batch_id,
@@ -209,6 +213,22 @@ def _model_chunk(
         "schema_version": np.ones(keep, np.int64),
     }
     return SeedChunk(latency=latency, batches=batches)
+
+
+def _token_times(
+    start: np.ndarray, end: np.ndarray, tokens_out: np.ndarray, starts: np.ndarray, batch_of: np.ndarray,
+    generated: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """First/last token stamps as a static batch decodes: prefill takes the first 15% of the
+    batch's compute, then every member gains a token per step until the longest is done.
+
+    Derived from the rows, not drawn, so adding these columns left the other seeded values as they were."""
+    longest = np.maximum.reduceat(tokens_out, starts)[batch_of]
+    start, end = start[batch_of], end[batch_of]
+    first = start + np.ceil((end - start) * 0.15).astype(np.int64)
+    step = (end - first) / np.maximum(longest - 1, 1)
+    last = first + np.floor(step * np.maximum(tokens_out - 1, 0)).astype(np.int64)
+    return np.where(generated, first, 0), np.where(generated, last, 0)
 
 
 def generate(
@@ -294,6 +314,7 @@ def latency_events(chunk: SeedChunk) -> list[LatencyEvent]:
             device_mem_bytes=_value(c["device_mem_bytes"], i), device_mem_kind=c["device_mem_kind"][i],
             partition=_value(c["kafka_partition"], i), offset=_value(c["kafka_offset"], i),
             forwarded=_value(c["forwarded"], i), warmup=_value(c["warmup"], i),
+            first_token_ms=c["first_token_time"][i], last_token_ms=c["last_token_time"][i],
         )
         for i in range(chunk.rows)
     ]  # fmt: skip

@@ -3,7 +3,8 @@
 For machines without Grafana. Every panel of `dashboards/panels.py` is computed
 from the same named query Grafana runs, with the plugin's macros expanded by
 `pipeline.store.macros.expand_macros`, against the embedded or configured
-ClickHouse. The consumer-lag panels (`CONSUMER_LAG`) sit below the tail-latency ones. The page holds inline SVG and a few lines of inline script that
+ClickHouse. The consumer-lag panels (`CONSUMER_LAG`) sit below the tail-latency ones and the
+generation panels (`GENERATION`) below those. The page holds inline SVG and a few lines of inline script that
 mark each panel painted; nothing is fetched from anywhere.
 """
 
@@ -23,7 +24,7 @@ from typing import Any, Protocol
 from urllib.parse import parse_qs, urlencode, urlparse
 
 from dashboards.charts import BarGroup, Series, bar_chart_svg, format_value, time_series_svg
-from dashboards.panels import CONSUMER_LAG, MODEL_VARIABLE, MODELS_QUERY, TAIL_LATENCY, BoardSpec, PanelSpec
+from dashboards.panels import CONSUMER_LAG, GENERATION, MODEL_VARIABLE, MODELS_QUERY, TAIL_LATENCY, BoardSpec, PanelSpec
 from dashboards.sql import query_sql
 from pipeline.views.report import DURATION, parse_duration_ms
 
@@ -41,11 +42,12 @@ def _stacked(top: BoardSpec, below: BoardSpec) -> BoardSpec:
     """One page holding `top`'s panels, then `below`'s under them on the same grid."""
     bottom = max(p.y + p.h for p in top.panels)
     moved = tuple(dataclasses.replace(p, y=p.y + bottom) for p in below.panels)
-    return dataclasses.replace(top, title=f"{top.title} · consumer lag", panels=top.panels + moved)
+    return dataclasses.replace(top, title=f"{top.title} · {below.title.split(' — ')[-1]}", panels=top.panels + moved)
 
 
-LOCAL_BOARD = _stacked(TAIL_LATENCY, CONSUMER_LAG)
-"""The local page: the tail-latency board with the consumer-lag panels below it."""
+LOCAL_BOARD = _stacked(_stacked(TAIL_LATENCY, CONSUMER_LAG), GENERATION)
+"""The local page: the tail-latency board, the consumer-lag panels below it, then the generation panels
+(empty for a model that does not generate)."""
 
 
 class ClickHouseQuerier(Protocol):

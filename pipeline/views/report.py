@@ -20,7 +20,8 @@ from rich.console import Console
 from rich.table import Table
 
 from pipeline.store.macros import ALL_VALUE, Bound, expand_macros
-from pipeline.store.queries import QUERIES, REPORT_QUERIES
+from pipeline.config import BatchProfile
+from pipeline.store.queries import QUERIES, REPORT_QUERIES, SLO
 
 NICE_INTERVALS_S = (1, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400)
 DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)\s*$")
@@ -75,18 +76,42 @@ class Report:
         return json.dumps(body, indent=2)
 
 
+@dataclass(frozen=True)
+class Objective:
+    """A model's end-to-end objective: slo_p99_ms plus slo_ms_per_new_token per generated token."""
+
+    base_ms: float
+    per_new_token_ms: float = 0.0
+
+
 def run_query(
-    client: Client, name: str, *, time_from_ms: int, time_to_ms: int, interval_ms: int, model: str | None
+    client: Client,
+    name: str,
+    *,
+    time_from_ms: int,
+    time_to_ms: int,
+    interval_ms: int,
+    model: str | None,
+    objectives: dict[str, Objective] | None = None,
 ) -> list[dict[str, Any]]:
-    """One named analysis query for a range; `model` None means all models."""
+    """One named analysis query for a range; `model` None means all models. `objectives` runs the SLO query."""
+    query = SLO if name == SLO.name else QUERIES[name]
     sql = expand_macros(
-        QUERIES[name].sql,
+        query.sql,
         time_from_ms=time_from_ms,
         time_to_ms=time_to_ms,
         interval_ms=interval_ms,
         variables={"model": Bound("model") if model is not None else ALL_VALUE},
     )
-    parameters = {"model": model} if model is not None else None
+    parameters: dict[str, Any] = {"model": model} if model is not None else {}
+    if query is SLO:
+        objectives = objectives or {}
+        parameters.update(
+            slo_models=list(objectives),
+            slo_base=[o.base_ms for o in objectives.values()],
+            slo_per_token=[o.per_new_token_ms for o in objectives.values()],
+            slo_default=BatchProfile().slo_p99_ms,
+        )
     return list(client.query(sql, parameters=parameters).named_results())
 
 
@@ -98,13 +123,18 @@ def run_report(
     model: str | None = None,
     interval_ms: int | None = None,
     names: tuple[str, ...] = REPORT_QUERIES,
+    objectives: dict[str, Objective] | None = None,
 ) -> Report:
+    """`objectives` (per model; unnamed models get slo_p99_ms's default) adds the SLO section."""
     interval = interval_ms or pick_interval_ms(time_to_ms - time_from_ms)
     report = Report(time_from_ms, time_to_ms, interval, model)
+    if objectives is not None:
+        names = (*names, SLO.name)
     for name in names:
         started = time.perf_counter()
         report.sections[name] = run_query(
-            client, name, time_from_ms=time_from_ms, time_to_ms=time_to_ms, interval_ms=interval, model=model
+            client, name, time_from_ms=time_from_ms, time_to_ms=time_to_ms, interval_ms=interval, model=model,
+            objectives=objectives,
         )
         report.query_ms[name] = (time.perf_counter() - started) * 1000
     return report
@@ -153,6 +183,21 @@ def render(report: Report, console: Console) -> None:
         _num(r["e2e_p50_ms"]), _num(r["e2e_p99_ms"]), _num(r["e2e_p999_ms"]),
         _num(r["wait_p50_ms"]), _num(r["wait_p99_ms"]), _num(r["wait_p999_ms"]),
     ] for r in s["summary"]]))  # fmt: skip
+    if s.get("generation"):
+        console.print(_table("Generation (prompt and generated tokens apart; TTFT = first token - enqueue, "
+                             "TPOT = per output token after the first; ms)", [
+            "model", "requests", "prompt tok/s", "generated tok/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99",
+        ], [[
+            r["model"], _num(r["requests"]), _num(r["prompt_tokens_per_s"], 0), _num(r["generated_tokens_per_s"], 0),
+            _num(r["ttft_p50_ms"]), _num(r["ttft_p99_ms"]), _num(r["tpot_p50_ms"], 2), _num(r["tpot_p99_ms"], 2),
+        ] for r in s["generation"]]))  # fmt: skip
+    if s.get("slo"):
+        console.print(_table("SLO (slo_p99_ms + generated tokens x slo_ms_per_new_token; met when p99/SLO <= 1)", [
+            "model", "SLO ms", "+ ms/token", "within SLO", "p99 / SLO",
+        ], [[
+            r["model"], _num(r["slo_p99_ms"], 0), _num(r["slo_ms_per_new_token"]), _pct(r["within_slo_share"]),
+            _num(r["p99_over_slo"], 2),
+        ] for r in s["slo"]]))  # fmt: skip
     if s.get("warmup"):
         console.print(_table("Warm-up requests (not in any figure above or below)", ["model", "requests", "e2e p50 ms", "e2e max ms"], [
             [r["model"], _num(r["requests"]), _num(r["e2e_p50_ms"]), _num(r["e2e_max_ms"])] for r in s["warmup"]

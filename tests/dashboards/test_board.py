@@ -14,12 +14,14 @@ import pytest
 from PIL import Image, ImageStat
 from typer.testing import CliRunner
 
-from dashboards.panels import CONSUMER_LAG, TAIL_LATENCY, PanelSpec
+from dashboards.panels import CONSUMER_LAG, GENERATION, TAIL_LATENCY, PanelSpec
 from pipeline.views.board import LOCAL_BOARD, TimeRange, build_page, make_server, time_range
 from tests.dashboards.browser import dump_dom, screenshot
 from tests.dashboards.cli import dashboards_cli
 from tests.dashboards.conftest import SeededStore
 
+GENERATING_MODEL, ENCODER_MODEL = "smollm", "minilm"
+"""The seeded models (pipeline.store.seed.DEFAULT_MODELS): the second generates, the first embeds."""
 LEGEND_PX = 46
 """Bottom strip of a panel holding the legend (coloured swatches even without data): not counted."""
 PANEL_TAG = re.compile(r"<section\b[^>]*>")
@@ -37,10 +39,10 @@ def _panel_attrs(page: str) -> dict[str, dict[str, str]]:
 
 @pytest.fixture(scope="module")
 def rendered(seeded_store: SeededStore, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
-    """The page for the first seeded model, as a file and as Chromium's screenshot."""
+    """The page for the seeded generating model (every panel has data), as a file and as Chromium's screenshot."""
     work = tmp_path_factory.mktemp("board")
     page = work / "board.html"
-    page.write_text(build_page(seeded_store.client, seeded_store.window, [seeded_store.models[0]]))
+    page.write_text(build_page(seeded_store.client, seeded_store.window, [GENERATING_MODEL]))
     png = screenshot(page, work / "profile", work / "board.png")
     yield page, png
 
@@ -88,6 +90,10 @@ def test_empty_range_and_failing_panel_do_not_break_the_page(seeded_store: Seede
     assert "No model has latency events" in build_page(seeded_store.client, long_ago)
     empty = _panel_attrs(build_page(seeded_store.client, long_ago, [seeded_store.models[0]]))
     assert {a["state"] for a in empty.values()} == {"empty"}
+    encoder = _panel_attrs(build_page(seeded_store.client, seeded_store.window, [ENCODER_MODEL]))
+    generation = {p.key for p in GENERATION.panels}
+    assert {encoder[k]["state"] for k in generation} == {"empty"}, "a model that does not generate has no token timing"
+    assert {a["state"] for k, a in encoder.items() if k not in generation} == {"rendered"}
 
     broken = PanelSpec(
         key="broken", title="Broken", kind="timeseries", query="no_such_query", fmt="time_series",
@@ -139,7 +145,7 @@ def test_board_command_writes_the_page(seeded_clickhouse: Any, seeded_store: See
     settings = seeded_clickhouse.settings
     config.write_text(f'[clickhouse]\ndata_dir = "{settings.data_dir}"\ndatabase = "{settings.database}"\n')
     out = tmp_path / "out" / "board.html"
-    args = ["board", "--out", str(out), "--config", str(config), "--model", seeded_store.models[0]]
+    args = ["board", "--out", str(out), "--config", str(config), "--model", GENERATING_MODEL]
     args += ["--since", seeded_store.since, "--until", seeded_store.until]
     result = CliRunner().invoke(dashboards_cli(), args)
     assert result.exit_code == 0, result.output

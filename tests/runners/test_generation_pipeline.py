@@ -42,8 +42,9 @@ def _ask(rid: str, text: str | None, new: int | None = None, **fields: Any) -> d
     return body
 
 
-async def _serve(model: ModelConfig, kafka: KafkaSettings, requests: list[dict[str, Any]], dlq_ids: set[str] = frozenset()) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:  # type: ignore[assignment]
-    """Send `requests` to a live consumer; their results by id, and dead letters by request id."""
+async def _serve(model: ModelConfig, kafka: KafkaSettings, requests: list[dict[str, Any]], dlq_ids: set[str] = frozenset(), latency: dict[str, dict[str, Any]] | None = None) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:  # type: ignore[assignment]
+    """Send `requests` to a live consumer; their results by id, and dead letters by request id
+    (and, into `latency` when given, their latency events by request id)."""
     await create_topics(kafka, model)
     topics = Topics(kafka.topic_prefix)
     consumer = _consumer(model, kafka)
@@ -52,6 +53,9 @@ async def _serve(model: ModelConfig, kafka: KafkaSettings, requests: list[dict[s
             await send(kafka, topics.requests(NAME), requests)
             answers = await collect(kafka, topics.results(NAME), {r["id"] for r in requests}, timeout_s=120)
             letters = await collect(kafka, topics.dlq, set(dlq_ids), timeout_s=30, key_field="request_id") if dlq_ids else None
+            if latency is not None:
+                events = await collect(kafka, topics.latency_events, {r["id"] for r in requests}, timeout_s=30, key_field="request_id")
+                latency.update({rid: values[0] for rid, values in events.by_id.items()})
     finally:
         await asyncio.to_thread(consumer.runner.close)
     results = {rid: values[0] for rid, values in answers.by_id.items()}
@@ -72,8 +76,16 @@ def test_generation_answers_through_the_broker(tiny_gpt2_dir: Path, kafka_settin
     requests = [_ask(f"a{i}", p, 10) for i, p in enumerate(PROMPTS)]
     requests += [_ask(f"b{i}", p, 10) for i, p in enumerate(PROMPTS)]
     requests += [_ask(f"c{i}", p, 1 + i) for i, p in enumerate(PROMPTS)]
-    results, _ = asyncio.run(_serve(model, kafka_settings, requests))
+    latency: dict[str, dict[str, Any]] = {}
+    results, _ = asyncio.run(_serve(model, kafka_settings, requests, latency=latency))
     assert all(r["outcome"] == "ok" for r in results.values()), results
+    assert latency.keys() == results.keys()
+    for rid, e in latency.items():
+        order = [e["enqueue_ms"], e["compute_start_ms"], e["first_token_ms"], e["last_token_ms"], e["produce_ms"]]
+        assert e["first_token_ms"] > 0 and order == sorted(order), (rid, order)
+        assert e["tokens_out"] == len(results[rid]["token_ids"])
+        if e["tokens_out"] > 1:
+            assert e["last_token_ms"] > e["first_token_ms"] or e["compute_end_ms"] - e["compute_start_ms"] < 50, (rid, e)
     for i in range(len(PROMPTS)):
         a, b, c = results[f"a{i}"], results[f"b{i}"], results[f"c{i}"]
         assert a["text"] == b["text"] and a["token_ids"] == b["token_ids"]

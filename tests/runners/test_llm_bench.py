@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.bench.pipeline import MIXED_NEW_TOKENS, BenchOptions, consumer_config, machine_limit, with_new_tokens
+from pipeline.bench.pipeline import MIXED_NEW_TOKENS, BenchOptions, consumer_config, machine_limit, token_timing, with_new_tokens
 from pipeline.devtools.producer import LoadProducer, poisson_load
 from pipeline.config import KafkaSettings, parse_config
 from schemas.messages import Request
@@ -45,6 +45,23 @@ def test_the_llm_load_carries_max_new_tokens() -> None:
 
     first = msgspec.json.decode(payloads[0], type=Request)
     assert first.params is not None and first.params.max_new_tokens == 64
+
+
+def test_deadlines_reach_the_requests_and_token_timing_skips_what_did_not_generate() -> None:
+    import dataclasses
+
+    import msgspec
+
+    load = dataclasses.replace(poisson_load(20.0, 1.0, seed=3, tokens=16), timeout_ms=5000)
+    assert {msgspec.json.decode(p, type=Request).timeout_ms for p in LoadProducer(KafkaSettings(), "m").payloads(load)} == {5000}
+    rows = [
+        {"enqueue_ms": 100, "first_token_ms": 150, "last_token_ms": 190, "tokens_out": 5},
+        {"enqueue_ms": 100, "first_token_ms": 300, "last_token_ms": 300, "tokens_out": 1},
+        {"enqueue_ms": 100, "first_token_ms": 0, "last_token_ms": 0, "tokens_out": 0},  # expired: no tokens
+    ]
+    (ttft_p50, ttft_p99), (tpot_p50, tpot_p99) = token_timing(rows)
+    assert (ttft_p50, ttft_p99) == pytest.approx(np.percentile([50, 200], [50, 99]))
+    assert tpot_p50 == tpot_p99 == 10.0, "one token has no time per output token"
 
 
 def test_machine_limit_is_the_best_batch_of_the_measured_curves() -> None:

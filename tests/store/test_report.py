@@ -16,7 +16,7 @@ from pipeline.config import ClickHouseSettings
 from pipeline.store.client import connect
 from pipeline.store.seed import generate, latency_events, recent_start_ms
 from pipeline.store.writer import insert_latency_events
-from pipeline.views.report import Report, pick_interval_ms, run_query, run_report
+from pipeline.views.report import Objective, Report, pick_interval_ms, run_query, run_report
 from tests.support.clickhouse import SeededClickHouse
 
 QUANTILES = [0.5, 0.99, 0.999]
@@ -76,6 +76,58 @@ def test_quantiles_per_bucket_match_numpy(seeded_clickhouse: SeededClickHouse, r
     assert checked >= 2 * 5, "10 minutes in 2-minute buckets, two models"
     throughput = report.sections["throughput"]
     assert sum(r["requests_per_s"] * interval_s for r in throughput) == pytest.approx(s.summary.rows, rel=1e-12)
+
+
+def test_generation_figures_match_numpy(seeded_clickhouse: SeededClickHouse, report: Report) -> None:
+    """Only the generating model has a row; its token rates and per-token times equal numpy's on the same rows."""
+    s = seeded_clickhouse
+    rows = {r["model"]: r for r in report.sections["generation"]}
+    generating = [m for m in s.summary.models if _column(s, "latency", m, "first_token_time").any()]
+    assert generating and sorted(rows) == sorted(generating)
+    for model, row in rows.items():
+        first = _column(s, "latency", model, "first_token_time")
+        chosen = first > 0
+        enqueue, produce = _column(s, "latency", model, "enqueue_time")[chosen], _column(s, "latency", model, "produce_time")[chosen]
+        first, last = first[chosen], _column(s, "latency", model, "last_token_time")[chosen]
+        tokens_in, tokens_out = _column(s, "latency", model, "tokens_in")[chosen], _column(s, "latency", model, "tokens_out")[chosen]
+        assert (enqueue <= first).all() and (first <= last).all() and (last <= produce).all()
+        seconds = max((produce.max() - enqueue.min()) / 1000, 1)
+        assert row["requests"] == int(chosen.sum())
+        assert row["prompt_tokens_per_s"] == pytest.approx(tokens_in.sum() / seconds, rel=1e-12)
+        assert row["generated_tokens_per_s"] == pytest.approx(tokens_out.sum() / seconds, rel=1e-12)
+        assert row["generated_tokens_per_s"] != pytest.approx(row["prompt_tokens_per_s"])
+        assert [row["ttft_p50_ms"], row["ttft_p99_ms"]] == pytest.approx(np.quantile(first - enqueue, [0.5, 0.99]), rel=1e-12)
+        many = tokens_out > 1
+        tpot = (last - first)[many] / (tokens_out[many] - 1)
+        assert [row["tpot_p50_ms"], row["tpot_p99_ms"]] == pytest.approx(np.quantile(tpot, [0.5, 0.99]), rel=1e-12)
+        assert 0 < row["tpot_p50_ms"] < row["ttft_p50_ms"]
+        timing = run_query(s.client, "token_timing", time_from_ms=s.time_from_ms, time_to_ms=s.time_to_ms,
+                           interval_ms=report.interval_ms, model=model)  # fmt: skip
+        interval_s = report.interval_ms / 1000
+        assert len(timing) >= 5
+        assert sum(r["generated_tokens_per_s"] for r in timing) * interval_s == pytest.approx(tokens_out.sum(), rel=1e-12)
+        assert sum(r["prompt_tokens_per_s"] for r in timing) * interval_s == pytest.approx(tokens_in.sum(), rel=1e-12)
+        assert all(r["ttft_p50_ms"] <= r["ttft_p99_ms"] and r["tpot_p50_ms"] <= r["tpot_p99_ms"] for r in timing)
+
+
+def test_slo_scales_with_generated_tokens(seeded_clickhouse: SeededClickHouse) -> None:
+    """Each request is judged by its own SLO: base + tokens_out x per-token; an unnamed model gets the default."""
+    s = seeded_clickhouse
+    objectives = {"smollm": Objective(base_ms=100.0, per_new_token_ms=4.0)}
+    rows = {r["model"]: r for r in run_report(s.client, time_from_ms=s.time_from_ms, time_to_ms=s.time_to_ms,
+                                              names=(), objectives=objectives).sections["slo"]}  # fmt: skip
+    for model, (base, per_token) in {"smollm": (100.0, 4.0), "minilm": (1000.0, 0.0)}.items():
+        e2e = _column(s, "latency", model, "e2e_ms")
+        ok = _column(s, "latency", model, "outcome") == "ok"
+        slo = base + _column(s, "latency", model, "tokens_out") * per_token
+        row = rows[model]
+        assert (row["slo_p99_ms"], row["slo_ms_per_new_token"]) == (base, per_token)
+        assert row["within_slo_share"] == pytest.approx(np.mean(ok & (e2e <= slo)), rel=1e-12)
+        assert row["p99_over_slo"] == pytest.approx(np.quantile(np.where(ok, e2e / slo, np.inf), 0.99), rel=1e-12)
+    flat = run_report(s.client, time_from_ms=s.time_from_ms, time_to_ms=s.time_to_ms, names=(),
+                      objectives={"smollm": Objective(base_ms=100.0)}).sections["slo"]  # fmt: skip
+    flat_smollm = next(r for r in flat if r["model"] == "smollm")
+    assert flat_smollm["within_slo_share"] < rows["smollm"]["within_slo_share"], "per-token allowance admits more"
 
 
 def test_batch_figures_match_numpy(seeded_clickhouse: SeededClickHouse, report: Report) -> None:
@@ -160,9 +212,12 @@ def test_cli_json(seeded_clickhouse: SeededClickHouse, tmp_path: Path) -> None:
     wait = _column(s, "latency", "minilm", "wait_ms")
     assert summary["requests"] == len(wait)
     assert summary["wait_p99_ms"] == pytest.approx(np.quantile(wait, 0.99), rel=1e-12)
+    assert body["sections"]["generation"] == [], "minilm does not generate"
+    assert [r["slo_p99_ms"] for r in body["sections"]["slo"]] == [1000.0], "the config's default objective"
     assert body["model"] == "minilm" and body["interval_s"] == pick_interval_ms(2 * 3_600_000) / 1000
     text = CliRunner().invoke(app, ["report", "--config", str(config), "--since", "2h"])
     assert text.exit_code == 0 and "smollm" in text.output and "Dispatch reasons" in text.output
+    assert "Generation" in text.output and "TTFT" in text.output and "SLO" in text.output
 
 
 def test_durations_and_buckets() -> None:
