@@ -7,11 +7,14 @@ import asyncio
 import json
 import signal
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import typer
 
 from pipeline.config import Config, ConfigError, load_config
+
+RESULTS_READ_TIMEOUT_S = 3600.0
+"""`results` without --follow stops at the end offsets it found; this only bounds a broker that never gets there."""
 
 
 def _config(path: Optional[Path]) -> Config:
@@ -120,9 +123,8 @@ def results(
     (start of generated text, embedding dimension and norm, or the reason of an error/rejection)."""
     import time
 
-    from aiokafka import AIOKafkaConsumer, TopicPartition
-
-    from pipeline.kafka.client import Topics, client_options, list_topics
+    from pipeline.kafka.client import Topics, list_topics
+    from pipeline.kafka.reader import Record, TopicReader
     from pipeline.views.answers import Answer
     from pipeline.views.board import parse_instant
 
@@ -138,31 +140,24 @@ def results(
     async def main() -> int:
         stop = asyncio.Event()
         _stop_on_signals(stop)
-        consumer = AIOKafkaConsumer(**client_options(cfg.kafka), enable_auto_commit=False, isolation_level="read_committed")
-        await consumer.start()
+        if not (await list_topics(cfg.kafka)).get(topic):
+            typer.echo(f"error: topic {topic} does not exist (is model {model!r} configured and its topics created?)", err=True)
+            return 1
         shown = 0
-        try:
-            counts = await list_topics(cfg.kafka)
-            partitions = [TopicPartition(topic, p) for p in range(counts.get(topic, 0))]
-            if not partitions:
-                typer.echo(f"error: topic {topic} does not exist (is model {model!r} configured and its topics created?)", err=True)
-                return 1
-            consumer.assign(partitions)
-            await _seek(consumer, partitions, since_ms, from_beginning)
-            ends = await consumer.end_offsets(partitions)
-            while not stop.is_set():
-                if not follow and all([await consumer.position(tp) >= ends[tp] for tp in partitions]):
-                    break
-                batch = await consumer.getmany(timeout_ms=500)
-                for records in batch.values():
-                    for record in records:
-                        answer = Answer.decode(record.value, record.timestamp)
-                        if wanted and answer.id not in wanted:
-                            continue
-                        typer.echo(answer.as_json() if as_json else answer.as_line())
-                        shown += 1
-        finally:
-            await consumer.stop()
+
+        def show(record: Record) -> None:
+            nonlocal shown
+            answer = Answer.decode(record.value, record.timestamp)
+            if wanted and answer.id not in wanted:
+                return
+            typer.echo(answer.as_json() if as_json else answer.as_line())
+            shown += 1
+
+        async with TopicReader(cfg.kafka, topic, from_beginning=from_beginning, since_ms=since_ms) as reader:
+            if follow:
+                await reader.read(show, until=stop.is_set, poll_ms=500)
+            else:
+                await reader.read_to_end(show, timeout_s=RESULTS_READ_TIMEOUT_S)
         if wanted and not shown:
             typer.echo(f"no result for {', '.join(sorted(wanted))} on {topic}", err=True)
             return 1
@@ -171,21 +166,6 @@ def results(
     code = asyncio.run(main())
     if code:
         raise typer.Exit(code)
-
-
-async def _seek(consumer: Any, partitions: list[Any], since_ms: Optional[int], from_beginning: bool) -> None:
-    """Position every partition at the first record written at or after `since_ms`, else the start or the end."""
-    if since_ms is None:
-        if from_beginning:
-            await consumer.seek_to_beginning(*partitions)
-        else:
-            await consumer.seek_to_end(*partitions)
-        return
-    found = await consumer.offsets_for_times({tp: since_ms for tp in partitions})
-    ends = await consumer.end_offsets(partitions)
-    for tp in partitions:
-        at = found.get(tp)
-        consumer.seek(tp, at.offset if at is not None else ends[tp])
 
 
 def bench_pipeline(

@@ -37,11 +37,15 @@ class TopicReader:
         *,
         isolation_level: Isolation = "read_committed",
         from_beginning: bool = True,
+        since_ms: int | None = None,
         group_id: str | None = None,
         **options: Any,
     ) -> None:
+        """`since_ms`: start each partition at its first record written at or after this time
+        (epoch ms; a partition with none starts at its end) instead of the beginning or end."""
         self.topics = [topics] if isinstance(topics, str) else list(topics)
         self._group_id = group_id
+        self._since_ms = since_ms
         self._consumer = AIOKafkaConsumer(
             *self.topics,
             **client_options(settings),
@@ -56,6 +60,22 @@ class TopicReader:
 
     async def start(self) -> None:
         await self._consumer.start()
+        if self._since_ms is not None:
+            partitions = list(await self._assignment(30.0))
+            found = await self._consumer.offsets_for_times({tp: self._since_ms for tp in partitions})
+            ends = await self._consumer.end_offsets(partitions)
+            for tp in partitions:
+                at = found.get(tp)
+                self._consumer.seek(tp, at.offset if at is not None else ends[tp])
+
+    async def _assignment(self, timeout_s: float) -> set[Any]:
+        """The partitions of the topics, once the background metadata fetch has assigned them."""
+        deadline = time.monotonic() + timeout_s
+        partitions = self._consumer.assignment()
+        while not partitions and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            partitions = self._consumer.assignment()
+        return partitions
 
     async def stop(self) -> None:
         await self._consumer.stop()
@@ -114,10 +134,7 @@ class TopicReader:
         """Hand out every record up to the end offsets as they are now (the last stable offset when
         reading committed); True when the end was reached within `timeout_s`."""
         deadline = time.monotonic() + timeout_s
-        partitions = self._consumer.assignment()
-        while not partitions and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-            partitions = self._consumer.assignment()
+        partitions = await self._assignment(timeout_s)
         ends = await self._consumer.end_offsets(list(partitions))
         while time.monotonic() < deadline:
             positions = {tp: await self._consumer.position(tp) for tp in ends}
