@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 
@@ -383,7 +384,7 @@ class Consumer:
     # ---- running and answering --------------------------------------------
 
     async def _run_batch(self, batch: Batch, dispatch_ms: float) -> None:
-        reqs = [pr.payload.request for pr in batch.requests]
+        reqs = [_with_deadline(pr) for pr in batch.requests]
         start = now_ms()
         try:
             loop = asyncio.get_running_loop()
@@ -412,8 +413,9 @@ class Consumer:
                 held.tokens_out = output.tokens_out
                 tokens_in += held.tokens_in
                 tokens_out += output.tokens_out
-                messages.append(answers.answered(held, "ok", done, batch_id=batch.batch_id, output=output))
-                outcome = "ok"
+                outcome = "expired" if output.expired else "ok"
+                error = f"deadline passed after {output.tokens_out} generated tokens (the text so far)" if output.expired else None
+                messages.append(answers.answered(held, outcome, done, batch_id=batch.batch_id, output=output, error=error))
             messages.append(
                 answers.latency(
                     held, outcome, timing, batch_id=batch.batch_id, batch_size=batch.size, marked=pr.marked,
@@ -605,3 +607,12 @@ async def serve(
             await lag.stop()
         await asyncio.to_thread(consumer.runner.close)
     return consumer
+
+
+def _with_deadline(pr: PendingRequest) -> Request:
+    """The request as the runner sees it: with the deadline the engine holds (from timeout_ms or
+    the profile's default) in absolute form, so generation can stop a row when it passes."""
+    request: Request = pr.payload.request
+    if pr.deadline_ms is None or request.deadline_ms is not None:
+        return request
+    return msgspec.structs.replace(request, deadline_ms=int(pr.deadline_ms))

@@ -37,6 +37,8 @@ class Output:
     last_token_ms: float | None = None
     """Generation: epoch ms when its last token was decoded; with first_token_ms, its time per
     output token (iteration-level batching answers a batch when its last request ends)."""
+    expired: bool = False
+    """Generation stopped at the request's deadline: `text` is what came before it."""
 
 
 @runtime_checkable

@@ -4,9 +4,14 @@
 new rows; serving needs both. A `RunningSet` holds one KV cache for all its
 rows (left-padded, with an attention mask and per-row positions): `join()`
 prefills a group of new prompts and merges its cache into the running one,
-`step()` decodes one token for every row and drops the rows that finished
-(EOS or their own `max_new_tokens`). Static batching is `join()` once, then
-`step()` until empty; iteration-level batching joins between steps.
+`step()` decodes one token for every row. Static batching is `join()` once,
+then `step()` until empty; iteration-level batching joins between steps.
+
+A row that finished (EOS, its own `max_new_tokens`, or its deadline passed:
+`expire()`) is answered at once but its cache row is dropped lazily: taking
+rows out copies the whole cache, as much as a step's own growth, so the set
+is compacted when a share of its rows are done (or at the next join, which
+copies anyway), and a done row costs only its share of a step until then.
 
 Works with transformers' `DynamicCache` of full-attention layers (GPT-2,
 Llama, ...); a model whose cache is of another kind is refused at the first
@@ -41,11 +46,19 @@ class Sequence:
     """Epoch ms when the prefill that produced the first token ended."""
     last_token_ms: float | None = None
     """Epoch ms when the step that finished this sequence ended."""
+    deadline_ms: float | None = None
+    """Epoch ms past which its answer is worthless: `expire()` stops it there."""
+    expired: bool = False
+    """Stopped by its deadline, not by EOS or its limit."""
 
     @property
     def reserved_tokens(self) -> int:
         """KV tokens this sequence holds at most: prompt plus every token it may generate."""
         return len(self.prompt) + (self.limit if self.reserve is None else max(self.reserve, self.limit))
+
+
+DEAD_SHARE = 0.125
+"""Compact the cache once this share of its rows are done (about what a copy of it costs in steps)."""
 
 
 class UnsupportedCache(RuntimeError):
@@ -61,17 +74,24 @@ class RunningSet:
         self.pad_id = pad_id
         self.stop_ids = stop_ids
         self.rows: list[Sequence] = []
+        """Every cache row in order, done ones included until the next compaction."""
+        self._live = 0
         self._cache: Any = None
         self._mask: "torch.Tensor | None" = None
         self._last: "torch.Tensor | None" = None
         """The token each row decodes from next (its latest, not yet in the cache)."""
 
     def __len__(self) -> int:
-        return len(self.rows)
+        """Rows still generating."""
+        return self._live
+
+    @property
+    def live(self) -> list[Sequence]:
+        return [s for s in self.rows if not s.finished]
 
     @property
     def reserved_tokens(self) -> int:
-        return sum(s.reserved_tokens for s in self.rows)
+        return sum(s.reserved_tokens for s in self.rows if not s.finished)
 
     @property
     def cache_tokens(self) -> int:
@@ -105,17 +125,33 @@ class RunningSet:
         stamp = time.time() * 1000.0
         for s in seqs:
             s.first_token_ms = stamp
+        self._compact()
         offset = len(self.rows)
         if self._cache is None:
+            from .kv_slack import SlackLayer
+
+            for i, layer in enumerate(cache.layers):
+                cache.layers[i] = SlackLayer.stacked([(layer.keys, layer.values)], width)
             self._cache, self._mask, self._last = cache, mask, first
             self.rows = list(seqs)
         else:
             self._merge(cache, mask, first, seqs)
+        self._live += len(seqs)
         return self._accept(first, offset)
 
+    def expire(self, now_ms: float) -> list[Sequence]:
+        """Stop the rows whose deadline passed (their tokens so far stand); returns them."""
+        done = [s for s in self.rows if not s.finished and s.deadline_ms is not None and s.deadline_ms <= now_ms]
+        for seq in done:
+            seq.finished = seq.expired = True
+            seq.last_token_ms = now_ms
+        self._live -= len(done)
+        self._maybe_compact()
+        return done
+
     def step(self) -> list[Sequence]:
-        """Decode one token for every row; returns the rows that finished (and drops them)."""
-        if not self.rows:
+        """Decode one token for every row; returns the rows that finished."""
+        if not self._live:
             return []
         import torch
 
@@ -136,12 +172,13 @@ class RunningSet:
         return self._accept(nxt)
 
     def _accept(self, tokens: "torch.Tensor", offset: int = 0) -> list[Sequence]:
-        """Append the new token (unless EOS) of rows `offset`.. ; drop rows that are done."""
+        """Append the new token (unless EOS) of live rows `offset`..; returns those that are done."""
         done: list[Sequence] = []
-        keep = list(range(offset))
         stamp = time.time() * 1000.0
         for row, token in enumerate(tokens.tolist(), start=offset):
             seq = self.rows[row]
+            if seq.finished:
+                continue
             if token in self.stop_ids:
                 seq.finished = True
             else:
@@ -150,27 +187,32 @@ class RunningSet:
             if seq.finished:
                 seq.last_token_ms = stamp
                 done.append(seq)
-            else:
-                keep.append(row)
-        if done:
-            self._keep(keep)
+        self._live -= len(done)
+        self._maybe_compact()
         return done
 
-    def _keep(self, rows: list[int]) -> None:
-        """Drop every other row, and cache columns that are padding in all remaining rows."""
-        if not rows:
+    def _maybe_compact(self) -> None:
+        dead = len(self.rows) - self._live
+        if dead and (not self._live or dead >= DEAD_SHARE * len(self.rows)):
+            self._compact()
+
+    def _compact(self) -> None:
+        """Drop the done rows, and cache columns that are padding in all remaining rows."""
+        if self._live == len(self.rows):
+            return
+        if not self._live:
             self.rows, self._cache, self._mask, self._last = [], None, None, None
             return
         import torch
 
+        rows = [i for i, s in enumerate(self.rows) if not s.finished]
         assert self._mask is not None and self._last is not None
         index = torch.tensor(rows, dtype=torch.long, device=self._mask.device)
         mask = self._mask.index_select(0, index)
         used = mask.any(dim=0).nonzero()
         start = int(used[0]) if used.numel() else 0
         for layer in self._cache.layers:
-            layer.keys = layer.keys.index_select(0, index)[..., start:, :]
-            layer.values = layer.values.index_select(0, index)[..., start:, :]
+            layer.select(index, start)
         self._mask = mask[:, start:]
         self._last = self._last.index_select(0, index)
         self.rows = [self.rows[i] for i in rows]
@@ -178,6 +220,8 @@ class RunningSet:
     def _merge(self, cache: Any, mask: "torch.Tensor", first: "torch.Tensor", seqs: list[Sequence]) -> None:
         """Append prefilled rows: both caches left-padded to one width, then stacked."""
         import torch
+
+        from .kv_slack import SlackLayer
 
         assert self._mask is not None and self._last is not None
         width = max(self._mask.shape[1], mask.shape[1])
@@ -190,9 +234,9 @@ class RunningSet:
             shape[dim] = missing
             return torch.cat([t.new_zeros(shape), t], dim=dim)
 
-        for ours, theirs in zip(self._cache.layers, cache.layers):
-            ours.keys = torch.cat([pad(ours.keys, -2), pad(theirs.keys, -2)], dim=0)
-            ours.values = torch.cat([pad(ours.values, -2), pad(theirs.values, -2)], dim=0)
+        layers = self._cache.layers
+        for i, (ours, theirs) in enumerate(zip(layers, cache.layers)):
+            layers[i] = SlackLayer.stacked([(ours.keys, ours.values), (theirs.keys, theirs.values)], width)
         self._mask = torch.cat([pad(self._mask, 1), pad(mask, 1)], dim=0)
         self._last = torch.cat([self._last, first], dim=0)
         self.rows.extend(seqs)
@@ -207,8 +251,20 @@ def _check_cache(cache: Any) -> None:
         raise UnsupportedCache(f"running-set decoding needs full-attention dynamic cache layers (got {', '.join(kinds)})")
 
 
+def drop_expired(seqs: list[Sequence], now_ms: float) -> list[Sequence]:
+    """The sequences still worth a prefill; those past their deadline are marked expired."""
+    keep = []
+    for seq in seqs:
+        if seq.deadline_ms is not None and seq.deadline_ms <= now_ms:
+            seq.finished = seq.expired = True
+        else:
+            keep.append(seq)
+    return keep
+
+
 def decode_all(running: RunningSet, seqs: list[Sequence]) -> None:
-    """Static batching: prefill all, then step until every row finished."""
-    running.join(seqs)
+    """Static batching: prefill all, then step until every row finished or expired."""
+    running.join(drop_expired(seqs, time.time() * 1000.0))
     while len(running):
+        running.expire(time.time() * 1000.0)
         running.step()

@@ -20,9 +20,15 @@ bounded). Two bounds keep the running set what the device can hold:
   tokens it may generate still fits the token cap, so the KV cache never
   outgrows what the profile measured;
 - time per output token: while the last decode step took longer than the
-  step budget, nobody joins (rows still leave). Without it, at overload every
-  row would share the device (processor sharing): all requests slow down
-  together and none finishes, instead of the oldest finishing first.
+  step budget (the per-token objective) and the queue is short (fewer than
+  `JOIN_GROUP` waiting), nobody joins: a latency budget shapes the set only
+  while it costs no throughput. A longer queue joins up to the token cap,
+  the throughput knee the profile measured, whatever a step then takes:
+  holding it back would make the pipeline slower than its arrivals.
+
+A row whose deadline passes stops between steps (answered `expired` with
+the text so far), and a joiner past its deadline is never prefilled: a
+deadline bounds compute, not only the wait before dispatch.
 """
 
 from __future__ import annotations
@@ -35,12 +41,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .base import Output, describe_error
-from .decoding import RunningSet, Sequence
+from .decoding import RunningSet, Sequence, drop_expired
 
 JOIN_GROUP = 4
 """Joiners that make a join worth its prefill at once."""
 JOIN_WAIT_STEPS = 6
 """Decode steps the oldest joiner may wait for company (about two lone prefills)."""
+JOIN_SLOTS = 2 * JOIN_GROUP
+"""In-flight batches beyond what the running set holds: joiners queued for room, so that
+rows leaving at the token cap are replaced in groups rather than one prefill at a time."""
+
+
+def running_token_cap(batch_cap: int | None, slots: int) -> int | None:
+    """Tokens the running set may reserve: every in-flight batch but the joiners' slots."""
+    return None if batch_cap is None else batch_cap * max(1, slots - JOIN_SLOTS)
 
 
 @dataclass(eq=False)
@@ -114,6 +128,14 @@ class IterationScheduler:
             self._cond.notify()
         self._thread.join(timeout=30)
 
+    def _drop_expired(self, now_ms: float) -> list[Sequence]:
+        """Joiners whose deadline passed while they waited: they leave without a prefill."""
+        expired = [s for s in self._joiners if s.deadline_ms is not None and s.deadline_ms <= now_ms]
+        if expired:
+            drop_expired(expired, now_ms)
+            self._joiners = deque(s for s in self._joiners if not s.finished)
+        return expired
+
     def _admit(self) -> list[Sequence]:
         """Joiners to prefill now (a prefix of the queue, in dispatch order), or none yet."""
         joiners = self._joiners
@@ -128,8 +150,9 @@ class IterationScheduler:
             fits.append(seq)
         if not fits:
             return []
-        if len(running) and self.step_budget_ms is not None and self._last_step_ms > self.step_budget_ms:
-            return []  # the device is at its time per token: more rows would slow every row
+        over_budget = self.step_budget_ms is not None and self._last_step_ms > self.step_budget_ms
+        if len(running) and over_budget and len(joiners) < self._join_group:
+            return []  # a short queue: it waits rather than slow every running row past the budget
         oldest: _Group = fits[0].tag
         pays = (
             len(running) == 0
@@ -153,9 +176,11 @@ class IterationScheduler:
                         self._cond.wait()
                     if self._closed and not self._joiners and not len(self._running):
                         return
+                    now = time.time() * 1000.0
+                    finished: list[Sequence] = self._drop_expired(now)
                     joining = self._admit()
                 try:
-                    finished: list[Sequence] = []
+                    finished += self._running.expire(now)
                     if joining:
                         self.joins += 1
                         finished += self._running.join(joining)
@@ -166,7 +191,7 @@ class IterationScheduler:
                         self._last_step_ms = (time.perf_counter() - started) * 1000.0
                         self.steps += 1
                 except Exception as e:  # noqa: BLE001 - every row of the set fails; the loop goes on
-                    self._fail(self._running.rows + joining, describe_error(e))
+                    self._fail(self._running.live + joining, describe_error(e))
                     continue
                 for seq in finished:
                     seq.tag.finish()

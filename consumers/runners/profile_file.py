@@ -21,11 +21,10 @@ from typing import Any
 from pipeline.config import ModelConfig
 from pipeline.profile_file import parse_profile
 
+from .iteration import JOIN_SLOTS
 from .profile import Measurement, Point, bytes_per_unit, knee, memory_limit_units
 
 FORMAT = "batchtide-profile/1"
-ITERATION_SLOTS = 16
-"""Batches in flight recommended for iteration-level batching (each joins the running set)."""
 log = logging.getLogger("batchtide.profile")
 
 
@@ -53,19 +52,18 @@ def build(found: Measurement, model: ModelConfig, *, simulated: bool) -> dict[st
     within_budget = max((p.size for p in found.points if p.median_ms <= found.budget_ms), default=1)
     memory_units = memory_limit_units(found)
     if generate:
-        # iteration-level: the running set holds at most max_inflight_batches x hard_cap tokens;
-        # batches stay small so each one's answers go out as soon as its last request ends
+        # iteration-level: the running set holds the decode knee's rows (throughput; the step budget
+        # only shapes a short queue), within memory. A batch is one longest request, so answers go
+        # out as each request ends; JOIN_SLOTS more batches wait to join in groups.
         per_request = found.prompt_tokens + model.max_new_tokens
-        compute_cap = within_budget * per_request
-        running = min(compute_cap, memory_units) if memory_units else compute_cap
-        hard_cap = max(per_request, running // ITERATION_SLOTS)
+        rows = knee_size if not memory_units else max(1, min(knee_size, memory_units // per_request))
         recommended = {
             "cost_unit": "tokens",
-            "hard_cap": hard_cap,
+            "hard_cap": per_request,
             "target_size": per_request,
             "batching": "iteration",
-            "max_inflight_batches": ITERATION_SLOTS,
-            "running_tokens": running,
+            "max_inflight_batches": rows + JOIN_SLOTS,
+            "running_tokens": rows * per_request,
         }
     else:
         hard_cap = min(within_budget, memory_units) if memory_units else within_budget

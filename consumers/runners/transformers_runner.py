@@ -183,6 +183,10 @@ class TransformersRunner:
             self.device = pick_device(self.config.device)
             model = auto.from_pretrained(source.directory, config=hf_config, dtype=pick_dtype(self.device))
             model.to(self.device).eval()
+            if task == "generate":
+                from .gqa_decode import install
+
+                install(model)
             generation_config = getattr(model, "generation_config", None)
         self._stop_ids = stop_token_ids(hf_config, generation_config, tokenizer)
         pad = tokenizer.pad_token_id
@@ -199,11 +203,11 @@ class TransformersRunner:
         self._tokenizer = tokenizer
         self._model = model
         if model is not None and task == "generate" and self.config.batching == "iteration":
-            from .iteration import IterationScheduler
+            from .iteration import IterationScheduler, running_token_cap
 
-            slots = self.config.profile.max_inflight_batches
-            running_cap = None if self._token_cap is None else self._token_cap * slots
-            budget = self.config.profile.compute_budget_ms or self.config.profile.slo_p99_ms / 2.0
+            running_cap = running_token_cap(self._token_cap, self.config.profile.max_inflight_batches)
+            profile = self.config.profile
+            budget = profile.slo_ms_per_new_token or profile.compute_budget_ms or profile.slo_p99_ms / 2.0
             self.iteration = IterationScheduler(
                 self._running_set, self._to_output, token_cap=running_cap, step_budget_ms=budget
             )
@@ -337,7 +341,10 @@ class TransformersRunner:
 
     def _generate(self, reqs: list[Request], ids: list[list[int]]) -> list[Output]:
         reserve = self.config.max_new_tokens if self.iteration is not None else None
-        seqs = [Sequence(prompt, self._new_tokens(r), reserve=reserve) for r, prompt in zip(reqs, ids)]
+        seqs = [
+            Sequence(prompt, self._new_tokens(r), reserve=reserve, deadline_ms=r.deadline_ms)
+            for r, prompt in zip(reqs, ids)
+        ]
         if self.iteration is not None:
             return self.iteration.run(seqs)
         decode_all(self._running_set(), seqs)
@@ -356,6 +363,7 @@ class TransformersRunner:
             tokens_out=len(seq.generated),
             first_token_ms=seq.first_token_ms,
             last_token_ms=seq.last_token_ms,
+            expired=seq.expired,
         )
 
     def device_memory(self) -> tuple[int, MemoryKind]:

@@ -44,7 +44,7 @@ import psutil
 from pipeline.kafka.client import Topics, ensure_topics, stable_group_size
 from pipeline.kafka.reader import Record, TopicReader
 from pipeline.devtools.producer import Load, LoadProducer, poisson_load
-from consumers.runners.profile_file import ITERATION_SLOTS
+from consumers.runners.iteration import JOIN_SLOTS
 from pipeline.config import KafkaSettings
 
 RunnerChoice = Literal["zero-cost", "minilm", "cost-model", "smollm"]
@@ -190,10 +190,12 @@ def llm_section(options: BenchOptions) -> str:
         )
     cap = llm_token_cap(options)
     if options.llm_mode == "iteration":
+        # one longest request per batch (answered as it ends), as many in flight as the running set holds
         per_request = options.tokens + MIXED_NEW_TOKENS[1]
+        rows = max(1, cap // per_request)
         return runner + (
-            f'batching = "iteration"\ncost_unit = "tokens"\nhard_cap = {max(per_request, cap // ITERATION_SLOTS)}\n'
-            f"target_size = {per_request}\nmax_inflight_batches = {ITERATION_SLOTS}\nadaptive_cap = false\n"
+            f'batching = "iteration"\ncost_unit = "tokens"\nhard_cap = {per_request}\n'
+            f"target_size = {per_request}\nmax_inflight_batches = {rows + JOIN_SLOTS}\nadaptive_cap = false\n"
         )
     # static: the engine learns the knee in tokens; no compute budget (a generation batch is
     # seconds long, a 500 ms budget would hold it at one request)

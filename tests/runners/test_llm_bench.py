@@ -12,6 +12,7 @@ import pytest
 from pipeline.bench.pipeline import MIXED_NEW_TOKENS, BenchOptions, consumer_config, machine_limit, token_timing, with_new_tokens
 from pipeline.devtools.producer import LoadProducer, poisson_load
 from pipeline.config import KafkaSettings, parse_config
+from consumers.runners.iteration import JOIN_SLOTS
 from schemas.messages import Request
 
 
@@ -27,9 +28,10 @@ def test_each_mode_is_a_valid_consumer_config(mode: str, tmp_path: Path) -> None
         assert (p.cost_unit, p.hard_cap, p.target_size, p.max_wait_ms, p.adaptive_window, p.adaptive_cap) == ("requests", 48, 32, 20, False, False)
     else:
         assert p.cost_unit == "tokens" and model.batching == mode
-        # a static batch may fill the device; the running set holds max_inflight_batches batches
-        assert p.hard_cap == (3000 if mode == "static" else max(24 + 128, 3000 // 16))
-        assert (p.max_inflight_batches > 1) == (mode == "iteration")
+        # a static batch may fill the device; iteration-level: one longest request per batch, and
+        # as many in flight as the running set holds, plus the joiners' slots
+        assert p.hard_cap == (3000 if mode == "static" else 24 + 128)
+        assert p.max_inflight_batches == (3000 // (24 + 128) + JOIN_SLOTS if mode == "iteration" else 1)
 
 
 def test_the_llm_load_carries_max_new_tokens() -> None:

@@ -89,6 +89,19 @@ def build_tiny_gpt2(directory: Path) -> Path:
     )  # fmt: skip
 
 
+def build_tiny_llama(directory: Path) -> Path:
+    """A 2-layer Llama causal LM (hidden 32) with grouped-query attention: 4 query heads share
+    2 key/value heads, as in SmolLM2 (the decode-step attention path for grouped heads)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    eos = _tokenizer().eos_token_id
+    return _save(
+        directory, LlamaForCausalLM, LlamaConfig, hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=64, max_position_embeddings=MAX_POSITIONS, bos_token_id=eos,
+        eos_token_id=eos,
+    )  # fmt: skip
+
+
 def with_stop_token(source: Path, target: Path, eos_id: int) -> Path:
     """A copy of a saved causal LM whose generation config ends on `eos_id`: a greedy
     sequence known from the original then has a known early stop."""
@@ -109,3 +122,8 @@ def tiny_bert_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_gpt2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_gpt2(tmp_path_factory.mktemp("tiny-gpt2"))
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
