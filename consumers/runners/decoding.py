@@ -125,19 +125,67 @@ class RunningSet:
         stamp = time.time() * 1000.0
         for s in seqs:
             s.first_token_ms = stamp
-        self._compact()
-        offset = len(self.rows)
-        if self._cache is None:
-            from .kv_slack import SlackLayer
+        positions = self._place(cache, mask, first, seqs) if self._cache is not None else None
+        if positions is None:
+            self._compact()
+            offset = len(self.rows)
+            if self._cache is None:
+                from .kv_slack import SlackLayer
 
-            for i, layer in enumerate(cache.layers):
-                cache.layers[i] = SlackLayer.stacked([(layer.keys, layer.values)], width)
-            self._cache, self._mask, self._last = cache, mask, first
-            self.rows = list(seqs)
-        else:
-            self._merge(cache, mask, first, seqs)
+                for i, layer in enumerate(cache.layers):
+                    cache.layers[i] = SlackLayer.stacked([(layer.keys, layer.values)], width)
+                self._cache, self._mask, self._last = cache, mask, first
+                self.rows = list(seqs)
+            else:
+                self._merge(cache, mask, first, seqs)
+            positions = list(range(offset, offset + len(seqs)))
         self._live += len(seqs)
-        return self._accept(first, offset)
+        return self._accept(first, positions)
+
+    def _place(self, cache: Any, mask: "torch.Tensor", first: "torch.Tensor", seqs: list[Sequence]) -> list[int] | None:
+        """Write joiners into free rows of the running buffers (finished rows first, then spare
+        ones): no copy of the running cache. None when rows or columns run out."""
+        import torch
+
+        assert self._mask is not None and self._last is not None
+        self._trim()
+        layers = self._cache.layers
+        free = [i for i, s in enumerate(self.rows) if s.finished][: len(seqs)]
+        extra = len(seqs) - len(free)
+        width = max(self._mask.shape[1], mask.shape[1])
+        if extra > layers[0].free_rows or not layers[0].can_widen(width):
+            return None
+        positions = free + list(range(len(self.rows), len(self.rows) + extra))
+        index = torch.tensor(positions, dtype=torch.long, device=self._mask.device)
+        if width > self._mask.shape[1]:
+            for layer in layers:
+                layer.widen(width)
+            self._mask = _pad_left(self._mask, width)
+        for layer, theirs in zip(layers, cache.layers):
+            layer.place(index, theirs.keys, theirs.values)
+        if extra:
+            self._mask = torch.cat([self._mask, self._mask.new_zeros((extra, width))])
+            self._last = torch.cat([self._last, self._last.new_zeros(extra)])
+        self._mask.index_copy_(0, index, _pad_left(mask, width))
+        self._last.index_copy_(0, index, first)
+        for position, seq in zip(positions, seqs):
+            if position < len(self.rows):
+                self.rows[position] = seq
+            else:
+                self.rows.append(seq)
+        return positions
+
+    def _trim(self) -> None:
+        """Hide cache columns that are padding in every live row (a view change, no copy)."""
+        live = [i for i, s in enumerate(self.rows) if not s.finished]
+        if not live or self._mask is None:
+            return
+        used = self._mask[live].any(dim=0).nonzero()
+        start = int(used[0]) if used.numel() else 0
+        if start:
+            self._mask = self._mask[:, start:]
+            for layer in self._cache.layers:
+                layer.trim(start)
 
     def expire(self, now_ms: float) -> list[Sequence]:
         """Stop the rows whose deadline passed (their tokens so far stand); returns them."""
@@ -171,11 +219,13 @@ class RunningSet:
         self._last = nxt
         return self._accept(nxt)
 
-    def _accept(self, tokens: "torch.Tensor", offset: int = 0) -> list[Sequence]:
-        """Append the new token (unless EOS) of live rows `offset`..; returns those that are done."""
+    def _accept(self, tokens: "torch.Tensor", positions: list[int] | None = None) -> list[Sequence]:
+        """Append the new token (unless EOS) of the live rows at `positions` (all rows when None);
+        returns those that are done."""
         done: list[Sequence] = []
         stamp = time.time() * 1000.0
-        for row, token in enumerate(tokens.tolist(), start=offset):
+        values = tokens.tolist()
+        for row, token in zip(positions if positions is not None else range(len(values)), values):
             seq = self.rows[row]
             if seq.finished:
                 continue
@@ -225,21 +275,20 @@ class RunningSet:
 
         assert self._mask is not None and self._last is not None
         width = max(self._mask.shape[1], mask.shape[1])
-
-        def pad(t: "torch.Tensor", dim: int) -> "torch.Tensor":
-            missing = width - t.shape[dim]
-            if missing == 0:
-                return t
-            shape = list(t.shape)
-            shape[dim] = missing
-            return torch.cat([t.new_zeros(shape), t], dim=dim)
-
         layers = self._cache.layers
         for i, (ours, theirs) in enumerate(zip(layers, cache.layers)):
             layers[i] = SlackLayer.stacked([(ours.keys, ours.values), (theirs.keys, theirs.values)], width)
-        self._mask = torch.cat([pad(self._mask, 1), pad(mask, 1)], dim=0)
+        self._mask = torch.cat([_pad_left(self._mask, width), _pad_left(mask, width)], dim=0)
         self._last = torch.cat([self._last, first], dim=0)
         self.rows.extend(seqs)
+
+
+def _pad_left(mask: "torch.Tensor", width: int) -> "torch.Tensor":
+    """An attention mask left-padded with zeros to `width` columns."""
+    import torch
+
+    missing = width - mask.shape[1]
+    return mask if missing == 0 else torch.cat([mask.new_zeros((mask.shape[0], missing)), mask], dim=1)
 
 
 def _check_cache(cache: Any) -> None:

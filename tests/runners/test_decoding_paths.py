@@ -76,53 +76,42 @@ def test_rows_leave_lazily_and_joiners_get_the_same_tokens(llama: TransformersRu
     assert len(running) == 8 and len(running.rows) == 9  # one row of nine done: kept until a share are done
     assert isinstance(running._cache.layers[0], SlackLayer)
     running.join(seqs[9:])
-    assert len(running.rows) == 9 and all(not s.finished for s in running.rows)  # a join compacts
+    assert len(running.rows) == 9 and all(not s.finished for s in running.rows)  # the joiner took the done row's place
     while len(running):
         running.step()
     assert [s.generated for s in seqs] == [_reference(tiny_llama_dir, s.prompt, s.limit) for s in seqs]
 
 
-def test_a_deadline_stops_a_running_row_with_its_text_so_far(llama: TransformersRunner) -> None:
-    class Slow(RunningSet):
-        def step(self) -> list[Sequence]:
-            time.sleep(0.02)
-            return super().step()
-
-    ids = [llama._tokenize([p])[0] for p in PROMPTS[:2]]
-    scheduler = IterationScheduler(lambda: Slow(llama._model, "cpu", llama._pad_id, frozenset()), llama._to_output)
-    soon = time.time() * 1000.0 + 250.0
-    outs = scheduler.run([Sequence(ids[0], 40, deadline_ms=soon), Sequence(ids[1], 3)])
-    scheduler.close()
-    assert outs[0].expired and 0 < outs[0].tokens_out < 40 and outs[0].last_token_ms is not None
-    assert outs[0].last_token_ms >= soon
-    assert not outs[1].expired and outs[1].tokens_out == 3
-
-
-def test_a_joiner_past_its_deadline_is_never_prefilled(llama: TransformersRunner) -> None:
-    ids = llama._tokenize([PROMPTS[0]])[0]
-    scheduler = IterationScheduler(lambda: RunningSet(llama._model, "cpu", llama._pad_id, frozenset()), llama._to_output)
-    gone = time.time() * 1000.0 - 1.0
-    results: list[object] = []
-    worker = threading.Thread(target=lambda: results.extend(scheduler.run([Sequence(ids, 8, deadline_ms=gone)])))
-    worker.start()
-    worker.join(30)
-    scheduler.close()
-    (out,) = results
-    assert out.expired and out.tokens_out == 0  # type: ignore[attr-defined]
-    assert scheduler.joins == 0 and scheduler.steps == 0
+def test_joiners_fill_spare_rows_in_place(llama: TransformersRunner, tiny_llama_dir: Path) -> None:
+    """Later joiners, the longest prompt included, land in the buffers' spare rows without a copy
+    of the running cache, and decode as if alone."""
+    ids = [llama._tokenize([p])[0] for p in PROMPTS]
+    long = llama._tokenize([" ".join(PROMPTS)])[0]
+    running = RunningSet(llama._model, "cpu", llama._pad_id, frozenset())
+    first = Sequence(ids[1], len(long) + 8)
+    running.join([first])
+    for _ in range(len(long)):
+        running.step()
+    buffer = running._cache.layers[0]._k
+    joiners = [Sequence(long, 6), Sequence(ids[2], 5), Sequence(ids[3], 4)]
+    running.join(joiners)
+    assert running._cache.layers[0]._k is buffer and len(running.rows) == 4
+    while len(running):
+        running.step()
+    everyone = [first, *joiners]
+    assert [s.generated for s in everyone] == [_reference(tiny_llama_dir, s.prompt, s.limit) for s in everyone]
 
 
-def test_static_batches_stop_expired_rows_too(llama: TransformersRunner) -> None:
-    class Slow(RunningSet):
-        def step(self) -> list[Sequence]:
-            time.sleep(0.02)
-            return super().step()
+def test_a_trimmed_view_widens_back_over_zeroed_columns() -> None:
+    import torch
 
-    ids = [llama._tokenize([p])[0] for p in PROMPTS[:2]]
-    soon = time.time() * 1000.0 + 200.0
-    seqs = [Sequence(ids[0], 40, deadline_ms=soon), Sequence(ids[1], 40)]
-    started = time.monotonic()
-    decode_all(Slow(llama._model, "cpu", llama._pad_id, frozenset()), seqs)
-    assert seqs[0].expired and len(seqs[0].generated) < 40
-    assert not seqs[1].expired and len(seqs[1].generated) == 40
-    assert time.monotonic() - started >= 0.02 * 39
+    keys = torch.arange(2 * 1 * 5 * 2, dtype=torch.float32).reshape(2, 1, 5, 2) + 1.0
+    layer = SlackLayer.stacked([(keys, keys.clone())], 5)
+    assert torch.equal(layer.keys, keys) and layer.free_rows >= 8
+    layer.trim(3)
+    assert torch.equal(layer.keys, keys[:, :, 3:])
+    assert layer.can_widen(5) and not layer.can_widen(6)
+    layer._k[:, :, :3] = float("nan")  # hidden columns may hold anything ...
+    layer.widen(5)
+    assert torch.equal(layer.keys[:, :, 3:], keys[:, :, 3:])  # what stayed in view is untouched
+    assert not torch.isnan(layer.keys).any() and torch.count_nonzero(layer.keys[:, :, :3]) == 0  # ... shown zeroed
