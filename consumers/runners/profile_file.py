@@ -25,6 +25,9 @@ from .iteration import JOIN_SLOTS
 from .profile import Measurement, Point, bytes_per_unit, knee, memory_limit_units
 
 FORMAT = "batchtide-profile/1"
+REVISION = 2
+"""Of the `recommended` section: 2 sizes a generation running set by the decode knee (one request
+per batch). A cache of profiles (the demo's) measures again when its revision is older."""
 log = logging.getLogger("batchtide.profile")
 
 
@@ -69,6 +72,7 @@ def build(found: Measurement, model: ModelConfig, *, simulated: bool) -> dict[st
         hard_cap = min(within_budget, memory_units) if memory_units else within_budget
         recommended = {"cost_unit": "requests", "hard_cap": hard_cap, "target_size": max(1, min(hard_cap, knee_size))}
     recommended["compute_budget_ms"] = found.budget_ms
+    recommended["revision"] = REVISION
     return {
         "format": FORMAT,
         "model": model.name,

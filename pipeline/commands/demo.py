@@ -92,8 +92,10 @@ def _profile(model: DemoModel, config: Path, cache: Path, fresh: bool, env: dict
     path = cache.expanduser() / f"{cache_key(spec, machine_fingerprint())}.json"
     if path.is_file() and not fresh:
         try:
-            profile_file.read(path)
-            return path, True
+            revision = profile_file.read(path).get("recommended", {}).get("revision")
+            if revision == profile_file.REVISION:
+                return path, True
+            typer.echo(f"    cached profile {path} has recommendations of revision {revision}, not {profile_file.REVISION}: measuring again")
         except (OSError, ValueError) as e:
             typer.echo(f"    cached profile {path} unreadable ({e}): measuring again")
     with open(log, "ab") as out:
