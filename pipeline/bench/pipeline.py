@@ -125,7 +125,13 @@ class Trial:
     outcomes: dict[str, int] = field(default_factory=dict)
     consumers: int = 1
     generated_tokens_per_s: float = 0.0
-    """Generation: output tokens of the answered requests per second of the run."""
+    """Generation: output tokens of the answered requests over first send -> last answer."""
+    steady_generated_tokens_per_s: float = 0.0
+    """Generation: tokens generated while the load was offered, over its second half (from the
+    token stamps of every answered request): the offered token rate when the consumer keeps up,
+    its capacity when it does not. What the table's `gen tok/s` and share of the limit use."""
+    drain_s: float = 0.0
+    """Seconds waited after the last send for the answers."""
     consumer_cpu_ms_per_request: float = float("nan")
     """CPU of the consumer processes (device processes included) over the load, per request sent."""
     mean_batch: float = float("nan")
@@ -348,6 +354,20 @@ class ResultCollector:
         while time.monotonic() < deadline and any(i not in self.received_ms for i in ids):
             await asyncio.sleep(0.05)
 
+    async def drain(self, ids: list[str], idle_s: float, most_s: float) -> float:
+        """Wait until every id is answered, while answers keep coming (none for `idle_s`: the
+        consumer stalled) and at most `most_s`; returns the seconds waited."""
+        started = last = time.monotonic()
+        seen = len(self.received_ms)
+        while any(i not in self.received_ms for i in ids):
+            now = time.monotonic()
+            if len(self.received_ms) != seen:
+                seen, last = len(self.received_ms), now
+            if now - last >= idle_s or now - started >= most_s:
+                break
+            await asyncio.sleep(0.2)
+        return time.monotonic() - started
+
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
@@ -388,6 +408,21 @@ class EventFigures:
     """Generation: p50, p99 of first token - enqueue over the requests that generated."""
     tpot_ms: tuple[float, float] = (float("nan"), float("nan"))
     """Generation: p50, p99 of (last - first token) / (tokens_out - 1) over those with two tokens or more."""
+    window_tokens_out: int = 0
+    """Generation: tokens generated inside the measurement window (`tokens_in_window`)."""
+
+
+def tokens_in_window(rows: list[dict[str, Any]], start_ms: float, end_ms: float) -> int:
+    """Generated tokens stamped inside [start_ms, end_ms): each request's first token at its
+    first_token_ms, the rest evenly up to its last_token_ms (events without stamps count none)."""
+    count = 0
+    for r in rows:
+        n, first, last = r.get("tokens_out") or 0, r.get("first_token_ms"), r.get("last_token_ms")
+        if n <= 0 or first is None:
+            continue
+        times = first + np.arange(n) * ((last - first) / (n - 1) if n > 1 and last is not None else 0.0)
+        count += int(np.count_nonzero((times >= start_ms) & (times < end_ms)))
+    return count
 
 
 def token_timing(rows: list[dict[str, Any]]) -> tuple[tuple[float, float], tuple[float, float]]:
@@ -398,7 +433,9 @@ def token_timing(rows: list[dict[str, Any]]) -> tuple[tuple[float, float], tuple
     return (_percentile(ttft, 50), _percentile(ttft, 99)), (_percentile(tpot, 50), _percentile(tpot, 99))
 
 
-async def event_figures(kafka: KafkaSettings, received_ms: dict[str, float], timeout_s: float = 20.0) -> EventFigures:
+async def event_figures(
+    kafka: KafkaSettings, received_ms: dict[str, float], timeout_s: float = 20.0, window_ms: tuple[float, float] | None = None
+) -> EventFigures:
     """Tokens, batch sizes and per-stage latency of the answered requests (id -> client arrival
     stamp), from the consumers' latency events."""
     events: dict[str, dict[str, Any]] = {}
@@ -424,11 +461,17 @@ async def event_figures(kafka: KafkaSettings, received_ms: dict[str, float], tim
         mean_batch=float(np.mean([r["batch_size"] for r in rows])),
         stages_p50_ms={name: _percentile(v, 50) for name, v in spans.items()},
         stages_p99_ms={name: _percentile(v, 99) for name, v in spans.items()},
+        window_tokens_out=tokens_in_window(rows, *window_ms) if window_ms else 0,
     )
 
 
-LLM_DRAIN_S = 30.0
-"""Generation answers take seconds: after the last send they still count for this long."""
+LLM_STEADY_FROM = 0.5
+"""Generation: the throughput window is the send window from this share of it on (the running
+set takes seconds to fill, each request lives for seconds)."""
+LLM_IDLE_S = 60.0
+"""Generation: the drain waits for every answer, but stops after this long without a new one."""
+LLM_DRAIN_MAX_S = 600.0
+"""Generation: the longest drain after the last send."""
 
 
 def with_new_tokens(load: Load, options: BenchOptions, seed: int, fixed: int | None = None) -> Load:
@@ -498,7 +541,11 @@ async def run_trial(
                 if late is not None:
                     late.cancel()
                 ids = list(producer.sent_ms)
-                await collector.wait_for(ids, LLM_DRAIN_S if llm else DRAIN_S)
+                if llm:
+                    drained_s = await collector.drain(ids, LLM_IDLE_S, LLM_DRAIN_MAX_S)
+                else:
+                    await collector.wait_for(ids, DRAIN_S)
+                    drained_s = DRAIN_S
             finally:
                 sampler.cancel()
             consumer_cpu_s = consumers.cpu_s() - cpu_before
@@ -515,8 +562,9 @@ async def run_trial(
         in_window = sum(1 for t in steady if STEADY_SKIP_S * 1000.0 <= t < options.duration_s * 1000.0)
         timeline = np.array([[sent_ms[i] - first_send, collector.received_ms[i] - sent_ms[i]] for i in answered])
         np.save(workdir / f"{kafka.topic_prefix}-latency.npy", timeline)
+        window_ms = (first_send + LLM_STEADY_FROM * options.duration_s * 1000.0, first_send + options.duration_s * 1000.0)
         events = (
-            await event_figures(kafka, {i: collector.received_ms[i] for i in answered})
+            await event_figures(kafka, {i: collector.received_ms[i] for i in answered}, window_ms=window_ms if llm else None)
             if read_events and answered
             else EventFigures()
         )
@@ -532,6 +580,8 @@ async def run_trial(
             throughput_rps=in_window / window_s,
             tokens_per_s=events.tokens / span_s,
             generated_tokens_per_s=events.tokens_out / span_s,
+            steady_generated_tokens_per_s=events.window_tokens_out / ((window_ms[1] - window_ms[0]) / 1000.0),
+            drain_s=drained_s,
             mean_batch=events.mean_batch,
             stages_p50_ms=events.stages_p50_ms,
             stages_p99_ms=events.stages_p99_ms,
@@ -677,8 +727,13 @@ async def llm_modes(
                 trial_options = replace(options, llm_mode=mode, new_tokens=new_tokens)  # type: ignore[arg-type]
                 say(f" {mix} / {mode}:")
                 trial = await run_trial(trial_options, kafka, rate, workdir, say, read_events=True)
-                share = trial.generated_tokens_per_s / limit[0] if profile and limit[0] else float("nan")
-                say(describe(trial) + f"\n     generated {trial.generated_tokens_per_s:.1f} tokens/s = {share:.2f} of the limit")
+                share = trial.steady_generated_tokens_per_s / limit[0] if profile and limit[0] else float("nan")
+                say(
+                    describe(trial)
+                    + f"\n     generated {trial.steady_generated_tokens_per_s:.1f} tokens/s in the second half of the load"
+                    f" = {share:.2f} of the limit ({trial.generated_tokens_per_s:.1f} answered tokens/s over the whole run;"
+                    f" drained {trial.drain_s:.0f} s, {trial.sent - trial.answered} unanswered)"
+                )
                 out["llm_runs"].append({"mix": mix, "mode": mode, "share_of_limit": share} | asdict(trial) | {"sustained": trial.sustained})
     say(llm_table(out))
     return out
@@ -692,7 +747,7 @@ def llm_table(out: dict[str, Any]) -> str:
     for run in out["llm_runs"]:
         lines.append(
             f"{run['mix']:<8} {run['mode']:<10} {run['offered_rps']:>6g} {run['answered']:>4}/{run['sent']:<4} "
-            f"{run['generated_tokens_per_s']:>9.1f} {run['share_of_limit']:>6.2f} {run['p50_ms']:>8.0f} {run['p99_ms']:>8.0f}"
+            f"{run['steady_generated_tokens_per_s']:>9.1f} {run['share_of_limit']:>6.2f} {run['p50_ms']:>8.0f} {run['p99_ms']:>8.0f}"
             f" {run['ttft_p99_ms']:>9.0f} {run['tpot_p99_ms']:>9.1f} {run['rss_peak_mib']:>12.0f}"
         )
     return "\n".join(lines)

@@ -76,3 +76,19 @@ def test_machine_limit_is_the_best_batch_of_the_measured_curves() -> None:
     assert batch == max(expected, key=expected.__getitem__) == 8
     assert rate == pytest.approx(expected[8])
     assert np.isfinite(rate)
+
+
+def test_tokens_in_window_spreads_each_request_over_its_token_stamps() -> None:
+    from pipeline.bench.pipeline import tokens_in_window
+
+    inside = {"tokens_out": 5, "first_token_ms": 1100.0, "last_token_ms": 1500.0}  # 1100, 1200, ..., 1500
+    straddles_start = {"tokens_out": 11, "first_token_ms": 500.0, "last_token_ms": 1500.0}  # every 100 ms
+    straddles_end = {"tokens_out": 3, "first_token_ms": 1900.0, "last_token_ms": 2100.0}  # 1900, 2000, 2100
+    single = {"tokens_out": 1, "first_token_ms": 1999.0, "last_token_ms": 1999.0}
+    outside = {"tokens_out": 4, "first_token_ms": 2500.0, "last_token_ms": 2800.0}
+    unstamped = {"tokens_out": 7, "first_token_ms": None, "last_token_ms": None}
+    expired_early = {"tokens_out": 0, "first_token_ms": 1200.0, "last_token_ms": 1200.0}
+    rows = [inside, straddles_start, straddles_end, single, outside, unstamped, expired_early]
+    assert tokens_in_window(rows, 1000.0, 2000.0) == 5 + 6 + 1 + 1
+    assert tokens_in_window([outside], 1000.0, 2000.0) == 0
+    assert tokens_in_window(rows, 0.0, 10_000.0) == 5 + 11 + 3 + 1 + 4
