@@ -200,7 +200,7 @@ class Answers:
         priority: int,
         output: Output | None = None,
     ) -> Message:
-        first_ms, last_ms = _token_times(output) if outcome == "ok" else (0, 0)
+        first_ms, last_ms = _token_times(output)  # a row stopped by its deadline generated too
         event = LatencyEvent(
             request_id=held.request.id,
             model=self.model,
@@ -220,7 +220,7 @@ class Answers:
             tail_marked=marked,
             priority=priority,
             tokens_in=held.tokens_in,
-            tokens_out=held.tokens_out if outcome == "ok" else 0,
+            tokens_out=held.tokens_out if output is not None else 0,
             device_mem_bytes=timing.device_mem_bytes,
             device_mem_kind=timing.device_mem_kind,  # type: ignore[arg-type]
             partition=held.tp.partition,

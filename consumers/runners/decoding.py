@@ -8,10 +8,11 @@ prefills a group of new prompts and merges its cache into the running one,
 then `step()` until empty; iteration-level batching joins between steps.
 
 A row that finished (EOS, its own `max_new_tokens`, or its deadline passed:
-`expire()`) is answered at once but its cache row is dropped lazily: taking
-rows out copies the whole cache, as much as a step's own growth, so the set
-is compacted when a share of its rows are done (or at the next join, which
-copies anyway), and a done row costs only its share of a step until then.
+`expire()`) is answered at once but its cache row stays: taking rows out
+copies the whole cache, so a joiner takes a done row's place (or a spare row
+of the buffers, `kv_slack`), the set is compacted only once a share of its
+rows are done and nobody took them, and a done row costs only its share of a
+step until then.
 
 Works with transformers' `DynamicCache` of full-attention layers (GPT-2,
 Llama, ...); a model whose cache is of another kind is refused at the first

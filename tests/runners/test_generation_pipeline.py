@@ -156,3 +156,32 @@ def test_smollm2_from_the_default_install_answers_through_the_broker(kafka_setti
     assert s1["text"] == s2["text"] and 1 <= len(s1["token_ids"]) <= 4
     assert s3["token_ids"] == s1["token_ids"][:1]
     assert "paris" in s1["text"].lower()
+
+
+@pytest.mark.parametrize("batching", ["static", "iteration"])
+def test_a_deadline_stops_generation_mid_answer_through_the_broker(
+    tiny_gpt2_dir: Path, kafka_settings: KafkaSettings, monkeypatch: pytest.MonkeyPatch, batching: str
+) -> None:
+    """timeout_ms bounds compute, not only the wait for dispatch: the row stops between two steps,
+    its answer is `expired` with the text so far; a request without a deadline in the same batch runs on."""
+    import time
+
+    from consumers.runners.decoding import RunningSet
+
+    step = RunningSet.step
+
+    def slow_step(self: RunningSet) -> Any:
+        time.sleep(0.03)
+        return step(self)
+
+    monkeypatch.setattr(RunningSet, "step", slow_step)
+    profile = BatchProfile(max_inflight_batches=4 if batching == "iteration" else 1, target_size=2, hard_cap=2, max_wait_ms=200.0)
+    model = _model(tiny_gpt2_dir, batching=batching, profile=profile, isolation="thread", max_new_tokens=60)
+    requests = [_ask("late", PROMPTS[0], 60, timeout_ms=600), _ask("free", PROMPTS[1], 20)]
+    latency: dict[str, dict[str, Any]] = {}
+    results, _ = asyncio.run(_serve(model, kafka_settings, requests, latency=latency))
+    late, free = results["late"], results["free"]
+    assert late["outcome"] == "expired" and "deadline passed after" in late["error"]
+    assert 0 < len(late["token_ids"]) < 60 and late["done_ms"] - late["enqueue_ms"] < 600 + 1000
+    assert latency["late"]["outcome"] == "expired" and latency["late"]["tokens_out"] == len(late["token_ids"])
+    assert free["outcome"] == "ok" and len(free["token_ids"]) == 20
