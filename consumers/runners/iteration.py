@@ -191,10 +191,16 @@ class IterationScheduler:
                         self._last_step_ms = (time.perf_counter() - started) * 1000.0
                         self.steps += 1
                 except Exception as e:  # noqa: BLE001 - every row of the set fails; the loop goes on
-                    self._fail(self._running.live + joining, describe_error(e))
+                    failing = self._running.live + joining
+                    self._finish([s for s in finished if s not in failing])
+                    self._fail(failing, describe_error(e))
                     continue
-                for seq in finished:
-                    seq.tag.finish()
+                self._finish(finished)
+
+    @staticmethod
+    def _finish(seqs: list[Sequence]) -> None:
+        for seq in seqs:
+            seq.tag.finish()
 
     def _fail(self, seqs: list[Sequence], error: str) -> None:
         """A step or prefill raised: the rows it held fail (the caller bisects), the set restarts."""
