@@ -79,7 +79,7 @@ def policies(
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write PNG plots into this directory."),
     quick: bool = typer.Option(False, "--quick", help="Coarser grids (seconds instead of a minute)."),
     profile: Optional[Path] = typer.Option(
-        None, "--profile", help="Device profile JSON (batchtide profile): replaces the scenario's [cost]."
+        None, "--profile", help="Device profile JSON (batchtide profile): replaces the scenario's \\[cost]."
     ),
 ) -> None:
     """Grid-search every batching policy family on one scenario and compare with batchtide-default."""

@@ -16,7 +16,7 @@ ConfigOption = typer.Option(None, "--config", "-c", help="batchtide TOML config 
 def generate(
     check: bool = typer.Option(False, "--check", help="Only verify the committed files are up to date (exit 1 if stale)."),
     config: Optional[Path] = typer.Option(
-        None, "--config", "-c", help="Config whose models and [alerts] the alert rules follow (default: ./batchtide.toml of the repository)."
+        None, "--config", "-c", help="Config whose models and \\[alerts] the alert rules follow (default: ./batchtide.toml of the repository)."
     ),
 ) -> None:
     """Regenerate dashboards/*.json (from dashboards/panels.py and the shared analysis SQL) and the

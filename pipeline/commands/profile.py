@@ -10,7 +10,7 @@ import typer
 
 
 def profile(
-    model: str = typer.Option(..., "--model", help="A [models.NAME] of the config, or a model_path (directory or wheel) without --config."),
+    model: str = typer.Option(..., "--model", help="A model name of the config (its \\[models.NAME] table), or a model_path (directory or wheel) without --config."),
     config: Optional[Path] = typer.Option(None, "--config", help="TOML config file to take the model from."),
     out: Optional[Path] = typer.Option(None, "--out", help="Profile file to write (default var/profiles/<model>.json, what `consume` loads)."),
     tokens: int = typer.Option(32, "--tokens", help="Input (prompt) tokens per request."),

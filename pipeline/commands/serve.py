@@ -32,7 +32,7 @@ def _stop_on_signals(stop: asyncio.Event) -> None:
 
 
 def consume(
-    model: str = typer.Option(..., "--model", help="Model to serve (a [models.NAME] table of the config)."),
+    model: str = typer.Option(..., "--model", help="Model to serve (a \\[models.NAME] table of the config)."),
     config: Optional[Path] = typer.Option(None, "--config", help="TOML config file."),
     consumer_id: Optional[str] = typer.Option(None, "--consumer-id", help="Name in events and results (default host-pid-model)."),
     create_topics: bool = typer.Option(True, help="Create the model's topics if missing."),
