@@ -27,8 +27,12 @@ bounded). Two bounds keep the running set what the device can hold:
   holding it back would make the pipeline slower than its arrivals.
 
 A row whose deadline passes stops between steps (answered `expired` with
-the text so far), and a joiner past its deadline is never prefilled: a
-deadline bounds compute, not only the wait before dispatch.
+the text so far), a joiner past its deadline is never prefilled, and a
+joiner that could not end by its deadline at the current time per step
+(its max_new_tokens x the last step) does not join: it waits, and expires
+unless steps get faster. A deadline bounds compute, not only the wait
+before dispatch, and at overload the device serves requests that can still
+make it instead of sharing itself among all of them until all expire.
 """
 
 from __future__ import annotations
@@ -136,13 +140,22 @@ class IterationScheduler:
             self._joiners = deque(s for s in self._joiners if not s.finished)
         return expired
 
-    def _admit(self) -> list[Sequence]:
-        """Joiners to prefill now (a prefix of the queue, in dispatch order), or none yet."""
+    def _hopeless(self, seq: Sequence, now_ms: float) -> bool:
+        """Whether `seq` cannot end by its deadline even at the current time per step: joining
+        would spend a prefill and slow every row for an answer that expires anyway."""
+        if seq.deadline_ms is None or not len(self._running):
+            return False
+        return now_ms + seq.limit * self._last_step_ms > seq.deadline_ms
+
+    def _admit(self, now_ms: float) -> list[Sequence]:
+        """Joiners to prefill now (in dispatch order, hopeless ones left to expire), or none yet."""
         joiners = self._joiners
         running = self._running
         room = None if self.token_cap is None else self.token_cap - running.reserved_tokens
         fits: list[Sequence] = []
         for seq in joiners:
+            if self._hopeless(seq, now_ms):
+                continue
             if room is not None:
                 if seq.reserved_tokens > room:
                     break
@@ -162,8 +175,8 @@ class IterationScheduler:
         )
         if not pays:
             return []
-        for _ in fits:
-            joiners.popleft()
+        chosen = set(map(id, fits))
+        self._joiners = deque(s for s in joiners if id(s) not in chosen)
         return fits
 
     def _loop(self) -> None:
@@ -178,7 +191,7 @@ class IterationScheduler:
                         return
                     now = time.time() * 1000.0
                     finished: list[Sequence] = self._drop_expired(now)
-                    joining = self._admit()
+                    joining = self._admit(now)
                 try:
                     finished += self._running.expire(now)
                     if joining:

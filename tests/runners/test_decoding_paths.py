@@ -115,3 +115,39 @@ def test_a_trimmed_view_widens_back_over_zeroed_columns() -> None:
     layer.widen(5)
     assert torch.equal(layer.keys[:, :, 3:], keys[:, :, 3:])  # what stayed in view is untouched
     assert not torch.isnan(layer.keys).any() and torch.count_nonzero(layer.keys[:, :, :3]) == 0  # ... shown zeroed
+
+
+def test_a_joiner_that_cannot_make_its_deadline_does_not_join(llama: TransformersRunner) -> None:
+    """At the current time per step a 40-token answer needs ~0.8 s: with 0.3 s left it would only
+    slow the running rows and expire; a 5-token one with 2 s left joins."""
+
+    class Slow(RunningSet):
+        def step(self) -> list[Sequence]:
+            time.sleep(0.02)
+            return super().step()
+
+    ids = [llama._tokenize([p])[0] for p in PROMPTS]
+    scheduler = IterationScheduler(lambda: Slow(llama._model, "cpu", llama._pad_id, frozenset()), llama._to_output)
+    results: dict[str, object] = {}
+
+    def submit(name: str, seq: Sequence) -> None:
+        results[name] = scheduler.run([seq])[0]
+
+    runner = threading.Thread(target=submit, args=("long", Sequence(ids[0], 40)))
+    runner.start()
+    deadline = time.monotonic() + 30
+    while scheduler.steps < 3 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    now = time.time() * 1000.0
+    late = threading.Thread(target=submit, args=("hopeless", Sequence(ids[1], 40, deadline_ms=now + 300.0)))
+    fine = threading.Thread(target=submit, args=("feasible", Sequence(ids[2], 5, deadline_ms=now + 2000.0)))
+    for t in (late, fine):
+        t.start()
+    for t in (runner, late, fine):
+        t.join(30)
+    joins = scheduler.joins
+    scheduler.close()
+    hopeless, feasible = results["hopeless"], results["feasible"]
+    assert hopeless.expired and hopeless.tokens_out == 0  # type: ignore[attr-defined]
+    assert not feasible.expired and feasible.tokens_out == 5  # type: ignore[attr-defined]
+    assert joins == 2  # the long one, then the feasible one: the hopeless one was never prefilled
