@@ -149,7 +149,11 @@ def test_a_cached_profile_for_this_set_up_is_reused(tmp_path: Path) -> None:
     key = plan.cache_key(load_config(config).model("minilm"), plan.machine_fingerprint())
     cached = tmp_path / "cache" / f"{key}.json"
     cached.parent.mkdir()
-    cached.write_text(json.dumps({"format": "batchtide-profile/1", **_encoder()}))
+    from consumers.runners.profile_file import REVISION
+
+    profile = {"format": "batchtide-profile/1", **_encoder()}
+    profile["recommended"] = {**profile.get("recommended", {}), "revision": REVISION}
+    cached.write_text(json.dumps(profile))
     assert _profile(MINILM, config, tmp_path / "cache", False, {}, tmp_path / "profile.log") == (cached, True)
     assert not (tmp_path / "profile.log").exists(), "nothing was measured"
 
