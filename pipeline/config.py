@@ -225,7 +225,8 @@ class ModelConfig:
     """Upper bound on generated tokens per request (requests may ask for fewer; more is rejected)."""
     batching: Literal["static", "iteration"] = "static"
     """Generation: `static` runs each dispatched batch to its end; `iteration` lets batches join
-    the running decode set between steps (use with max_inflight_batches > 1, e.g. 8)."""
+    the running decode set between steps (use the profile's layout: one request per batch, max_inflight_batches
+    = the running rows + 8; see docs/runners.md)."""
     cost_points: tuple[tuple[int, float], ...] = ()
     """cost-model runner: measured (batch size, ms) points, interpolated."""
     cost_a_ms: float = 5.0
