@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -184,30 +185,67 @@ class RateProfile:
         return self._rates[max(0, min(i, len(self._rates) - 1))]
 
 
+MARK_BLOCK = 4096
+"""Per-request draws come in blocks of this many, each block from its own seeded
+generator, so request i's draw does not depend on how many requests there are."""
+
+
+def _marks(seed: int, stream: int, n: int, draw: Any) -> np.ndarray:
+    """Draws 0..n-1 of one named stream: `draw(rng, size)` per block."""
+    blocks = [draw(np.random.default_rng([seed, stream, b]), MARK_BLOCK)
+              for b in range(-(-n // MARK_BLOCK))]
+    return np.concatenate(blocks)[:n] if blocks else draw(np.random.default_rng(0), 0)
+
+
+def _arrival_times(scenario: Scenario, multiplier: float) -> np.ndarray:
+    """Poisson arrival times at `multiplier` x the nominal rate, by time change: unit-rate
+    points on the axis of expected requests (one stream for every load), divided by the
+    multiplier and mapped back through the nominal intensity's cumulative curve."""
+    segs = [(s, e, r) for s, e, r in scenario.segments() if r > 0 and e > s]
+    if not segs or multiplier <= 0:
+        return np.zeros(0)
+    expected = np.cumsum([0.0] + [(e - s) * r / 1000.0 for s, e, r in segs])
+    reach = expected[-1] * multiplier
+    n = int(reach + 8 * math.sqrt(reach)) + 16
+    while True:
+        points = np.cumsum(_marks(scenario.seed, 0, n, lambda g, k: g.standard_exponential(k)))
+        if points[-1] >= reach:
+            break
+        n *= 2
+    x = points[points < reach] / multiplier
+    seg = np.searchsorted(expected, x, side="right") - 1
+    starts = np.array([s for s, _, _ in segs])
+    rates = np.array([r for _, _, r in segs])
+    return starts[seg] + (x - expected[seg]) * 1000.0 / rates[seg]
+
+
 def make_arrivals(scenario: Scenario, multiplier: float = 1.0) -> Arrivals:
-    """Poisson arrivals at `multiplier` x every rate; the same (scenario, multiplier) gives the same requests."""
-    rng = np.random.default_rng([scenario.seed, int(round(multiplier * 1_000_000))])
-    parts = []
-    for s, e, rate in scenario.segments():
-        n = rng.poisson(rate * multiplier * (e - s) / 1000.0)
-        parts.append(rng.uniform(s, e, size=n))
-    create = np.sort(np.concatenate(parts)) if parts else np.zeros(0)
+    """Poisson arrivals at `multiplier` x every rate, from one realisation for every load
+    (common random numbers): request i keeps its tokens, priority and lane at any
+    multiplier and arrives earlier as the load grows. A heavier load is the same traffic,
+    denser, so comparing two loads compares loads, not two draws: on a short scenario
+    independent draws made pass/fail at neighbouring loads a coin toss."""
+    create = _arrival_times(scenario, multiplier)
     n = create.shape[0]
-    tokens = scenario.prompt.sample(rng, n) + scenario.output.sample(rng, n)
+    seed = scenario.seed
+    tokens = (_marks(seed, 1, n, scenario.prompt.sample) + _marks(seed, 2, n, scenario.output.sample))
     mix = np.asarray(scenario.priority_mix, dtype=float)
-    priority = rng.choice(len(mix), size=n, p=mix / mix.sum()) if len(mix) > 1 else np.zeros(n, dtype=np.int64)
+    if len(mix) > 1:
+        priority = _marks(seed, 3, n, lambda g, k: g.choice(len(mix), size=k, p=mix / mix.sum()))
+    else:
+        priority = np.zeros(n, dtype=np.int64)
     topo = scenario.topology
     lanes = topo.lanes
     if lanes == 1:
         lane = np.zeros(n, dtype=np.int64)
     elif topo.mode == "shared-device":
         share = np.asarray(topo.model_share or [1.0] * lanes, dtype=float)
-        lane = rng.choice(lanes, size=n, p=share / share.sum())
+        lane = _marks(seed, 4, n, lambda g, k: g.choice(lanes, size=k, p=share / share.sum()))
     else:
         weights = np.ones(lanes)
         weights[0] += topo.skew
         if topo.assignment == "random" or topo.skew > 0:
-            lane = rng.choice(lanes, size=n, p=weights / weights.sum())
+            lane = _marks(seed, 4, n, lambda g, k: g.choice(lanes, size=k, p=weights / weights.sum()))
         else:
             lane = np.arange(n, dtype=np.int64) % lanes
     deliver = create.copy()

@@ -86,6 +86,29 @@ def test_arrivals_follow_phase_and_burst_rates():
     assert abs(len(double) / len(arr) - 2.0) < 0.1
 
 
+def test_a_heavier_load_is_the_same_traffic_denser():
+    """Common random numbers: capacity search compares loads, not two independent draws."""
+    s = parse_scenario(with_(
+        phases=[{"duration_s": 20, "rate_per_s": 30}, {"duration_s": 0.5, "rate_per_s": 0},
+                {"duration_s": 10, "rate_per_s": 300}],
+        tokens={"prompt": {"dist": "uniform", "min": 4, "max": 400}, "output": {"dist": "fixed", "value": 0}},
+        priority={"mix": [0.2, 0.8]},
+        topology={"mode": "own-queues", "consumers": 3, "skew": 1.0},
+    ))
+    light, heavy = make_arrivals(s, 1.0), make_arrivals(s, 1.37)
+    assert len(heavy) > len(light)
+    def by_time(a):
+        order = np.argsort(a.create_ms, kind="stable")
+        return a.create_ms[order], a.tokens[order], a.priority[order], a.lane[order]
+    t1, tok1, pri1, lane1 = by_time(light)
+    t2, tok2, pri2, lane2 = by_time(heavy)
+    n = len(light)
+    assert np.all(t2[:n] <= t1 + 1e-9)
+    assert np.array_equal(tok2[:n], tok1) and np.array_equal(pri2[:n], pri1) and np.array_equal(lane2[:n], lane1)
+    assert not np.any((t2 >= 20000) & (t2 < 20500))
+    assert np.array_equal(make_arrivals(s, 1.37).create_ms, heavy.create_ms)
+
+
 def test_skew_and_fetch_delay_shape_the_lanes():
     s = parse_scenario(with_(topology={"mode": "own-queues", "consumers": 4, "skew": 2.0,
                                        "fetch_delay_ms": 30.0}))
