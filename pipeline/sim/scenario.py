@@ -197,6 +197,12 @@ def _marks(seed: int, stream: int, n: int, draw: Any) -> np.ndarray:
     return np.concatenate(blocks)[:n] if blocks else draw(np.random.default_rng(0), 0)
 
 
+def _categorical(seed: int, stream: int, n: int, weights: np.ndarray) -> np.ndarray:
+    """Draws 0..n-1 of one stream of indexes into `weights` (not normalised)."""
+    p = weights / weights.sum()
+    return _marks(seed, stream, n, lambda g, k: g.choice(len(p), size=k, p=p))
+
+
 def _arrival_times(scenario: Scenario, multiplier: float) -> np.ndarray:
     """Poisson arrival times at `multiplier` x the nominal rate, by time change: unit-rate
     points on the axis of expected requests (one stream for every load), divided by the
@@ -228,24 +234,21 @@ def make_arrivals(scenario: Scenario, multiplier: float = 1.0) -> Arrivals:
     create = _arrival_times(scenario, multiplier)
     n = create.shape[0]
     seed = scenario.seed
-    tokens = (_marks(seed, 1, n, scenario.prompt.sample) + _marks(seed, 2, n, scenario.output.sample))
+    tokens = _marks(seed, 1, n, scenario.prompt.sample) + _marks(seed, 2, n, scenario.output.sample)
     mix = np.asarray(scenario.priority_mix, dtype=float)
-    if len(mix) > 1:
-        priority = _marks(seed, 3, n, lambda g, k: g.choice(len(mix), size=k, p=mix / mix.sum()))
-    else:
-        priority = np.zeros(n, dtype=np.int64)
+    priority = _categorical(seed, 3, n, mix) if len(mix) > 1 else np.zeros(n, dtype=np.int64)
     topo = scenario.topology
     lanes = topo.lanes
     if lanes == 1:
         lane = np.zeros(n, dtype=np.int64)
     elif topo.mode == "shared-device":
         share = np.asarray(topo.model_share or [1.0] * lanes, dtype=float)
-        lane = _marks(seed, 4, n, lambda g, k: g.choice(lanes, size=k, p=share / share.sum()))
+        lane = _categorical(seed, 4, n, share)
     else:
         weights = np.ones(lanes)
         weights[0] += topo.skew
         if topo.assignment == "random" or topo.skew > 0:
-            lane = _marks(seed, 4, n, lambda g, k: g.choice(lanes, size=k, p=weights / weights.sum()))
+            lane = _categorical(seed, 4, n, weights)
         else:
             lane = np.arange(n, dtype=np.int64) % lanes
     deliver = create.copy()
