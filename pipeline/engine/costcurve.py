@@ -30,9 +30,13 @@ are never candidates.
 Exploration is deterministic: every `probe_every`-th batch that the cap
 limits is sent at a probe size, alternately above the cap (re-check that
 bigger still does not pay) and below it (find a peak that greedy dispatch at
-the cap never visits): 3/4 or 4/3 of the cap while unmeasured, then the
+the cap never visits). Below: 3/4 of the cap while unmeasured, then the
 nearest unmeasured size in between, so a knee is bracketed to one size (at
-hard_cap only 3/4 is tried below). Below the cap a measured size is not
+hard_cap only 3/4 is tried). Above: twice the cap (4/3 near hard_cap) while
+no larger size was measured slower, so a far knee is found in a few
+doublings; past a measured peak, the unmeasured sizes nearest the cap (up to
+twice it), then a re-check a third above, because a probe at twice the knee
+adds most of its compute to the tail of its batch. Below the cap a measured size is not
 probed again; above it the far end is re-measured. While probes leave the cap where it was,
 the interval doubles (up to 64); a cap change or a shift resets it.
 
@@ -321,9 +325,18 @@ class CostCurve:
         else:
             self._probe_interval = self._probe_every
             self._cap_at_last_probe = cap
-        far_up = min(self._hard_cap, max(cap + 1, 2 * cap if 2 * cap <= self._hard_cap else math.ceil(cap * 4 / 3)))
+        double = min(self._hard_cap, 2 * cap)
+        if self._peaked(cap):
+            # Past a measured peak a probe at twice the knee would cost the tail of
+            # its batch most: step up through the unmeasured sizes nearest first,
+            # and re-check a third above once they are all known.
+            far_up = min(self._hard_cap, max(cap + 1, math.ceil(cap * 4 / 3)))
+            up = self._first_unmeasured(tuple(range(cap + 1, double + 1)))
+        else:
+            far_up = max(cap + 1, double if 2 * cap <= self._hard_cap else math.ceil(cap * 4 / 3))
+            far_up = min(self._hard_cap, far_up)
+            up = self._first_unmeasured((far_up, *range(cap + 1, far_up)))
         far_down = max(1, min(cap - 1, math.floor(cap * 3 / 4)))
-        up = self._first_unmeasured((far_up, *range(cap + 1, far_up)))
         fine_down = range(cap - 1, far_down, -1) if cap < self._hard_cap else range(0)
         down = self._first_unmeasured((far_down, *fine_down))
         if self._probe_up and cap < self._hard_cap:
@@ -333,6 +346,15 @@ class CostCurve:
         if cap < self._hard_cap:
             return far_up if up is None else up
         return None
+
+    def _peaked(self, cap: int) -> bool:
+        """The largest size measured above `cap` has a lower throughput than `cap`."""
+        largest, t_largest = self._points[-1] if self._points else (0, 0.0)
+        t_cap = self.estimate_ms(cap)
+        if largest <= cap or t_cap is None:
+            return False
+        overhead = self._overhead_ms
+        return largest / (t_largest + overhead) < cap / (t_cap + overhead)
 
     def _first_unmeasured(self, sizes: tuple[int, ...]) -> int | None:
         """First size in `sizes` whose bucket has no estimate, else None.

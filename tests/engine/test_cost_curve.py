@@ -43,6 +43,21 @@ def test_peaked_curve_converges_to_the_peak() -> None:
     assert all(r.size <= r.effective_cap <= 48 for r in records)
 
 
+def test_past_a_known_peak_up_probes_step_one_size_not_to_twice_the_knee() -> None:
+    """Once sizes above the knee were measured and lost, a probe at 2 x the knee
+    (t = 3.3 x t(knee) here) would add most of its compute to the tail of its
+    batch: up-probes walk the unmeasured sizes nearest the cap instead, then
+    re-check a third above it."""
+    engine = BatchingEngine(BatchProfile(hard_cap=48))
+    records = run_saturated(engine, peaked_at_8, 600)
+    assert engine.curve.cap == 8
+    settled = next(i for i, r in enumerate(records) if r.cap_reason == "knee" and r.effective_cap == 8)
+    above = [r.size for r in records[settled:] if r.cap_reason == "probe" and r.size > 8]
+    assert above, "the cap is still re-checked from above"
+    assert max(above) < 16, f"a probe at twice the knee: {above}"
+    assert above[-2:] == [11, 11], "all sizes near the cap known: re-checked a third above"
+
+
 def test_no_shrink_without_evidence_of_larger_sizes() -> None:
     curve = CostCurve(hard_cap=48, knee_tolerance=0.02, budget_ms=None)
     for size in range(1, 9):
