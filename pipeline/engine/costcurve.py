@@ -36,9 +36,10 @@ hard_cap only 3/4 is tried). Above: twice the cap (4/3 near hard_cap) while
 no larger size was measured slower, so a far knee is found in a few
 doublings; past a measured peak, the unmeasured sizes nearest the cap (up to
 twice it), then a re-check a third above, because a probe at twice the knee
-adds most of its compute to the tail of its batch. Below the cap a measured size is not
-probed again; above it the far end is re-measured. While probes leave the cap where it was,
-the interval doubles (up to 64); a cap change or a shift resets it.
+adds most of its compute to the tail of its batch. Below the cap a measured
+size is not probed again; above it the re-check size is measured again and
+again. While probes leave the cap where it was, the interval doubles (up to
+64); a cap change or a shift resets it.
 
 Shift: each completion is compared with its bucket's median; five in a row
 off by more than 40%, all the same way, means the model changed (a heavier
@@ -333,8 +334,7 @@ class CostCurve:
             far_up = min(self._hard_cap, max(cap + 1, math.ceil(cap * 4 / 3)))
             up = self._first_unmeasured(tuple(range(cap + 1, double + 1)))
         else:
-            far_up = max(cap + 1, double if 2 * cap <= self._hard_cap else math.ceil(cap * 4 / 3))
-            far_up = min(self._hard_cap, far_up)
+            far_up = min(self._hard_cap, max(cap + 1, double if double == 2 * cap else math.ceil(cap * 4 / 3)))
             up = self._first_unmeasured((far_up, *range(cap + 1, far_up)))
         far_down = max(1, min(cap - 1, math.floor(cap * 3 / 4)))
         fine_down = range(cap - 1, far_down, -1) if cap < self._hard_cap else range(0)
