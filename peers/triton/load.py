@@ -2,7 +2,7 @@
 
 It replays exactly the load `batchtide bench pipeline` sends for the same --rates, --duration,
 --seed and --tokens: the same Poisson schedule and the same text per request, after the same
-warm-up (40 requests at 50 req/s, not counted). Every request is fired as its own asyncio task at
+warm-up (150 requests at 50 req/s, not counted). Every request is fired as its own asyncio task at
 its scheduled time, so a slow answer never delays the next send.
 Latency = response arrival - moment just before send.
 
@@ -25,7 +25,7 @@ WORDS = ("river stone light batch queue window token cloud signal model request 
          "tail latency kafka partition engine summer market garden orbit paper music").split()
 CHARS_PER_TOKEN = 4
 MODEL = "minilm"
-WARMUP = 40
+WARMUP = 150
 
 
 def batchtide_load(rate, duration, seed, tokens):
@@ -130,7 +130,7 @@ def pct(a, q):
 
 
 async def run_rate(client, rate, args):
-    # warm-up as batchtide's bench: 40 requests at 50 req/s, drained, not counted
+    # warm-up as batchtide's bench: 150 requests at 50 req/s, drained, not counted
     w, w_texts = batchtide_load(50.0, WARMUP / 50.0, args.seed, args.tokens)
     await fire(client, w, w_texts, args.drain_timeout)
 

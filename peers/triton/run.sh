@@ -23,7 +23,8 @@ for p in $HTTP_PORT $GRPC_PORT $METRICS_PORT; do
 done
 
 # own session/process group so we can clean up everything we started
-setsid "$PY" "$DIR/server.py" --http-port $HTTP_PORT --grpc-port $GRPC_PORT --metrics-port $METRICS_PORT >"$LOG" 2>&1 &
+setsid "$PY" "$DIR/server.py" --http-port $HTTP_PORT --grpc-port $GRPC_PORT --metrics-port $METRICS_PORT \
+  --max-queue-delay-us "${TRITON_MAX_QUEUE_DELAY_US:-20000}" >"$LOG" 2>&1 &
 SPID=$!
 echo "server pid $SPID (log $LOG)"
 

@@ -71,6 +71,8 @@ def main():
     ap.add_argument("--http-port", type=int, default=8000)
     ap.add_argument("--grpc-port", type=int, default=8001)
     ap.add_argument("--metrics-port", type=int, default=8002)
+    ap.add_argument("--max-queue-delay-us", type=int, default=20000,
+                    help="dynamic batcher queue delay (the field report's 20 ms by default)")
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args()
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
@@ -102,7 +104,7 @@ def main():
             config=ModelConfig(
                 max_batch_size=32,
                 batcher=DynamicBatcher(
-                    max_queue_delay_microseconds=20000,
+                    max_queue_delay_microseconds=args.max_queue_delay_us,
                     preferred_batch_size=[32],
                 ),
             ),
