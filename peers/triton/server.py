@@ -1,6 +1,6 @@
 """PyTriton server: MiniLM-L6 (all-MiniLM-L6-v2) sentence embeddings on CPU, torch on one thread.
 
-Dynamic batcher: max_batch_size=32, max_queue_delay=20 ms, preferred_batch_size=[32].
+Dynamic batcher: max_batch_size=32, max_queue_delay=20 ms (--max-queue-delay-us), preferred_batch_size=[32].
 Stop with SIGINT (or SIGTERM, mapped to SIGINT semantics).
 """
 import argparse
