@@ -71,11 +71,6 @@ class BatchingEngine:
             profile.max_wait_ms if profile.tail_mark_floor_ms is None else profile.tail_mark_floor_ms,
             profile.tail_mark_quantile,
         )
-        self._mark_budget_max = (
-            math.inf if profile.tail_mark_max_share >= 1 else profile.tail_mark_max_share * profile.wait_sample_window
-        )
-        self._mark_budget = self._mark_budget_max
-        """Marks that may still be made (see `tail_mark_max_share`)."""
         self._curve = CostCurve(
             ceiling,
             profile.knee_tolerance,
@@ -157,9 +152,8 @@ class BatchingEngine:
         if free <= 0:
             return Decision(None, expired, self._next_deadline())
         threshold = self._waits.threshold_ms()
-        if threshold is not None and self._mark_budget >= 1.0:
-            limit = queue.count if self._mark_budget == math.inf else int(self._mark_budget)
-            self._mark_budget -= queue.mark_older_than(threshold, now_ms, limit)
+        if threshold is not None:
+            queue.mark_older_than(threshold, now_ms)
 
         cap = self._cap_for(backlog)
         pending_cost = queue.cost
@@ -263,9 +257,6 @@ class BatchingEngine:
             if request.marked:
                 marked += 1
         self._waits.record(waits, marked)
-        self._mark_budget = min(
-            self._mark_budget_max, self._mark_budget + self.profile.tail_mark_max_share * len(requests)
-        )
         oldest_wait = max(waits) if waits else 0.0
         self._last_batch_id += 1
         batch_id = self._last_batch_id

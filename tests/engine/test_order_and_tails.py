@@ -36,7 +36,6 @@ def _profile(**changes: object) -> BatchProfile:
         tail_mark_ratio=2.0,
         tail_mark_quantile=0.5,
         tail_mark_floor_ms=0.0,
-        tail_mark_max_share=1.0,
         adaptive_window=False,
         max_wait_ms=10.0,
         adaptive_cap=False,
@@ -99,25 +98,6 @@ def test_marked_requests_leave_oldest_first_and_stay_marked() -> None:
     second = engine.poll(now + 1.0).batch
     assert _ids(second) == ["old4", "old5", "fresh-urgent"]
     assert second is not None and second.record.marked_count == 2
-
-
-def test_a_burst_spends_the_mark_budget_on_its_oldest_requests() -> None:
-    """Every request of a burst waits past the calm's threshold; with a 25% budget
-    over a window of 8 only two marks are there to spend, and they go to the oldest
-    requests whatever their level. The budget refills by a quarter per dispatch."""
-    engine = BatchingEngine(_profile(tail_mark_max_share=0.25, wait_sample_window=8, hard_cap=8, target_size=8))
-    now = _seed_p50(engine, 10.0, 4)
-    for i, priority in enumerate([0, 2, 1, 0, 2, 1]):
-        engine.offer(request(now - 60.0 + i, priority=priority, name=f"burst{i}"), now)
-    engine.offer(request(now, priority=0, name="fresh"), now)
-    batch = engine.poll(now).batch
-    assert _ids(batch) == ["burst0", "burst1", "burst3", "fresh", "burst2", "burst5", "burst4"]
-    assert batch is not None and batch.record.marked_count == 2
-    engine.completed(batch, now + 1.0, 1.0)
-    for i in range(6):
-        engine.offer(request(now - 300.0 + i, priority=2, name=f"late{i}"), now + 1.0)
-    again = engine.poll(now + 1.0).batch
-    assert again is not None and again.record.marked_count == 1, "7 dispatched x 0.25 refilled one whole mark"
 
 
 def test_marking_off_with_ratio_zero() -> None:
