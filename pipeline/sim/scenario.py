@@ -185,22 +185,25 @@ class RateProfile:
         return self._rates[max(0, min(i, len(self._rates) - 1))]
 
 
-MARK_BLOCK = 4096
+DRAW_BLOCK = 4096
 """Per-request draws come in blocks of this many, each block from its own seeded
 generator, so request i's draw does not depend on how many requests there are."""
 
+ARRIVAL_STREAM, PROMPT_STREAM, OUTPUT_STREAM, PRIORITY_STREAM, LANE_STREAM = range(5)
+"""One independent stream of draws per per-request quantity."""
 
-def _marks(seed: int, stream: int, n: int, draw: Any) -> np.ndarray:
-    """Draws 0..n-1 of one named stream: `draw(rng, size)` per block."""
-    blocks = [draw(np.random.default_rng([seed, stream, b]), MARK_BLOCK)
-              for b in range(-(-n // MARK_BLOCK))]
+
+def _stream_draws(seed: int, stream: int, n: int, draw: Any) -> np.ndarray:
+    """Draws 0..n-1 of one stream: `draw(rng, size)` per block."""
+    blocks = [draw(np.random.default_rng([seed, stream, b]), DRAW_BLOCK)
+              for b in range(-(-n // DRAW_BLOCK))]
     return np.concatenate(blocks)[:n] if blocks else draw(np.random.default_rng(0), 0)
 
 
 def _categorical(seed: int, stream: int, n: int, weights: np.ndarray) -> np.ndarray:
     """Draws 0..n-1 of one stream of indexes into `weights` (not normalised)."""
     p = weights / weights.sum()
-    return _marks(seed, stream, n, lambda g, k: g.choice(len(p), size=k, p=p))
+    return _stream_draws(seed, stream, n, lambda g, k: g.choice(len(p), size=k, p=p))
 
 
 def _arrival_times(scenario: Scenario, multiplier: float) -> np.ndarray:
@@ -214,7 +217,7 @@ def _arrival_times(scenario: Scenario, multiplier: float) -> np.ndarray:
     reach = expected[-1] * multiplier
     n = int(reach + 8 * math.sqrt(reach)) + 16
     while True:
-        points = np.cumsum(_marks(scenario.seed, 0, n, lambda g, k: g.standard_exponential(k)))
+        points = np.cumsum(_stream_draws(scenario.seed, ARRIVAL_STREAM, n, lambda g, k: g.standard_exponential(k)))
         if points[-1] >= reach:
             break
         n *= 2
@@ -234,21 +237,22 @@ def make_arrivals(scenario: Scenario, multiplier: float = 1.0) -> Arrivals:
     create = _arrival_times(scenario, multiplier)
     n = create.shape[0]
     seed = scenario.seed
-    tokens = _marks(seed, 1, n, scenario.prompt.sample) + _marks(seed, 2, n, scenario.output.sample)
+    tokens = (_stream_draws(seed, PROMPT_STREAM, n, scenario.prompt.sample)
+              + _stream_draws(seed, OUTPUT_STREAM, n, scenario.output.sample))
     mix = np.asarray(scenario.priority_mix, dtype=float)
-    priority = _categorical(seed, 3, n, mix) if len(mix) > 1 else np.zeros(n, dtype=np.int64)
+    priority = _categorical(seed, PRIORITY_STREAM, n, mix) if len(mix) > 1 else np.zeros(n, dtype=np.int64)
     topo = scenario.topology
     lanes = topo.lanes
     if lanes == 1:
         lane = np.zeros(n, dtype=np.int64)
     elif topo.mode == "shared-device":
         share = np.asarray(topo.model_share or [1.0] * lanes, dtype=float)
-        lane = _categorical(seed, 4, n, share)
+        lane = _categorical(seed, LANE_STREAM, n, share)
     else:
         weights = np.ones(lanes)
         weights[0] += topo.skew
         if topo.assignment == "random" or topo.skew > 0:
-            lane = _categorical(seed, 4, n, weights)
+            lane = _categorical(seed, LANE_STREAM, n, weights)
         else:
             lane = np.arange(n, dtype=np.int64) % lanes
     deliver = create.copy()
