@@ -32,7 +32,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
 from aiokafka.errors import CoordinatorLoadInProgressError, GroupCoordinatorNotAvailableError, NotCoordinatorError
 
-from pipeline.kafka.client import Topics, client_options
+from pipeline.kafka.client import Topics, client_options, stop_client
 from pipeline.config import KafkaSettings
 from schemas.messages import LagEvent, PartitionLag
 
@@ -214,7 +214,8 @@ class LagRecorder:
                         await self._sample(probe, producer)
                     await asyncio.sleep(min(BATCH_WATCH_S, max(next_sample - time.monotonic(), 0.0)))
         finally:
-            await producer.stop()
+            # a lag sample lost at shutdown costs nothing; a stopping consumer must not wait for it
+            await stop_client(producer.stop, f"lag recorder of {self.consumer.consumer_id}: its producer", 2.0)
 
     async def _sample(self, probe: LagProbe, producer: AIOKafkaProducer) -> None:
         try:

@@ -46,7 +46,7 @@ from consumers.forwarding import forward_headers, tails_to_forward
 from consumers.heap import freeze_heap
 from consumers.intake import Rejection
 from consumers.publish import Publisher
-from pipeline.kafka.client import Topics, client_options
+from pipeline.kafka.client import CLIENT_STOP_S, Topics, client_options, stop_client
 from pipeline.kafka.offsets import OffsetTracker
 from pipeline.kafka.outbox import BATCH_BYTES, Message, Outbox
 from consumers.runners import profile_file, serving_runner
@@ -60,6 +60,8 @@ from schemas.messages import Outcome, Request
 
 log = logging.getLogger("batchtide.consumer")
 
+STOP_WORK_SHARE = 0.8
+"""Share of `stop_timeout_s` for finishing held work; committing and closing get the rest."""
 FORWARD_SCAN_INTERVAL_MS = 20.0
 """Looking for tails to forward scans the local queue; at most this often."""
 WARM_UP_TEXT = "warm up the device before the group hands this consumer its partitions"
@@ -222,41 +224,57 @@ class Consumer:
             self.stats.warm_up_sizes.append(size)
             size *= 2
 
-    async def run(self, stop: asyncio.Event, drain_timeout_s: float = 30.0) -> None:
-        """Serve until `stop` is set, then stop fetching, finish what is held, commit, close."""
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serve until `stop` is set, then stop fetching, finish what is held, commit, close:
+        all within `stop_timeout_s` (STOP_WORK_SHARE of it for the work), whatever the broker does."""
         fetch = asyncio.create_task(self._fetch_loop(stop), name="fetch")
         commit = None if self.kafka.transactional else asyncio.create_task(self._commit_loop(), name="commit")
+        stop_by = None
         try:
             await fetch
-            await self._drain(drain_timeout_s)
+            budget = self.settings.stop_timeout_s
+            stop_by = time.monotonic() + budget
+            await self._drain(stop_by - (1.0 - STOP_WORK_SHARE) * budget, stop_by)
         finally:
             if commit is not None:
                 commit.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await commit
-            await self._close()
+            await self._close(stop_by)
         if self._failure is not None:
             raise self._failure
 
-    async def _drain(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while (self.engine.pending or self._inflight or self._publishing) and time.monotonic() < deadline:
+    async def _drain(self, work_by: float, stop_by: float) -> None:
+        while (self.engine.pending or self._inflight or self._publishing) and time.monotonic() < work_by:
             if self._failure is not None:
                 return
             self._drive()
             await asyncio.sleep(0.005)
-        await self._settle()
-        await self._commit()
+        await self._settle(max(0.0, work_by - time.monotonic()))
+        try:
+            await asyncio.wait_for(self._commit(), _share_of(stop_by, 3))
+        except asyncio.TimeoutError:
+            log.warning("consumer %s: the last commit did not finish; the group re-reads from the one before", self.consumer_id)
 
-    async def _close(self) -> None:
+    async def _close(self, stop_by: float | None) -> None:
+        """The Kafka clients share what is left of the stop budget (aiokafka can wait forever
+        for a broker that is gone); CLIENT_STOP_S each when the consumer ends by an error."""
         if self._wake is not None:
             self._wake.cancel()
         if self._consumer is not None:
-            await self._consumer.stop()
+            await stop_client(self._consumer.stop, f"consumer {self.consumer_id}: the Kafka consumer", _share_of(stop_by, 2))
+        abandoned = self._inflight | self._publishing
+        if abandoned:
+            # their offsets stay uncommitted: the group gets these records again
+            log.warning("consumer %s: %d batches or answers unfinished at stop; left for redelivery",
+                        self.consumer_id, len(abandoned))
+            for task in abandoned:
+                task.cancel()
+            await asyncio.gather(*abandoned, return_exceptions=True)
         if self._outbox is not None:
             await self._outbox.stop()
         if self._producer is not None:
-            await self._producer.stop()
+            await stop_client(self._producer.stop, f"consumer {self.consumer_id}: the Kafka producer", _share_of(stop_by, 1))
         self._device.shutdown(wait=False)
 
     def _fail(self, error: BaseException) -> None:
@@ -607,6 +625,13 @@ async def serve(
             await lag.stop()
         await asyncio.to_thread(consumer.runner.close)
     return consumer
+
+
+def _share_of(stop_by: float | None, steps: int) -> float:
+    """Seconds for the next of `steps` shutdown steps left before `stop_by` (at least 1 s)."""
+    if stop_by is None:
+        return CLIENT_STOP_S
+    return max(1.0, (stop_by - time.monotonic()) / steps)
 
 
 def _with_deadline(pr: PendingRequest) -> Request:

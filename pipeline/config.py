@@ -328,6 +328,9 @@ class ConsumerSettings:
     """How often completed offsets are committed."""
     lag_interval_ms: float = 5000.0
     """How often each consumer records its partitions' lag and lag age (and the engine's state) to `<prefix>.events.lag`; 0 turns it off."""
+    stop_timeout_s: float = 25.0
+    """Longest a clean stop (SIGTERM) takes: finishing held requests and publishing their answers get 80% of it,
+    committing and closing the Kafka clients the rest (inside Kubernetes' default 30 s grace). A second SIGTERM exits at once."""
 
 
 @dataclass(frozen=True)
@@ -431,6 +434,8 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
     consumer = ConsumerSettings(
         **_coerce(f"{source} [consumer]", ConsumerSettings, data.get("consumer", {}))
     )
+    if consumer.stop_timeout_s <= 0:
+        raise ConfigError(f"{source} [consumer]: stop_timeout_s must be > 0 (got {consumer.stop_timeout_s})")
     alerts = AlertSettings(**_coerce(f"{source} [alerts]", AlertSettings, data.get("alerts", {})))
     if alerts.slo_minutes < 1 or alerts.stalled_minutes < 1 or alerts.dlq_per_s < 0 or alerts.lag_age_s <= 0:
         raise ConfigError(f"{source} [alerts]: minutes must be >= 1, dlq_per_s >= 0 and lag_age_s > 0 (got {alerts})")

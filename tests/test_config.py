@@ -182,3 +182,8 @@ def test_generation_slo_grows_with_max_new_tokens_and_so_does_the_derived_budget
     assert explicit.engine_profile() is explicit.profile
     plain = parse_config({"models": {"enc": {}}}).model("enc")
     assert plain.engine_profile() is plain.profile
+
+
+def test_a_stop_budget_must_be_positive() -> None:
+    with pytest.raises(ConfigError, match=r"\[consumer\]: stop_timeout_s must be > 0 \(got 0\)"):
+        parse_config({"consumer": {"stop_timeout_s": 0}})

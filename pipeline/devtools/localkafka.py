@@ -223,6 +223,14 @@ def _pid_alive(pid: int) -> bool:
         return True
 
 
+LIFELINE = 'exec 3<&0; (cat <&3 >/dev/null; kill -TERM 0) & exec 3<&- "$@"'
+"""Runs the broker with a watcher in its process group that reads the broker's
+stdin, a pipe whose write end only the starting process holds. When that
+process ends, however it ends (SIGKILL included, from any thread), the pipe
+closes and the watcher sends SIGTERM to the group. `setpriv --pdeathsig`
+would not do: it fires when the starting thread ends, and brokers are often
+started from a worker thread (asyncio.to_thread)."""
+
 _owned_brokers: weakref.WeakSet[LocalKafka] = weakref.WeakSet()
 
 
@@ -256,6 +264,8 @@ class LocalKafka:
         self.sasl_users = dict(sasl_users or {})
         self.tls = tls
         self._process: subprocess.Popen[bytes] | None = None
+        self._lifeline: int | None = None
+        """Write end of the pipe whose closing stops the broker (see LIFELINE)."""
         self._cluster: dict[str, object] | None = None
         self._archive_dump: Path | None = None
         self.last_start_s: float | None = None
@@ -520,8 +530,9 @@ class LocalKafka:
         """Start the broker and return once it answers a Kafka metadata request.
 
         `detached` leaves the broker running when this Python process exits
-        (used by `batchtide local up`); otherwise the JVM gets SIGTERM if the
-        starting process dies, so test runs leave no stray brokers behind.
+        (used by `batchtide local up`); otherwise the JVM gets SIGTERM when the
+        starting process dies, even by SIGKILL, so test and bench runs leave no
+        stray brokers behind (see LIFELINE).
         """
         if self.is_running:
             return
@@ -535,18 +546,24 @@ class LocalKafka:
         config = self._write_config(cluster)
         self._format_storage(cluster, config)
         command = self._java_command("kafka.Kafka", str(config), class_sharing=self._class_sharing())
-        guard = shutil.which("setpriv")
-        if not detached and guard and threading.current_thread() is threading.main_thread():
-            command = [guard, "--pdeathsig", "TERM", *command]
-        with open(self.data_dir / "broker.out", "ab") as console:
-            self._process = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=console,
-                stderr=subprocess.STDOUT,
-                cwd=self.data_dir,
-                start_new_session=True,
-            )
+        stdin: int = subprocess.DEVNULL
+        self._release()
+        if not detached:
+            stdin, self._lifeline = os.pipe()
+            command = ["sh", "-c", LIFELINE, "sh", *command]
+        try:
+            with open(self.data_dir / "broker.out", "ab") as console:
+                self._process = subprocess.Popen(
+                    command,
+                    stdin=stdin,
+                    stdout=console,
+                    stderr=subprocess.STDOUT,
+                    cwd=self.data_dir,
+                    start_new_session=True,
+                )
+        finally:
+            if stdin != subprocess.DEVNULL:
+                os.close(stdin)
         self._pid_file.write_text(f"{self._process.pid}\n")
         if not detached:
             _owned_brokers.add(self)
@@ -649,7 +666,7 @@ class LocalKafka:
         if not clean:
             os.kill(pid, signal.SIGKILL)
             self._wait_exit(pid, 10.0)
-        self._process = None
+        self._release()
         self._settle_archive(clean)
 
     def kill(self) -> None:
@@ -660,8 +677,15 @@ class LocalKafka:
             return
         os.kill(pid, signal.SIGKILL)
         self._wait_exit(pid, 10.0)
-        self._process = None
+        self._release()
         self._settle_archive(clean_exit=False)
+
+    def _release(self) -> None:
+        """Forget the stopped process; closing the lifeline ends its watcher."""
+        self._process = None
+        if self._lifeline is not None:
+            os.close(self._lifeline)
+            self._lifeline = None
 
     def _wait_exit(self, pid: int, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s

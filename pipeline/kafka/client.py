@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +22,10 @@ from aiokafka.helpers import create_ssl_context
 
 from pipeline.config import ConfigError, KafkaSettings
 
+log = logging.getLogger("batchtide.kafka")
+
+CLIENT_STOP_S = 10.0
+"""Longest wait for one client's stop() at shutdown (see `stop_client`)."""
 REDACTED = "***"
 SECRET_OPTIONS = frozenset({"sasl_plain_password"})
 
@@ -148,6 +152,28 @@ def client_options(settings: KafkaSettings) -> ClientOptions:
             "sasl_plain_password": password,
         }
     return options
+
+
+async def stop_client(stop: Callable[[], Awaitable[None]], what: str, timeout_s: float = CLIENT_STOP_S) -> bool:
+    """Stop an aiokafka client within `timeout_s`, whatever the broker does; False if it did not stop cleanly.
+
+    With no broker answering, aiokafka's stop() can wait forever (a producer
+    flushes what it holds, a consumer looks for its group coordinator), and a
+    consumer's stop() re-raises the cancellation of its own fetch tasks when
+    one was backing off (aiokafka issue 647). Neither may keep a stopping
+    process alive: what it did not commit is redelivered to its group.
+    """
+    try:
+        await asyncio.wait_for(stop(), timeout_s)
+        return True
+    except asyncio.TimeoutError:
+        log.warning("%s did not stop within %.0f s (is the broker down?); left behind", what, timeout_s)
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+        log.warning("%s stopped with its own tasks cancelled (is the broker down?)", what)
+    return False
 
 
 def topic_partitions(settings: KafkaSettings, models: dict[str, int]) -> dict[str, int]:

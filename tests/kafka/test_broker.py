@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
+import time
+from pathlib import Path
 
+import psutil
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import UnknownTopicOrPartitionError
@@ -133,3 +138,36 @@ def test_topic_auto_creation_is_off(kafka_settings: KafkaSettings) -> None:
             await consumer.stop()
 
     assert topic not in asyncio.run(scenario())
+
+
+_START_FROM_A_THREAD = """
+import sys, threading
+from pipeline.devtools.localkafka import LocalKafka
+broker = LocalKafka(sys.argv[1])
+starter = threading.Thread(target=broker.start, args=(90.0,))
+starter.start()
+starter.join()
+print(broker.pid, flush=True)
+threading.Event().wait()
+"""
+
+
+@pytest.mark.timeout(150)
+def test_a_broker_ends_with_the_process_that_started_it_even_from_a_thread(tmp_path: Path) -> None:
+    """SIGKILL of the starting process (no atexit runs) still stops the broker, also when a
+    worker thread started it, as `bench pipeline` does (asyncio.to_thread)."""
+    starter = subprocess.Popen(
+        [sys.executable, "-c", _START_FROM_A_THREAD, str(tmp_path / "kafka")],
+        stdout=subprocess.PIPE, cwd=Path(__file__).resolve().parents[2], text=True,
+    )
+    try:
+        assert starter.stdout is not None
+        pid = int(starter.stdout.readline())
+        assert psutil.pid_exists(pid)
+    finally:
+        starter.kill()
+        starter.wait()
+    deadline = time.monotonic() + 60
+    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, "the broker outlived its starter"
