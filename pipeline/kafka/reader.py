@@ -18,7 +18,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord
 
 from pipeline.config import KafkaSettings
-from pipeline.kafka.client import client_options
+from pipeline.kafka.client import client_options, stop_client
 
 Record = ConsumerRecord[bytes, bytes]
 Isolation = Literal["read_committed", "read_uncommitted"]
@@ -78,7 +78,7 @@ class TopicReader:
         return partitions
 
     async def stop(self) -> None:
-        await self._consumer.stop()
+        await stop_client(self._consumer.stop, "a topic reader")
 
     async def __aenter__(self) -> "TopicReader":
         await self.start()
