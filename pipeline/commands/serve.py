@@ -60,6 +60,9 @@ def consume(
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # The lag recorder assigns its probe to each lagging partition every sample, and aiokafka
+    # logs every assignment; the consumer logs its own group assignment itself.
+    logging.getLogger("aiokafka.consumer.subscription_state").setLevel(logging.WARNING)
 
     def show(c: Consumer) -> None:
         s = c.stats
