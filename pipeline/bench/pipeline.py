@@ -60,9 +60,9 @@ SUSTAINED_P99_MS = 1000.0
 DRAIN_S = 5.0
 """After the last send, answers still count for this long (then the run is cut)."""
 WARMUP_REQUESTS = 150
-"""Not counted: 3 s at 50 req/s. For about the first 1.5 s after a fresh consumer joins freshly
-created topics, Kafka hops on this host take 40-85 ms instead of 1-7 (cause not found); 40
-warm-up requests left that inside the measured window, where it set the p99 of a 30 s run."""
+"""Not counted: 3 s at 50 req/s. For about the first 1.5 s of traffic through a freshly started
+broker JVM (the bench starts one), Kafka hops take up to 15-85 ms instead of 1-7; 40 warm-up
+requests left that inside the measured window, where it set the p99 of a 30 s run."""
 RSS_SAMPLE_S = 0.5
 STEADY_SKIP_S = 1.0
 """Throughput counts answers arriving from this long after the first send to the end of
