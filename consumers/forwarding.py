@@ -1,12 +1,12 @@
-"""Tail forwarding: hand marked requests this consumer cannot serve soon to the whole group.
+"""Tail forwarding: hand overdue requests this consumer cannot serve soon to the whole group.
 
 A consumer whose partitions run hot builds a local queue deeper than one
-batch. Its tail-marked requests beyond the next batch would wait at least
-one more compute time here, while another consumer of the group may be
-idle. Forwarding them to the model's priority topic lets any consumer pull
-them first. The forward carries the original record time in a header
-(waiting keeps counting from the first enqueue), and the header doubles as
-the loop guard: a request that arrived as a forward is never forwarded again.
+batch. Its overdue requests (past the tail threshold) beyond the next batch
+would wait at least one more compute time here, while another consumer of
+the group may be idle. Forwarding them to the model's priority topic lets
+any consumer pull them first. The forward carries the original record time
+in a header (waiting keeps counting from the first enqueue), and the header
+doubles as the loop guard: a request that arrived as a forward is never forwarded again.
 Exactly-once answering rests on three rules: the original's offset is
 acknowledged only after the forward is on the broker, the forwarding
 consumer withdraws it from its own engine, and every consumer remembers the
@@ -32,19 +32,19 @@ def forward_headers(held: Held, consumer_id: str) -> list[tuple[str, bytes]]:
     ]
 
 
-def tails_to_forward(waiting: Iterable[PendingRequest], next_batch: int) -> list[PendingRequest]:
-    """Marked requests that will not fit in the next local batch, oldest first.
+def tails_to_forward(waiting: Iterable[PendingRequest], next_batch: int, overdue_before_ms: float) -> list[PendingRequest]:
+    """Overdue requests (recorded before `overdue_before_ms`: see
+    `BatchingEngine.overdue_before_ms`) that will not fit in the next local batch, oldest first.
 
-    Marked requests are dispatched first and oldest first, so the oldest
-    `next_batch` of them go in the next batch; the rest would wait for a
-    later one. Requests that already came as forwards stay (no ping-pong).
+    The oldest `next_batch` of them are left for the next batch; the rest would
+    wait for a later one. Requests that already came as forwards stay (no ping-pong).
     """
-    marked = [
+    overdue = [
         pr
         for pr in waiting
-        if pr.marked and not pr.payload.forwarded_in
+        if pr.enqueue_ms < overdue_before_ms and not pr.payload.forwarded_in
     ]
-    if len(marked) <= next_batch:
+    if len(overdue) <= next_batch:
         return []
-    marked.sort(key=lambda pr: pr.enqueue_ms)
-    return marked[next_batch:]
+    overdue.sort(key=lambda pr: pr.enqueue_ms)
+    return overdue[next_batch:]

@@ -510,7 +510,7 @@ class Consumer:
         if self.engine.pending <= cap or not self._others_share_priority():
             return
         room = self._limits.cached(self.priority_topic)
-        chosen = tails_to_forward(self._admission.waiting.values(), cap)
+        chosen = tails_to_forward(self._admission.waiting.values(), cap, self.engine.overdue_before_ms)
         messages: list[Message] = []
         answered: list[Held] = []
         for pr in chosen:

@@ -79,6 +79,12 @@ class BatchProfile:
     tail_mark_floor_ms: float | None = None
     """Never mark below this wait (None: max_wait_ms), so a p50 near zero (idle
     dispatch) does not mark everything; a wait the window itself allows is no tail."""
+    tail_mark_max_share: float = 0.01
+    """At most this share of dispatched requests is marked: marks are spent from a
+    budget that each dispatched request refills by this much, holding at most this
+    x `wait_sample_window`. In a burst every wait passes the quantile of the calm
+    before it, and marking all of them would reorder nothing; the budget keeps the
+    pull for the oldest. 1 turns the budget off."""
     tail_min_samples: int = 32
     """Waits observed before marking starts (a p50 of three samples means nothing)."""
     wait_sample_window: int = 2048
@@ -155,6 +161,8 @@ class BatchProfile:
                 f"tail_mark_ratio ({self.tail_mark_ratio}) must be > 1 with tail_mark_quantile "
                 f"{self.tail_mark_quantile}: otherwise half of all requests are marked"
             )
+        if not 0 < self.tail_mark_max_share <= 1:
+            p.append(f"tail_mark_max_share must be in (0, 1] (got {self.tail_mark_max_share})")
         if self.tail_mark_floor_ms is not None and self.tail_mark_floor_ms < 0:
             p.append(f"tail_mark_floor_ms must be >= 0 (got {self.tail_mark_floor_ms})")
         if self.priority_levels < 1:
@@ -321,7 +329,7 @@ class ConsumerSettings:
     fetch_max_records: int = 1000
     """Records per fetch call."""
     tail_forwarding: bool = True
-    """Forward marked requests that will not fit the next local batch to the priority topic."""
+    """Forward overdue requests (past the tail-marking threshold, marked or not) that will not fit the next local batch to the priority topic."""
     max_message_bytes: int = 1_048_576
     """Requests larger than this go to the dead-letter topic."""
     commit_interval_ms: float = 200.0

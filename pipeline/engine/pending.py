@@ -79,27 +79,31 @@ class PendingQueue:
                 oldest = entry[0]
         return oldest
 
-    def mark_older_than(self, threshold_ms: float, now_ms: float) -> int:
-        """Mark (stickily) every unmarked request that has waited past `threshold_ms`.
+    def mark_older_than(self, threshold_ms: float, now_ms: float, limit: int) -> int:
+        """Mark (stickily) up to `limit` unmarked requests that waited past
+        `threshold_ms`, oldest first across the levels.
 
-        Only the head of each level is looked at: it is the oldest, so it
-        crosses the threshold first; the loop stops at the first one that has
-        not. `marked_at_ms` is when the wait crossed the threshold, which the
-        engine only needs to notice before it next builds a batch.
+        Only the heads of the levels are looked at: each is its level's oldest,
+        so it crosses the threshold first; marking stops when no head has.
+        `marked_at_ms` is when the wait crossed the threshold, which the engine
+        only needs to notice before it next builds a batch.
         """
         marked = 0
         cutoff_ms = now_ms - threshold_ms
-        for heap in self._levels:
-            while True:
+        while marked < limit:
+            oldest: list[Entry] | None = None
+            for heap in self._levels:
                 entry = self._top(heap)
-                if entry is None or entry[0] >= cutoff_ms:
-                    break
-                heapq.heappop(heap)
-                request = entry[2]
-                request.marked = True
-                request.marked_at_ms = entry[0] + threshold_ms
-                heapq.heappush(self._marked, entry)
-                marked += 1
+                if entry is not None and entry[0] < cutoff_ms and (oldest is None or entry < oldest[0]):
+                    oldest = heap
+            if oldest is None:
+                break
+            entry = heapq.heappop(oldest)
+            request = entry[2]
+            request.marked = True
+            request.marked_at_ms = entry[0] + threshold_ms
+            heapq.heappush(self._marked, entry)
+            marked += 1
         return marked
 
     def take(self, cap: int) -> list[PendingRequest]:

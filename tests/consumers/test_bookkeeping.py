@@ -43,16 +43,16 @@ def test_a_revoked_partition_is_forgotten_and_never_committed() -> None:
     assert tracker.to_commit() == {other: 6}
 
 
-def _pending(i: int, *, marked: bool, forwarded_in: bool = False) -> PendingRequest:
+def _pending(i: int, *, marked: bool = False, forwarded_in: bool = False) -> PendingRequest:
     request = Request(id=f"r{i}", model="m", text="x")
     held = Held(request, b"{}", TP, i, enqueue_ms=1000 + i, fetch_ms=2000, tokens_in=1, tokens_out=0, forwarded_in=forwarded_in)
     return PendingRequest(request.id, float(1000 + i), payload=held, marked=marked)
 
 
-def test_only_marked_tails_beyond_the_next_batch_are_forwarded_and_never_twice() -> None:
-    waiting = [_pending(i, marked=i % 2 == 0) for i in range(20)]
-    waiting.append(_pending(99, marked=True, forwarded_in=True))
-    chosen = tails_to_forward(reversed(waiting), next_batch=4)
-    marked_oldest_first = [f"r{i}" for i in range(0, 20, 2)]
-    assert [pr.request_id for pr in chosen] == marked_oldest_first[4:]
-    assert tails_to_forward(waiting[:8], next_batch=4) == []
+def test_only_overdue_requests_beyond_the_next_batch_are_forwarded_and_never_twice() -> None:
+    """Overdue is the record time, not the mark: marks are rationed, forwarding is not."""
+    waiting = [_pending(i, marked=i == 15) for i in range(20)]
+    waiting.append(_pending(-5, forwarded_in=True))
+    chosen = tails_to_forward(reversed(waiting), next_batch=4, overdue_before_ms=1012.0)
+    assert [pr.request_id for pr in chosen] == [f"r{i}" for i in range(4, 12)]
+    assert tails_to_forward(waiting, next_batch=12, overdue_before_ms=1012.0) == []

@@ -36,6 +36,7 @@ def _profile(**changes: object) -> BatchProfile:
         tail_mark_ratio=2.0,
         tail_mark_quantile=0.5,
         tail_mark_floor_ms=0.0,
+        tail_mark_max_share=1.0,
         adaptive_window=False,
         max_wait_ms=10.0,
         adaptive_cap=False,
@@ -100,6 +101,26 @@ def test_marked_requests_leave_oldest_first_and_stay_marked() -> None:
     assert second is not None and second.record.marked_count == 2
 
 
+def test_a_burst_spends_the_mark_budget_on_its_oldest_requests() -> None:
+    """Every request of a burst waits past the calm's threshold; with a 25% budget
+    over a window of 8 only two marks are there to spend, and they go to the oldest
+    requests whatever their level. The budget refills by a quarter per dispatch."""
+    engine = BatchingEngine(_profile(tail_mark_max_share=0.25, wait_sample_window=8, hard_cap=8, target_size=8))
+    now = _seed_p50(engine, 10.0, 4)
+    for i, priority in enumerate([0, 2, 1, 0, 2, 1]):
+        engine.offer(request(now - 60.0 + i, priority=priority, name=f"burst{i}"), now)
+    engine.offer(request(now, priority=0, name="fresh"), now)
+    batch = engine.poll(now).batch
+    assert _ids(batch) == ["burst0", "burst1", "burst3", "fresh", "burst2", "burst5", "burst4"]
+    assert batch is not None and batch.record.marked_count == 2
+    assert engine.overdue_before_ms == now - 20.0, "all six are overdue (forwarding takes them), two are marked"
+    engine.completed(batch, now + 1.0, 1.0)
+    for i in range(6):
+        engine.offer(request(now - 300.0 + i, priority=2, name=f"late{i}"), now + 1.0)
+    again = engine.poll(now + 1.0).batch
+    assert again is not None and again.record.marked_count == 1, "7 dispatched x 0.25 refilled one whole mark"
+
+
 def test_marking_off_with_ratio_zero() -> None:
     engine = BatchingEngine(_profile(tail_mark_ratio=0.0))
     now = _seed_p50(engine, 10.0, 4)
@@ -144,3 +165,20 @@ def test_default_threshold_is_the_upper_tail_not_a_multiple_of_a_zero_p50() -> N
     batch = engine.poll(now).batch
     assert _ids(batch) == ["waited-160", "urgent", "waited-120"]
     assert batch is not None and batch.record.marked_count == 1
+
+
+def test_overdue_is_sticky_while_the_threshold_rises_and_counts_while_the_device_is_busy() -> None:
+    """The cut-off only moves forward: a request that crossed the threshold once stays overdue
+    when a backlog lifts the threshold past its wait. Polls with no free slot move it too
+    (forwarding scans while the device computes)."""
+    engine = BatchingEngine(_profile(tail_mark_max_share=0.25, wait_sample_window=8))
+    now = _seed_p50(engine, 10.0, 4)
+    for k in range(4):
+        engine.offer(request(now + k, name=f"slow{k}"), now + k)
+    assert engine.poll(now + 5.0, device_free=False).batch is None
+    assert engine.overdue_before_ms == now + 5.0 - 20.0
+    batch = engine.poll(now + 200.0).batch
+    assert batch is not None
+    engine.completed(batch, now + 200.0, 1.0)
+    assert engine.stats()["tail_threshold_ms"] > 200.0, "the slow batch lifted the threshold"
+    assert engine.overdue_before_ms == now + 200.0 - 20.0, "and the cut-off did not move back"
