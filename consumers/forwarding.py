@@ -6,11 +6,12 @@ would wait at least one more compute time here, while another consumer of
 the group may be idle. Forwarding them to the model's priority topic lets
 any consumer pull them first. The forward carries the original record time
 in a header (waiting keeps counting from the first enqueue), and the header
-doubles as the loop guard: a request that arrived as a forward is never forwarded again.
-Exactly-once answering rests on three rules: the original's offset is
-acknowledged only after the forward is on the broker, the forwarding
-consumer withdraws it from its own engine, and every consumer remembers the
-ids it answered (`consumers.intake.RecentIds`) to drop stray duplicates.
+doubles as the loop guard: a request that arrived as a forward is never
+forwarded again. Exactly-once answering rests on three rules: the
+original's offset is acknowledged only after the forward is on the broker,
+the forwarding consumer withdraws it from its own engine, and every
+consumer remembers the ids it answered (`consumers.intake.RecentIds`) to
+drop stray duplicates.
 """
 
 from __future__ import annotations
