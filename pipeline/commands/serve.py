@@ -27,9 +27,9 @@ def _config(path: Optional[Path]) -> Config:
 
 
 def _stop_on_signals(stop: asyncio.Event) -> None:
-    """The first SIGINT/SIGTERM stops cleanly (a consumer finishes, commits and closes:
-    bounded, but up to about a minute with the broker down); a second one exits at
-    once, and a consumer group gets what was not committed again."""
+    """The first SIGINT/SIGTERM stops cleanly (a consumer finishes, commits and closes
+    within `[consumer] stop_timeout_s`, broker or not); a second one exits at once, and
+    a consumer group gets what was not committed again."""
     loop = asyncio.get_running_loop()
 
     def on_signal(sig: signal.Signals) -> None:

@@ -154,8 +154,8 @@ def client_options(settings: KafkaSettings) -> ClientOptions:
     return options
 
 
-async def stop_client(stop: Callable[[], Awaitable[None]], what: str, timeout_s: float = CLIENT_STOP_S) -> bool:
-    """Stop an aiokafka client within `timeout_s`, whatever the broker does; False if it did not stop cleanly.
+async def stop_client(stop: Callable[[], Awaitable[None]], what: str, timeout_s: float = CLIENT_STOP_S) -> None:
+    """Stop an aiokafka client within `timeout_s`, whatever the broker does.
 
     With no broker answering, aiokafka's stop() can wait forever (a producer
     flushes what it holds, a consumer looks for its group coordinator), and a
@@ -165,7 +165,6 @@ async def stop_client(stop: Callable[[], Awaitable[None]], what: str, timeout_s:
     """
     try:
         await asyncio.wait_for(stop(), timeout_s)
-        return True
     except asyncio.TimeoutError:
         log.warning("%s did not stop within %.0f s (is the broker down?); left behind", what, timeout_s)
     except asyncio.CancelledError:
@@ -173,7 +172,6 @@ async def stop_client(stop: Callable[[], Awaitable[None]], what: str, timeout_s:
         if task is not None and task.cancelling():
             raise
         log.warning("%s stopped with its own tasks cancelled (is the broker down?)", what)
-    return False
 
 
 def topic_partitions(settings: KafkaSettings, models: dict[str, int]) -> dict[str, int]:
