@@ -230,6 +230,15 @@ class Proc:
     def alive(self) -> bool:
         return self._popen is not None and self._popen.poll() is None
 
+    def wait(self, timeout_s: float) -> int | None:
+        """The exit code once the process ends, or None if it is still running after `timeout_s`."""
+        if self._popen is None:
+            return None
+        try:
+            return self._popen.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+
     def kill(self) -> None:
         """SIGKILL: no shutdown hook runs, in-flight work is lost as in a crash."""
         self.meant_up = False

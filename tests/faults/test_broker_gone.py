@@ -46,11 +46,8 @@ def _consumer(stage: Stage, name: str, stop_timeout_s: float) -> Proc:
 
 def _exit_within(proc: Proc, timeout_s: float) -> tuple[int | None, float]:
     started = time.monotonic()
-    popen = proc._popen
-    assert popen is not None
-    while popen.poll() is None and time.monotonic() - started < timeout_s:
-        time.sleep(0.05)
-    return popen.poll(), time.monotonic() - started
+    code = proc.wait(timeout_s)
+    return code, time.monotonic() - started
 
 
 async def _busy(settings: KafkaSettings) -> None:
@@ -86,8 +83,7 @@ def test_sigterm_ends_a_busy_consumer_whose_broker_died(own_broker_stage: Stage)
         assert "Traceback" not in log, patient.log_tail(40)
 
         assert stubborn.alive, "with a 300 s budget and work it cannot publish, the first SIGTERM drains"
-        assert stubborn._popen is not None
-        stubborn._popen.send_signal(signal.SIGTERM)
+        stubborn.request_stop()
         code, took = _exit_within(stubborn, 5.0)
         assert code == 128 + signal.SIGTERM, f"exit code {code} after {took:.1f} s:\n{stubborn.log_tail(40)}"
         assert "second SIGTERM: exiting now" in stubborn.log_path.read_text(errors="replace")
