@@ -113,6 +113,9 @@ class LatencyEvent(msgspec.Struct, omit_defaults=False):
     last_token_ms: int = 0
     """Generation: epoch ms its last token was decoded (time per output token =
     (last_token_ms - first_token_ms) / (tokens_out - 1)); 0 when first_token_ms is."""
+    reason: str = ""
+    """Why a request was not answered `ok` (a rejection's reason such as `schema` or `too_long`,
+    `runner_error`, `deadline`, `oversize`); empty for `ok`."""
     v: int = SCHEMA_VERSION
 
 
@@ -213,4 +216,7 @@ class LagEvent(msgspec.Struct, omit_defaults=False):
     """Wall-clock ms of the last dispatched batch, seen to within a second; 0 before the first."""
     dead_letters: int
     """Records sent to the DLQ since the consumer started (a counter)."""
+    capacity_per_s: float = 0.0
+    """Requests per second this consumer's device sustains at its learned knee (cap / t(cap));
+    0 before it has measured a batch. The group's balance compares members by it."""
     v: int = SCHEMA_VERSION

@@ -18,6 +18,7 @@ LAG_COLUMNS = (
     "ts", "model", "consumer_id", "topic", "partition", "end_offset", "committed_offset", "lag",
     "oldest_time", "lag_age_ms", "queue", "inflight", "window_ms", "effective_cap", "cap_reason",
     "marked_share", "arrival_rate_per_s", "batches", "last_batch_time", "dead_letters", "schema_version",
+    "capacity_per_s",
 )  # fmt: skip
 
 NO_PARTITION = PartitionLag(topic="", partition=-1, end_offset=0, committed_offset=-1, lag=0, oldest_ms=0, lag_age_ms=0.0)
@@ -34,6 +35,7 @@ def lag_rows(e: LagEvent) -> list[list[Any]]:
             e.ts_ms, e.model, e.consumer_id, p.topic, p.partition, p.end_offset, p.committed_offset, p.lag,
             p.oldest_ms, p.lag_age_ms, e.queue, e.inflight, e.window_ms, e.effective_cap, e.cap_reason,
             e.marked_share, e.arrival_rate_per_s, e.batches, e.last_batch_ms, e.dead_letters, e.v,
+            e.capacity_per_s,
         ]  # fmt: skip
         for p in (e.partitions or [NO_PARTITION])
     ]

@@ -187,6 +187,7 @@ def _model_chunk(
         "warmup": np.zeros(n, bool),
         "first_token_time": first_token.tolist(),
         "last_token_time": last_token.tolist(),
+        "reason": np.where(ok, "", np.where(outcome_draw < 0.998, "deadline", "runner_error")).tolist(),
     }
     batches = {
         "batch_id": batch_id,
@@ -315,6 +316,7 @@ def latency_events(chunk: SeedChunk) -> list[LatencyEvent]:
             partition=_value(c["kafka_partition"], i), offset=_value(c["kafka_offset"], i),
             forwarded=_value(c["forwarded"], i), warmup=_value(c["warmup"], i),
             first_token_ms=c["first_token_time"][i], last_token_ms=c["last_token_time"][i],
+            reason=c["reason"][i],
         )
         for i in range(chunk.rows)
     ]  # fmt: skip

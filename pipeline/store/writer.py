@@ -26,7 +26,7 @@ LATENCY_COLUMNS = (
     "wait_ms", "compute_ms", "e2e_ms", "batch_id", "batch_size", "tail_marked", "priority",
     "tokens_in", "tokens_out", "device_mem_bytes", "device_mem_kind",
     "kafka_partition", "kafka_offset", "forwarded", "schema_version", "warmup",
-    "first_token_time", "last_token_time",
+    "first_token_time", "last_token_time", "reason",
 )  # fmt: skip
 
 BATCH_COLUMNS = (
@@ -47,7 +47,7 @@ def latency_row(e: LatencyEvent) -> list[Any]:
         e.wait_ms, e.compute_ms, e.e2e_ms, e.batch_id, e.batch_size, e.tail_marked, e.priority,
         e.tokens_in, e.tokens_out, e.device_mem_bytes, e.device_mem_kind,
         e.partition, e.offset, e.forwarded, e.v, e.warmup,
-        e.first_token_ms, e.last_token_ms,
+        e.first_token_ms, e.last_token_ms, e.reason,
     ]  # fmt: skip
 
 
