@@ -1,0 +1,164 @@
+"""Group-relative forwarding: hand a waiting request to the peer that would finish it sooner.
+
+Kafka's assignors spread partitions by count, not by speed, so a consumer
+on a slower device (an older card, a throttled one, a co-tenant model) or
+on a hot partition builds a queue that its faster peers never see. Every
+consumer of a model's group therefore says, a few times a second, how soon
+a request handed to it now would start and how long a small batch takes it
+(`MemberView`, the consumer's beacon). Each consumer compares, for the
+requests at the back of its own queue, when it would finish them itself
+with when the best peer would, one Kafka round trip later; when the peer is
+clearly sooner the request goes to a partition of the priority topic that
+the peer owns, which it pulls first.
+
+Clearly sooner means by at least `min_gain_ms` and by `gain_share` of the
+local finish: between equal consumers the predictions differ by noise, and
+a forward costs two Kafka hops and a commit, so they keep their own work.
+Each request forwarded to a peer adds one request's share of its time
+(1 / capacity) to its predicted start, so one scan never floods it; peers
+without a measured capacity or without priority partitions are not offered
+work. A request that arrived as a forward is never forwarded again (the
+caller leaves it out), so nothing ping-pongs.
+
+Pure: no clock, no Kafka. The consumer calls it with wall-clock times and
+its beacons; the simulator with virtual ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from pipeline.engine.costcurve import CostCurve
+
+DEFAULT_MIN_GAIN_MS = 20.0
+DEFAULT_GAIN_SHARE = 0.35
+
+
+@dataclass(frozen=True)
+class MemberView:
+    """What one consumer last said of itself: the beacon, as of `at_ms`."""
+
+    member_id: str
+    at_ms: float
+    start_in_ms: float
+    """How long a request handed to it at `at_ms` would wait for the device (busy time left plus
+    the queue ahead at its throughput)."""
+    small_batch_ms: float
+    """Its compute time for a small batch: the least a forwarded request costs it."""
+    capacity_per_s: float
+    """Cost units per second at its knee; 0 while it has measured nothing."""
+    partitions: tuple[int, ...]
+    """Partitions of the model's priority topic it owns: where work for it goes."""
+
+
+@dataclass(frozen=True)
+class LocalView:
+    """The forwarding consumer's own state at the scan."""
+
+    busy_for_ms: float
+    """Device time left on the batches running now (0 when the device is free)."""
+    cap: int
+    """Batch size a backlog is served at."""
+    batch_ms: Callable[[int], float]
+    """Its t(b), from the engine's learned curve."""
+
+
+@dataclass(frozen=True)
+class ForwardRule:
+    min_gain_ms: float = DEFAULT_MIN_GAIN_MS
+    gain_share: float = DEFAULT_GAIN_SHARE
+    hop_ms: float = 10.0
+    """One Kafka round trip (produce, then the peer's fetch), measured from the beacons' delay."""
+    stale_ms: float = 2000.0
+    """A beacon older than this is a peer that may be gone: it gets no work."""
+
+
+@dataclass(frozen=True)
+class Forward:
+    index: int
+    """Position of the request in the `queue` passed to `plan_forwards`."""
+    member_id: str
+    partition: int
+
+
+def local_finish_ms(position: int, queue_len: int, local: LocalView) -> float:
+    """When the request at `position` of a dispatch-ordered queue of `queue_len` would finish
+    here: the running batches, the full batches ahead of it, then its own batch."""
+    cap = max(1, local.cap)
+    ahead = position // cap
+    own = min(cap, queue_len - ahead * cap)
+    return local.busy_for_ms + ahead * local.batch_ms(cap) + local.batch_ms(own)
+
+
+def peer_finish_ms(peer: MemberView, now_ms: float, extra: int, rule: ForwardRule) -> float:
+    """When `peer` would finish one more request handed to it now, after `extra` already sent
+    since its beacon."""
+    start = max(0.0, peer.start_in_ms - (now_ms - peer.at_ms))
+    start += extra * 1000.0 / peer.capacity_per_s
+    return rule.hop_ms + start + peer.small_batch_ms
+
+
+def plan_forwards(
+    queue_len: int,
+    movable: Sequence[bool],
+    local: LocalView,
+    peers: Sequence[MemberView],
+    now_ms: float,
+    rule: ForwardRule,
+    sent: dict[str, int] | None = None,
+) -> list[Forward]:
+    """Which of the waiting requests to hand to which peer, back of the queue first.
+
+    `movable[i]` says whether the request at dispatch position i may leave (not a forward
+    itself); `sent` counts requests already handed to each peer since its current beacon and is
+    updated in place. The scan stops at the first position that no peer beats: the requests
+    ahead of it finish sooner here still.
+    """
+    sent = {} if sent is None else sent
+    usable = [
+        p for p in peers
+        if p.capacity_per_s > 0 and p.partitions and now_ms - p.at_ms <= rule.stale_ms
+    ]  # fmt: skip
+    if not usable or queue_len == 0:
+        return []
+    chosen: list[Forward] = []
+    remaining = queue_len
+    for position in range(queue_len - 1, -1, -1):
+        if not movable[position]:
+            continue
+        here = local_finish_ms(position, remaining, local)
+        best = min(usable, key=lambda p: peer_finish_ms(p, now_ms, sent.get(p.member_id, 0), rule))
+        there = peer_finish_ms(best, now_ms, sent.get(best.member_id, 0), rule)
+        if here - there < max(rule.min_gain_ms, rule.gain_share * here):
+            break
+        count = sent.get(best.member_id, 0)
+        partition = best.partitions[count % len(best.partitions)]
+        chosen.append(Forward(position, best.member_id, partition))
+        sent[best.member_id] = count + 1
+        remaining -= 1
+    return chosen
+
+
+def start_in_ms(queue_len: int, local: LocalView) -> float:
+    """What a consumer says in its beacon: how long a request handed to it now would wait for
+    the device (the same model of its queue as `local_finish_ms`)."""
+    cap = max(1, local.cap)
+    return local.busy_for_ms + (queue_len // cap) * local.batch_ms(cap)
+
+
+def curve_view(curve: CostCurve, busy_for_ms: float) -> LocalView | None:
+    """A consumer's LocalView from its engine's learned curve; None before it measured a batch."""
+    if curve.estimate_ms(1) is None:
+        return None
+
+    def batch_ms(size: int) -> float:
+        return curve.estimate_ms(size) or 0.0
+
+    return LocalView(busy_for_ms=busy_for_ms, cap=curve.cap, batch_ms=batch_ms)
+
+
+def capacity_per_s(view: LocalView) -> float:
+    """Cost units per second at the knee: what the group's balance compares members by."""
+    time_ms = view.batch_ms(view.cap)
+    return view.cap * 1000.0 / time_ms if time_ms > 0 else 0.0
