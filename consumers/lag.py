@@ -162,6 +162,8 @@ class RecordedConsumer(Protocol):
     engine: Any
     stats: Any
 
+    def beacon(self) -> Any: ...
+
 
 class LagRecorder:
     """Publishes a LagEvent for one consumer every `interval_s` until stopped."""
@@ -250,6 +252,7 @@ class LagRecorder:
             batches=int(c.stats.batches),
             last_batch_ms=self._last_batch_ms,
             dead_letters=int(c.stats.dead_letters),
+            capacity_per_s=c.beacon().capacity_per_s,
         )
 
 

@@ -42,7 +42,8 @@ from consumers.admit import Admission
 from consumers.answers import Answers, BatchTiming, Held
 from consumers.delivery import Delivery
 from consumers.fetcher import Fetcher
-from consumers.forwarding import forward_headers, tails_to_forward
+from consumers.fleet import Fleet
+from consumers.forwarding import forward_headers
 from consumers.heap import freeze_heap
 from consumers.intake import Rejection
 from consumers.publish import Publisher
@@ -56,14 +57,17 @@ from pipeline.kafka.topic_limits import TopicLimits
 from pipeline.config import Config, ConsumerSettings, KafkaSettings, ModelConfig
 from pipeline.engine.decisions import Batch, PendingRequest
 from pipeline.engine.engine import BatchingEngine
-from schemas.messages import Outcome, Request
+from pipeline.engine.fleet import ForwardRule, capacity_per_s, curve_view, plan_forwards, start_in_ms
+from schemas.messages import FleetBeacon, Outcome, Request
 
 log = logging.getLogger("batchtide.consumer")
 
 STOP_WORK_SHARE = 0.8
 """Share of `stop_timeout_s` for finishing held work; committing and closing get the rest."""
 FORWARD_SCAN_INTERVAL_MS = 20.0
-"""Looking for tails to forward scans the local queue; at most this often."""
+"""Looking for requests a peer would finish sooner scans the local queue; at most this often."""
+BATCH_MS_WEIGHT = 0.2
+"""Weight of the newest batch in the recent batch time the consumer's beacon carries."""
 WARM_UP_TEXT = "warm up the device before the group hands this consumer its partitions"
 WARM_UP_MAX_BATCH = 64
 WARM_UP_BUDGET_S = 2.0
@@ -145,7 +149,11 @@ class Consumer:
         self._wake: asyncio.TimerHandle | None = None
         self._wake_at: float | None = None
         self._last_forward_scan = 0.0
-        self._next_batch_cap = engine.ceiling
+        self._batch_ms = 0.0
+        """Recent batch compute time (a moving average): what the group is told a forward costs here."""
+        self._busy_until: dict[int, float] = {}
+        """Expected end (wall-clock ms, from the learned t(b)) of each batch on the device."""
+        self.fleet: Fleet | None = None
         self._stopping = False
         self._failure: BaseException | None = None
         self._own_topics = {
@@ -202,6 +210,9 @@ class Consumer:
         )
         self._fetcher = Fetcher(self._consumer, self.priority_topic, self.settings.max_queue, self.stats)
         self._consumer.subscribe([self.request_topic, self.priority_topic], listener=_Rebalance(self))
+        if self.settings.fleet_beacon_ms > 0:
+            self.fleet = Fleet(self.kafka, self.group_id, self.consumer_id, self.settings.fleet_beacon_ms, self.beacon)
+            self.fleet.start()
 
     def _warm_up(self) -> None:
         """Load the model and run throwaway batches of doubling size (a real model's first
@@ -261,6 +272,8 @@ class Consumer:
         for a broker that is gone); CLIENT_STOP_S each when the consumer ends by an error."""
         if self._wake is not None:
             self._wake.cancel()
+        if self.fleet is not None:
+            await self.fleet.stop()
         if self._consumer is not None:
             await stop_client(self._consumer.stop, f"consumer {self.consumer_id}: the Kafka consumer", _share_of(stop_by, 2))
         abandoned = self._inflight | self._publishing
@@ -356,7 +369,7 @@ class Consumer:
         self._set_wake(wake_at)
         if self.settings.tail_forwarding and now - self._last_forward_scan >= FORWARD_SCAN_INTERVAL_MS:
             self._last_forward_scan = now
-            self._forward_tails()
+            self._forward_to_peers(now)
         queued = engine.pending
         self.stats.queue = queued
         if queued < self.settings.max_queue:
@@ -379,7 +392,8 @@ class Consumer:
         self._drive()
 
     def _dispatch(self, batch: Batch, now: float) -> None:
-        self._next_batch_cap = batch.record.effective_cap
+        expected = self.engine.curve.estimate_ms(batch.record.cost)
+        self._busy_until[batch.batch_id] = now + (expected or 0.0)
         for pr in batch.requests:
             self._admission.running(pr.payload)
         self.stats.batches += 1
@@ -409,8 +423,11 @@ class Consumer:
             outputs, failures, memory = await loop.run_in_executor(self._device, self._compute, reqs)
         finally:
             self._computing -= 1
+            self._busy_until.pop(batch.batch_id, None)
         end = now_ms()
         self.engine.completed(batch, end, end - start)
+        took = end - start
+        self._batch_ms = self._batch_ms + BATCH_MS_WEIGHT * (took - self._batch_ms) if self._batch_ms else took
         self._drive()
         timing = BatchTiming(int(dispatch_ms), int(start), int(end), 0, memory[0], memory[1])
         answers = self._answers
@@ -503,19 +520,57 @@ class Consumer:
             offsets.append((tp, record.offset))
         self._track(self._publishing, self._publish(messages, [], offsets))
 
-    # ---- tail forwarding ---------------------------------------------------
+    # ---- balancing the group ---------------------------------------------
 
-    def _forward_tails(self) -> None:
-        cap = self._next_batch_cap
-        if self.engine.pending <= cap or not self._others_share_priority():
+    def _busy_for(self, now: float) -> float:
+        return max(0.0, max((end - now for end in self._busy_until.values()), default=0.0))
+
+    def beacon(self) -> FleetBeacon:
+        """What this consumer tells its group: how soon it could start one more request."""
+        now = now_ms()
+        view = curve_view(self.engine.curve, self._busy_for(now))
+        consumer = self._consumer
+        owned = consumer.assignment() if consumer is not None else set()
+        return FleetBeacon(
+            member_id=self.consumer_id,
+            model=self.model.name,
+            group=self.group_id,
+            at_ms=int(now),
+            start_in_ms=start_in_ms(self.engine.pending, view) if view is not None else 0.0,
+            batch_ms=self._batch_ms or (view.t_ms(1) if view is not None else 0.0),
+            capacity_per_s=capacity_per_s(view) if view is not None else 0.0,
+            partitions=sorted(tp.partition for tp in owned if tp.topic == self.priority_topic),
+        )
+
+    def _forward_to_peers(self, now: float) -> None:
+        """Hand the back of the queue to peers that would finish it clearly sooner
+        (`pipeline.engine.fleet.plan_forwards`), each to a priority partition its peer owns."""
+        fleet = self.fleet
+        if fleet is None or self.engine.pending <= 1:
             return
+        view = curve_view(self.engine.curve, self._busy_for(now))
+        peers = fleet.peers()
+        if view is None or not peers:
+            return
+        queue = sorted(self._admission.waiting.values(), key=lambda pr: (not pr.marked, pr.enqueue_ms))
+        rule = ForwardRule(
+            min_gain_ms=self.settings.forward_min_gain_ms,
+            gain_share=self.settings.forward_gain_share,
+            hop_ms=fleet.hop_ms,
+        )
+        plan = plan_forwards(
+            len(queue), [not pr.payload.forwarded_in for pr in queue], view, peers, now, rule, fleet.sent
+        )
         room = self._limits.cached(self.priority_topic)
-        chosen = tails_to_forward(self._admission.waiting.values(), cap, self.engine.overdue_before_ms)
         messages: list[Message] = []
         answered: list[Held] = []
-        for pr in chosen:
+        for forward in plan:
+            pr = queue[forward.index]
             held: Held = pr.payload
-            message = Message(self.priority_topic, held.request.id.encode(), held.raw, forward_headers(held, self.consumer_id))
+            message = Message(
+                self.priority_topic, held.request.id.encode(), held.raw, forward_headers(held, self.consumer_id),
+                partition=forward.partition,
+            )
             if room is None or message.size > room:
                 continue  # the priority topic would refuse it: it stays here
             self.engine.withdraw(pr)
@@ -526,14 +581,6 @@ class Consumer:
             return
         self.stats.forwarded += len(messages)
         self._track(self._publishing, self._publish(messages, answered, remember=False))
-
-    def _others_share_priority(self) -> bool:
-        """Forwarding helps only if another consumer owns part of the priority topic."""
-        consumer = self._consumer
-        assert consumer is not None
-        partitions = consumer.partitions_for_topic(self.priority_topic) or set()
-        owned = {tp.partition for tp in consumer.assignment() if tp.topic == self.priority_topic}
-        return bool(partitions - owned)
 
     # ---- publishing and committing -------------------------------------------
 

@@ -329,7 +329,15 @@ class ConsumerSettings:
     fetch_max_records: int = 1000
     """Records per fetch call."""
     tail_forwarding: bool = True
-    """Forward overdue requests (past the tail-marking threshold, marked or not) that will not fit the next local batch to the priority topic."""
+    """Balance the group by speed: hand a waiting request to the peer of the group that would finish it clearly sooner
+    (by `forward_min_gain_ms` and `forward_gain_share` of the local finish), through a priority partition that peer owns."""
+    forward_min_gain_ms: float = 30.0
+    """A forward must save at least this much of the request's predicted finish (a forward costs two Kafka hops)."""
+    forward_gain_share: float = 0.35
+    """...and at least this share of it, so equal consumers keep their own work whatever the noise in their predictions."""
+    fleet_beacon_ms: float = 200.0
+    """How often each consumer tells its group (topic `<prefix>.fleet`) how soon it could start a request, its recent batch
+    time and capacity; its peers forward by it. 0 turns beacons, and so forwarding to this consumer, off."""
     max_message_bytes: int = 1_048_576
     """Requests larger than this go to the dead-letter topic."""
     commit_interval_ms: float = 200.0
@@ -442,6 +450,11 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
     consumer = ConsumerSettings(
         **_coerce(f"{source} [consumer]", ConsumerSettings, data.get("consumer", {}))
     )
+    if consumer.forward_min_gain_ms < 0 or not 0 <= consumer.forward_gain_share < 1 or consumer.fleet_beacon_ms < 0:
+        raise ConfigError(
+            f"{source} [consumer]: forward_min_gain_ms and fleet_beacon_ms must be >= 0 and forward_gain_share in [0, 1) "
+            f"(got {consumer.forward_min_gain_ms}, {consumer.fleet_beacon_ms}, {consumer.forward_gain_share})"
+        )
     if consumer.stop_timeout_s <= 0:
         raise ConfigError(f"{source} [consumer]: stop_timeout_s must be > 0 (got {consumer.stop_timeout_s})")
     alerts = AlertSettings(**_coerce(f"{source} [alerts]", AlertSettings, data.get("alerts", {})))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import msgspec
 
-from schemas.messages import BatchEvent, DeadLetter, LagEvent, LatencyEvent, Request, Result
+from schemas.messages import BatchEvent, DeadLetter, FleetBeacon, LagEvent, LatencyEvent, Request, Result
 
 HERE = Path(__file__).parent
 MESSAGES: dict[str, type] = {
@@ -22,6 +22,7 @@ MESSAGES: dict[str, type] = {
     "batch_event": BatchEvent,
     "dead_letter": DeadLetter,
     "lag_event": LagEvent,
+    "fleet_beacon": FleetBeacon,
 }
 
 

@@ -220,3 +220,23 @@ class LagEvent(msgspec.Struct, omit_defaults=False):
     """Requests per second this consumer's device sustains at its learned knee (cap / t(cap));
     0 before it has measured a batch. The group's balance compares members by it."""
     v: int = SCHEMA_VERSION
+
+
+class FleetBeacon(msgspec.Struct, omit_defaults=False):
+    """One per consumer every `fleet_beacon_ms` on `<prefix>.fleet`: how soon it could serve one more
+    request. Its peers forward waiting requests to it when it would finish them clearly sooner."""
+
+    member_id: str
+    model: str
+    group: str
+    at_ms: int
+    """Wall-clock ms when the beacon was made (peers age `start_in_ms` by it)."""
+    start_in_ms: float
+    """How long a request handed to it at `at_ms` would wait for the device."""
+    batch_ms: float
+    """Its recent batch compute time (a moving average; t(1) from its learned curve before any batch)."""
+    capacity_per_s: float
+    """Cost units per second at its knee; 0 before it measured a batch."""
+    partitions: list[int]
+    """Partitions of the model's priority topic it owns."""
+    v: int = SCHEMA_VERSION

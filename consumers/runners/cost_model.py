@@ -8,15 +8,21 @@ pipeline's own overhead. Both are `simulated=True`; their outputs are
 deterministic placeholders (an empty embedding, `text` = ``"[simulated]"``)
 so a client can never mistake them for a model's answer.
 
-Test hook: with `poison_marker` set, a request whose text contains the marker
+Test hooks: with `poison_marker` set, a request whose text contains the marker
 makes `run()` raise, as a real model would on an input it cannot handle. It is
-off unless a test or `batchtide chaos` turns it on.
+off unless a test or `batchtide chaos` turns it on. With the environment
+variable `BATCHTIDE_COST_SLOWDOWN_FILE` naming a file that holds
+`FROM_MS TO_MS FACTOR` (wall-clock epoch ms), batches that start inside that
+window cost FACTOR times more: a device that throttles mid-run
+(`bench fleet`). The file may appear or change while the runner runs.
 """
 
 from __future__ import annotations
 
 import bisect
+import os
 import time
+from pathlib import Path
 from typing import Final
 
 from pipeline.config import ModelConfig
@@ -27,6 +33,8 @@ from .base import MemoryKind, Output, process_rss
 SIMULATED_TEXT: Final = "[simulated]"
 POISON_MARKER: Final = "__poison__"
 """The marker tests put into a request's text when the hook is on."""
+SLOWDOWN_FILE_ENV: Final = "BATCHTIDE_COST_SLOWDOWN_FILE"
+SLOWDOWN_REREAD_S = 0.5
 
 
 class PoisonError(RuntimeError):
@@ -68,6 +76,29 @@ class CostCurve:
         lo = min(max(i - 1, 0), len(sizes) - 2)
         b0, b1, t0, t1 = sizes[lo], sizes[lo + 1], ms[lo], ms[lo + 1]
         return max(0.0, t0 + (t1 - t0) * (size - b0) / (b1 - b0))
+
+
+class Slowdown:
+    """The slowdown hook: the factor in force now, from a file re-read at most every SLOWDOWN_REREAD_S."""
+
+    def __init__(self, path: str | None) -> None:
+        self._path = Path(path) if path else None
+        self._window = (0.0, 0.0, 1.0)
+        self._read_at = -SLOWDOWN_REREAD_S
+
+    def factor(self) -> float:
+        if self._path is None:
+            return 1.0
+        now = time.monotonic()
+        if now - self._read_at >= SLOWDOWN_REREAD_S:
+            self._read_at = now
+            try:
+                start, end, factor = (float(v) for v in self._path.read_text().split())
+                self._window = (start, end, factor)
+            except (OSError, ValueError):
+                self._window = (0.0, 0.0, 1.0)
+        start, end, factor = self._window
+        return factor if start <= time.time() * 1000.0 < end else 1.0
 
 
 class ZeroCostRunner:
@@ -122,6 +153,7 @@ class CostModelRunner(ZeroCostRunner):
         super().__init__(model, poison_marker=poison_marker)
         self.curve = CostCurve(model.cost_points, model.cost_a_ms, model.cost_c_ms)
         self._tokens = model.profile.cost_unit == "tokens"
+        self._slowdown = Slowdown(os.environ.get(SLOWDOWN_FILE_ENV))
 
     def batch_cost(self, reqs: list[Request]) -> float:
         """Batch size in the profile's cost unit (requests, or tokens in + out)."""
@@ -130,7 +162,7 @@ class CostModelRunner(ZeroCostRunner):
         return float(sum(sum(self.measure(r)) for r in reqs))
 
     def run(self, reqs: list[Request]) -> list[Output]:
-        deadline = time.perf_counter() + self.curve.ms(self.batch_cost(reqs)) / 1000.0
+        deadline = time.perf_counter() + self.curve.ms(self.batch_cost(reqs)) * self._slowdown.factor() / 1000.0
         self._raise_on_poison(reqs)
         outputs = [self._placeholder(r) for r in reqs]
         remaining = deadline - time.perf_counter()

@@ -44,6 +44,7 @@ import psutil
 from pipeline.kafka.client import Topics, ensure_topics, stable_group_size
 from pipeline.kafka.reader import Record, TopicReader
 from pipeline.devtools.producer import Load, LoadProducer, poisson_load
+from consumers.runners.cost_model import SLOWDOWN_FILE_ENV
 from consumers.runners.iteration import JOIN_SLOTS
 from pipeline.config import KafkaSettings
 
@@ -65,6 +66,8 @@ broker JVM (the bench starts one), Kafka hops take up to 15-85 ms instead of 1-7
 requests left that inside the measured window, where it set the p99 of a 30 s run."""
 RSS_SAMPLE_S = 0.5
 STEADY_SKIP_S = 1.0
+WINDOW_S = 5.0
+"""Width of the windows of `Trial.p99_by_window_ms` (how fast a slowdown's tail clears)."""
 """Throughput counts answers arriving from this long after the first send to the end of
 the send window: a pipeline that keeps up answers at the offered rate there, one that
 falls behind answers at its capacity."""
@@ -109,6 +112,11 @@ class BenchOptions:
     timeout_ms: int | None = None
     """Deadline of every measured request (Request.timeout_ms): past it the answer is `expired`,
     so an overloaded consumer sheds work instead of holding it (warm-up requests have none)."""
+    straggler: float = 1.0
+    """cost-model: consumer 0's t(b) multiplied by this (a slower device in the group)."""
+    slowdown: tuple[float, float, float] | None = None
+    """cost-model: (from_s, to_s, factor): consumer 0's t(b) multiplied by factor over that part of
+    the measured load (a device that throttles mid-run)."""
 
 
 @dataclass
@@ -150,6 +158,12 @@ class Trial:
     """...its highest sample (every RSS_SAMPLE_S) over the load and the drain."""
     rss_end_mib: float = float("nan")
     """...after the drain: bounded memory ends near where it started, a leak or an unbounded queue does not."""
+    by_consumer: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Per answering consumer: requests, share, p50_ms, p99_ms."""
+    forwarded: int = 0
+    """Requests the consumers handed to a peer (from their logs' last counters)."""
+    p99_by_window_ms: list[float] = field(default_factory=list)
+    """e2e p99 of the requests sent in each WINDOW_S of the load, in order."""
 
     @property
     def sustained(self) -> bool:
@@ -214,8 +228,8 @@ def llm_section(options: BenchOptions) -> str:
     )
 
 
-def consumer_config(options: BenchOptions, kafka: KafkaSettings) -> str:
-    """The TOML a consumer process is started with."""
+def consumer_config(options: BenchOptions, kafka: KafkaSettings, slower: float = 1.0) -> str:
+    """The TOML a consumer process is started with (`slower` multiplies a cost-model device's t(b))."""
     if options.runner == "smollm":
         return (
             f'[models.{MODEL}]\n{llm_section(options)}isolation = "{options.isolation}"\npartitions = {options.partitions}\n\n'
@@ -229,7 +243,7 @@ def consumer_config(options: BenchOptions, kafka: KafkaSettings) -> str:
             f"torch_threads = {options.torch_threads}\nmax_input_tokens = 256\n"
         )
     elif options.runner == "cost-model":
-        runner = f'runner = "cost-model"\ncost_a_ms = {options.cost_a_ms}\ncost_c_ms = {options.cost_c_ms}\n'
+        runner = f'runner = "cost-model"\ncost_a_ms = {options.cost_a_ms * slower}\ncost_c_ms = {options.cost_c_ms * slower}\n'
     else:
         runner = 'runner = "zero-cost"\n'
     profile = f"hard_cap = {options.hard_cap}\ntarget_size = {min(32, options.hard_cap)}\n"
@@ -249,6 +263,9 @@ class ConsumerProcesses:
         self.options = options
         self.config = workdir / f"{kafka.topic_prefix}.toml"
         self.config.write_text(consumer_config(options, kafka))
+        self.straggler_config = workdir / f"{kafka.topic_prefix}-straggler.toml"
+        self.straggler_config.write_text(consumer_config(options, kafka, options.straggler))
+        self.slowdown_file = workdir / f"{kafka.topic_prefix}-slowdown"
         self.logs = [workdir / f"{kafka.topic_prefix}-consumer-{i}.log" for i in range(options.consumers)]
         self.procs: list[subprocess.Popen[bytes]] = []
 
@@ -270,15 +287,32 @@ class ConsumerProcesses:
             env["BATCHTIDE_PROFILE_DIR"] = str(profiles)
         for i in which if which is not None else range(self.at_start):
             log = self.logs[i]
+            config = self.straggler_config if i == 0 and self.options.straggler != 1.0 else self.config
             command = [
                 sys.executable, "-m", "pipeline.cli", "consume", "--model", MODEL,
-                "--config", str(self.config), "--consumer-id", f"bench-{i}", "--no-create-topics",
+                "--config", str(config), "--consumer-id", f"bench-{i}", "--no-create-topics",
             ]
+            own_env = dict(env, **{SLOWDOWN_FILE_ENV: str(self.slowdown_file)}) if i == 0 and self.options.slowdown else env
             guard = shutil.which("setpriv")
             if guard:  # a consumer gets SIGTERM (its clean stop) if the bench dies first
                 command = [guard, "--pdeathsig", "TERM", *command]
             with open(log, "wb") as out:
-                self.procs.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT))
+                self.procs.append(subprocess.Popen(command, cwd=ROOT, env=own_env, stdout=out, stderr=subprocess.STDOUT))
+
+    def slow_down(self, first_send_ms: float) -> None:
+        """Arm the slowdown hook of consumer 0 for `options.slowdown`, counted from the load's start."""
+        if self.options.slowdown is None:
+            return
+        start_s, end_s, factor = self.options.slowdown
+        self.slowdown_file.write_text(f"{first_send_ms + start_s * 1000.0} {first_send_ms + end_s * 1000.0} {factor}\n")
+
+    def forwarded(self) -> int:
+        """Requests handed to peers: the last `forwarded=` counter each consumer logged."""
+        total = 0
+        for log in self.logs:
+            found = FORWARDED.findall(log.read_text(errors="replace")) if log.exists() else []
+            total += int(found[-1]) if found else 0
+        return total
 
     def cpu_s(self) -> float:
         """CPU seconds used so far by the consumer processes and their device processes."""
@@ -329,15 +363,20 @@ class ConsumerProcesses:
                 proc.wait()
 
 
+FORWARDED = re.compile(r"forwarded=(\d+)")
+
+
 class ResultCollector:
     """Reads the results topic and stamps each answer's arrival on the client's clock."""
 
     OUTCOME = re.compile(rb'"outcome":"([a-z]+)"')
+    CONSUMER = re.compile(rb'"consumer_id":"([^"]*)"')
 
     def __init__(self, kafka: KafkaSettings) -> None:
         self.kafka = kafka
         self.received_ms: dict[str, float] = {}
         self.outcomes: dict[str, str] = {}
+        self.consumers: dict[str, str] = {}
         self._reader = TopicReader(kafka, Topics(kafka.topic_prefix).results(MODEL))
         self._task: asyncio.Task[bool] | None = None
 
@@ -351,6 +390,8 @@ class ResultCollector:
             self.received_ms[key] = time.time() * 1000.0
             found = self.OUTCOME.search(record.value or b"")
             self.outcomes[key] = found.group(1).decode() if found else "undecodable"
+            by = self.CONSUMER.search(record.value or b"")
+            self.consumers[key] = by.group(1).decode() if by else ""
 
     async def wait_for(self, ids: list[str], timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -540,6 +581,7 @@ async def run_trial(
             rss_peak = [rss_start]
             sampler = asyncio.create_task(consumers.sample_rss(rss_peak))
             try:
+                consumers.slow_down(time.time() * 1000.0)
                 report = await producer.send(load)
                 if late is not None:
                     late.cancel()
@@ -575,6 +617,9 @@ async def run_trial(
         for i in answered:
             outcomes[collector.outcomes[i]] = outcomes.get(collector.outcomes[i], 0) + 1
         return Trial(
+            by_consumer=by_consumer(answered, collector, latencies),
+            forwarded=consumers.forwarded(),
+            p99_by_window_ms=windowed_p99(timeline, options.duration_s),
             offered_rps=rate,
             duration_s=options.duration_s,
             sent=len(ids),
@@ -609,6 +654,31 @@ async def run_trial(
         consumers.stop()
 
 
+def by_consumer(answered: list[str], collector: ResultCollector, latencies: np.ndarray) -> dict[str, dict[str, float]]:
+    """Requests, share and e2e p50/p99 of each consumer that answered."""
+    groups: dict[str, list[float]] = {}
+    for request_id, latency in zip(answered, latencies):
+        groups.setdefault(collector.consumers.get(request_id, ""), []).append(float(latency))
+    return {
+        name: {
+            "requests": len(values),
+            "share": len(values) / max(len(answered), 1),
+            "p50_ms": _percentile(np.array(values), 50),
+            "p99_ms": _percentile(np.array(values), 99),
+        }
+        for name, values in sorted(groups.items())
+    }
+
+
+def windowed_p99(timeline: np.ndarray, duration_s: float) -> list[float]:
+    """e2e p99 of the requests sent in each WINDOW_S of the load (NaN for an empty window)."""
+    if timeline.size == 0:
+        return []
+    windows = max(1, int(np.ceil(duration_s / WINDOW_S)))
+    index = np.minimum((timeline[:, 0] // (WINDOW_S * 1000.0)).astype(int), windows - 1)
+    return [_percentile(timeline[index == w, 1], 99) for w in range(windows)]
+
+
 def describe(trial: Trial) -> str:
     return (
         f"  -> answered {trial.answered}/{trial.sent}, {trial.throughput_rps:.0f} req/s"
@@ -621,7 +691,18 @@ def describe(trial: Trial) -> str:
         + (f"\n     outcomes {trial.outcomes}; consumer RSS start {trial.rss_start_mib:.0f} MiB, "
            f"peak {trial.rss_peak_mib:.0f} MiB, end {trial.rss_end_mib:.0f} MiB")
         + stage_line(trial)
+        + consumer_line(trial)
     )
+
+
+def consumer_line(trial: Trial) -> str:
+    if len(trial.by_consumer) < 2 and not trial.forwarded:
+        return ""
+    each = "; ".join(
+        f"{name or '?'}: {f['share']:.0%} of answers, p50 {f['p50_ms']:.0f} ms, p99 {f['p99_ms']:.0f} ms"
+        for name, f in trial.by_consumer.items()
+    )
+    return f"\n     by consumer: {each}; forwarded {trial.forwarded}"
 
 
 def stage_line(trial: Trial) -> str:

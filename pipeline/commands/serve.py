@@ -207,6 +207,8 @@ def bench_pipeline(
     equal_tokens: int = typer.Option(64, "--equal-tokens", help="smollm: max_new_tokens of the all-equal load."),
     llm_profile: Optional[Path] = typer.Option(Path("var/profiles/smollm.json"), "--profile", help="smollm: profile file (token cap, machine limit)."),
     timeout_ms: Optional[int] = typer.Option(None, "--timeout-ms", help="Deadline of every request (expired past it): overload with deadlines; RSS is printed per run."),
+    straggler: float = typer.Option(1.0, "--straggler", help="cost-model: consumer 0's t(b) multiplied by this (a slower device in the group)."),
+    slowdown: Optional[str] = typer.Option(None, "--slowdown", help="cost-model: FROM:TO:FACTOR, consumer 0's t(b) times FACTOR from FROM to TO seconds into the load."),
 ) -> None:
     """Real pipeline bench: open-loop producer -> Kafka -> consumer process(es) -> results, end to end."""
     import logging
@@ -222,6 +224,13 @@ def bench_pipeline(
         raise typer.Exit(2)
     if timeout_ms is not None and timeout_ms <= 0:
         typer.echo(f"error: --timeout-ms must be > 0 (got {timeout_ms})", err=True)
+        raise typer.Exit(2)
+    window = parse_slowdown(slowdown) if slowdown else None
+    if (straggler != 1.0 or window) and runner != "cost-model":
+        typer.echo("error: --straggler and --slowdown need --runner cost-model", err=True)
+        raise typer.Exit(2)
+    if straggler <= 0:
+        typer.echo(f"error: --straggler must be > 0 (got {straggler})", err=True)
         raise typer.Exit(2)
     if not find_max and rates is None:
         typer.echo("error: give --find-max and/or --rates R1,R2,...", err=True)
@@ -252,6 +261,8 @@ def bench_pipeline(
         isolation=isolation,  # type: ignore[arg-type]
         llm_profile=str(llm_profile) if llm_profile else None,
         timeout_ms=timeout_ms,
+        straggler=straggler,
+        slowdown=window,
     )
     mode_list = tuple(m.strip() for m in modes.split(",") if m.strip())
     if runner == "smollm" and not set(mode_list) <= {"static", "iteration", "fixed"}:
@@ -280,6 +291,19 @@ def bench_pipeline(
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(figures, indent=2))
         typer.echo(f"wrote {json_out}")
+
+
+def parse_slowdown(text: str) -> tuple[float, float, float]:
+    """FROM:TO:FACTOR (seconds into the load, and the multiplier), or a usage error."""
+    try:
+        start, end, factor = (float(part) for part in text.split(":"))
+    except ValueError:
+        typer.echo(f"error: --slowdown takes FROM:TO:FACTOR, e.g. 30:90:3 (got {text!r})", err=True)
+        raise typer.Exit(2) from None
+    if not 0 <= start < end or factor <= 0:
+        typer.echo(f"error: --slowdown needs 0 <= FROM < TO and FACTOR > 0 (got {text!r})", err=True)
+        raise typer.Exit(2)
+    return start, end, factor
 
 
 def register(app: typer.Typer) -> None:

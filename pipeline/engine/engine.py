@@ -76,8 +76,6 @@ class BatchingEngine:
         )
         self._mark_budget = self._mark_budget_max
         """Marks that may still be made (see `tail_mark_max_share`)."""
-        self._overdue_before_ms = -math.inf
-        """Requests recorded before this waited past the tail threshold at some poll (see `overdue_before_ms`)."""
         self._curve = CostCurve(
             ceiling,
             profile.knee_tolerance,
@@ -110,14 +108,6 @@ class BatchingEngine:
     @property
     def curve(self) -> CostCurve:
         return self._curve
-
-    @property
-    def overdue_before_ms(self) -> float:
-        """Record time before which every request is overdue: it waited past the tail-marking
-        threshold at some poll, whether the mark budget covered it or not. Sticky like a mark
-        (the threshold rises with a backlog; an early crossing still counts), but unrationed:
-        tail forwarding hands overdue requests to the group, marks only order the local queue."""
-        return self._overdue_before_ms
 
     @property
     def target_size(self) -> int:
@@ -163,12 +153,10 @@ class BatchingEngine:
             self._held = False
             self._window_ms = 0.0
             return Decision(None, expired, self._next_deadline())
-        threshold = self._waits.threshold_ms()
-        if threshold is not None:
-            self._overdue_before_ms = max(self._overdue_before_ms, now_ms - threshold)
         free = self.profile.max_inflight_batches - len(self._inflight) if device_free else 0
         if free <= 0:
             return Decision(None, expired, self._next_deadline())
+        threshold = self._waits.threshold_ms()
         if threshold is not None and self._mark_budget >= 1.0:
             limit = queue.count if self._mark_budget == math.inf else int(self._mark_budget)
             self._mark_budget -= queue.mark_older_than(threshold, now_ms, limit)

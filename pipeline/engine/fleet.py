@@ -5,7 +5,8 @@ on a slower device (an older card, a throttled one, a co-tenant model) or
 on a hot partition builds a queue that its faster peers never see. Every
 consumer of a model's group therefore says, a few times a second, how soon
 a request handed to it now would start and how long a small batch takes it
-(`MemberView`, the consumer's beacon). Each consumer compares, for the
+and how long its batches take now (`MemberView`, the consumer's beacon).
+Each consumer compares, for the
 requests at the back of its own queue, when it would finish them itself
 with when the best peer would, one Kafka round trip later; when the peer is
 clearly sooner the request goes to a partition of the priority topic that
@@ -15,9 +16,10 @@ Clearly sooner means by at least `min_gain_ms` and by `gain_share` of the
 local finish: between equal consumers the predictions differ by noise, and
 a forward costs two Kafka hops and a commit, so they keep their own work.
 Each request forwarded to a peer adds one request's share of its time
-(1 / capacity) to its predicted start, so one scan never floods it; peers
-without a measured capacity or without priority partitions are not offered
-work. A request that arrived as a forward is never forwarded again (the
+(1 / capacity) to its predicted start, so one scan never floods it. A peer
+that has measured nothing yet (it joined, or its partitions are quiet) is
+assumed as fast as the forwarding consumer and gets one request per beacon,
+enough for it to measure itself; peers without priority partitions get none. A request that arrived as a forward is never forwarded again (the
 caller leaves it out), so nothing ping-pongs.
 
 Pure: no clock, no Kafka. The consumer calls it with wall-clock times and
@@ -26,12 +28,13 @@ its beacons; the simulator with virtual ones.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pipeline.engine.costcurve import CostCurve
 
-DEFAULT_MIN_GAIN_MS = 20.0
+DEFAULT_MIN_GAIN_MS = 30.0
 DEFAULT_GAIN_SHARE = 0.35
 
 
@@ -44,8 +47,9 @@ class MemberView:
     start_in_ms: float
     """How long a request handed to it at `at_ms` would wait for the device (busy time left plus
     the queue ahead at its throughput)."""
-    small_batch_ms: float
-    """Its compute time for a small batch: the least a forwarded request costs it."""
+    batch_ms: float
+    """Its recent batch compute time: what a forwarded request that joins its next batch costs,
+    beside its own traffic."""
     capacity_per_s: float
     """Cost units per second at its knee; 0 while it has measured nothing."""
     partitions: tuple[int, ...]
@@ -60,7 +64,7 @@ class LocalView:
     """Device time left on the batches running now (0 when the device is free)."""
     cap: int
     """Batch size a backlog is served at."""
-    batch_ms: Callable[[int], float]
+    t_ms: Callable[[int], float]
     """Its t(b), from the engine's learned curve."""
 
 
@@ -88,15 +92,17 @@ def local_finish_ms(position: int, queue_len: int, local: LocalView) -> float:
     cap = max(1, local.cap)
     ahead = position // cap
     own = min(cap, queue_len - ahead * cap)
-    return local.busy_for_ms + ahead * local.batch_ms(cap) + local.batch_ms(own)
+    return local.busy_for_ms + ahead * local.t_ms(cap) + local.t_ms(own)
 
 
-def peer_finish_ms(peer: MemberView, now_ms: float, extra: int, rule: ForwardRule) -> float:
+def peer_finish_ms(peer: MemberView, now_ms: float, extra: int, rule: ForwardRule, unmeasured_ms: float = 0.0) -> float:
     """When `peer` would finish one more request handed to it now, after `extra` already sent
-    since its beacon."""
+    since its beacon (`unmeasured_ms`: its batch time while it has measured none)."""
     start = max(0.0, peer.start_in_ms - (now_ms - peer.at_ms))
+    if peer.capacity_per_s <= 0:
+        return math.inf if extra else rule.hop_ms + start + unmeasured_ms
     start += extra * 1000.0 / peer.capacity_per_s
-    return rule.hop_ms + start + peer.small_batch_ms
+    return rule.hop_ms + start + peer.batch_ms
 
 
 def plan_forwards(
@@ -116,20 +122,22 @@ def plan_forwards(
     ahead of it finish sooner here still.
     """
     sent = {} if sent is None else sent
-    usable = [
-        p for p in peers
-        if p.capacity_per_s > 0 and p.partitions and now_ms - p.at_ms <= rule.stale_ms
-    ]  # fmt: skip
+    usable = [p for p in peers if p.partitions and now_ms - p.at_ms <= rule.stale_ms]
     if not usable or queue_len == 0:
         return []
+    unmeasured = local.t_ms(1)
+
+    def finish(peer: MemberView) -> float:
+        return peer_finish_ms(peer, now_ms, sent.get(peer.member_id, 0), rule, unmeasured)
+
     chosen: list[Forward] = []
     remaining = queue_len
     for position in range(queue_len - 1, -1, -1):
         if not movable[position]:
             continue
         here = local_finish_ms(position, remaining, local)
-        best = min(usable, key=lambda p: peer_finish_ms(p, now_ms, sent.get(p.member_id, 0), rule))
-        there = peer_finish_ms(best, now_ms, sent.get(best.member_id, 0), rule)
+        best = min(usable, key=finish)
+        there = finish(best)
         if here - there < max(rule.min_gain_ms, rule.gain_share * here):
             break
         count = sent.get(best.member_id, 0)
@@ -144,7 +152,7 @@ def start_in_ms(queue_len: int, local: LocalView) -> float:
     """What a consumer says in its beacon: how long a request handed to it now would wait for
     the device (the same model of its queue as `local_finish_ms`)."""
     cap = max(1, local.cap)
-    return local.busy_for_ms + (queue_len // cap) * local.batch_ms(cap)
+    return local.busy_for_ms + (queue_len // cap) * local.t_ms(cap)
 
 
 def curve_view(curve: CostCurve, busy_for_ms: float) -> LocalView | None:
@@ -152,13 +160,13 @@ def curve_view(curve: CostCurve, busy_for_ms: float) -> LocalView | None:
     if curve.estimate_ms(1) is None:
         return None
 
-    def batch_ms(size: int) -> float:
+    def t_ms(size: int) -> float:
         return curve.estimate_ms(size) or 0.0
 
-    return LocalView(busy_for_ms=busy_for_ms, cap=curve.cap, batch_ms=batch_ms)
+    return LocalView(busy_for_ms=busy_for_ms, cap=curve.cap, t_ms=t_ms)
 
 
 def capacity_per_s(view: LocalView) -> float:
     """Cost units per second at the knee: what the group's balance compares members by."""
-    time_ms = view.batch_ms(view.cap)
+    time_ms = view.t_ms(view.cap)
     return view.cap * 1000.0 / time_ms if time_ms > 0 else 0.0

@@ -60,6 +60,11 @@ class Topics:
         return f"{self.prefix}.events.lag"
 
     @property
+    def fleet(self) -> str:
+        """Each consumer's beacon: how soon it could serve one more request (consumers/fleet.py)."""
+        return f"{self.prefix}.fleet"
+
+    @property
     def dlq(self) -> str:
         return f"{self.prefix}.dlq"
 
@@ -183,6 +188,7 @@ def topic_partitions(settings: KafkaSettings, models: dict[str, int]) -> dict[st
             wanted[name] = partitions
     for name in topics.shared:
         wanted[name] = settings.events_partitions
+    wanted[topics.fleet] = 1
     return wanted
 
 
@@ -195,6 +201,17 @@ async def ensure_topics(settings: KafkaSettings, models: dict[str, int]) -> dict
     return await create_topics(settings, topic_partitions(settings, models))
 
 
+BEACON_RETENTION_MS = 3_600_000
+"""Beacons matter for seconds; an hour of them is kept for a person debugging a fleet."""
+
+
+def topic_configs(name: str) -> dict[str, str]:
+    """Per-topic settings batchtide sets at creation (the broker's defaults elsewhere)."""
+    if name.endswith(".fleet"):
+        return {"retention.ms": str(BEACON_RETENTION_MS)}
+    return {}
+
+
 async def create_topics(settings: KafkaSettings, wanted: dict[str, int]) -> dict[str, int]:
     """Create missing topics ({name: partitions}) and grow existing ones that have fewer partitions.
 
@@ -204,7 +221,10 @@ async def create_topics(settings: KafkaSettings, wanted: dict[str, int]) -> dict
     await admin.start()
     try:
         response = await admin.create_topics(
-            [NewTopic(name, count, settings.replication_factor) for name, count in wanted.items()]
+            [
+                NewTopic(name, count, settings.replication_factor, topic_configs=topic_configs(name))
+                for name, count in wanted.items()
+            ]
         )
         for topic, code, message in _topic_errors(response):
             if code and for_code(code) is not TopicAlreadyExistsError:

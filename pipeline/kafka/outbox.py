@@ -55,6 +55,8 @@ class Message:
     """The same answer rebuilt to take at most this many bytes (dead letters cut the original)."""
     reroute: Callable[[str], Message] | None = None
     """For a client's reply topic: the answer on the model's results topic, saying why."""
+    partition: int | None = None
+    """Where it must go (a forward to the partition a chosen peer owns); None: by key, or spread."""
 
     @property
     def size(self) -> int:
@@ -139,7 +141,9 @@ class Outbox:
             except Exception as error:  # noqa: BLE001 - unknown or forbidden topic: this record fails alone
                 errors[index] = error
                 continue
-            if topic in self._spread or key is None:
+            if message.partition is not None:
+                partition = message.partition
+            elif topic in self._spread or key is None:
                 partition = partitions[turn % len(partitions)]
             else:
                 partition = partitions[(murmur2(key) & 0x7FFFFFFF) % len(partitions)]

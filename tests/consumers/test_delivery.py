@@ -136,3 +136,39 @@ def test_forwarded_tails_are_answered_exactly_once_on_a_skewed_load(kafka_settin
         assert min(served.values()) > 0, served
 
     asyncio.run(scenario())
+
+
+def test_a_straggler_hands_work_to_its_fast_peer_exactly_once_through_a_rebalance(kafka_settings: KafkaSettings) -> None:
+    """Transactions: each forward and its original's offset commit together. A third consumer joins
+    while the slow one forwards (every partition moves); read_committed, each answer appears once."""
+    kafka = dataclasses.replace(kafka_settings, transactional=True)
+    fast = cost_model(a_ms=5.0, c_ms=0.5, partitions=4)
+    slow = cost_model(a_ms=60.0, c_ms=6.0, partitions=4)
+    settings = ConsumerSettings(commit_interval_ms=50, fleet_beacon_ms=100)
+    n = 1600
+
+    async def scenario() -> None:
+        await create_topics(kafka, fast)
+        names = topics(kafka)
+        snail = make_consumer(slow, kafka, settings, "slow")
+        hare = make_consumer(fast, kafka, settings, "fast")
+        async with running(snail), running(hare):
+            while not (snail._consumer.assignment() and hare._consumer.assignment()):
+                await asyncio.sleep(0.05)
+            for start in range(0, n // 2, 50):
+                await send(kafka, names.requests(MODEL), [request(i) for i in range(start, start + 50)])
+                await asyncio.sleep(0.05)
+            forwarded_before = snail.stats.forwarded
+            async with running(make_consumer(fast, kafka, settings, "late")):
+                for start in range(n // 2, n, 50):
+                    await send(kafka, names.requests(MODEL), [request(i) for i in range(start, start + 50)])
+                    await asyncio.sleep(0.05)
+                results = await collect(kafka, names.results(MODEL), {f"r{i}" for i in range(n)}, timeout_s=120, grace_s=2.0)
+        assert len(results.by_id) == n
+        assert not results.duplicates
+        assert forwarded_before > 0, "the slow consumer handed work on before the rebalance"
+        assert snail.stats.forwarded > forwarded_before, "and after it"
+        served = {c: sum(1 for a in results.by_id.values() if a[0]["consumer_id"] == c) for c in ("slow", "fast", "late")}
+        assert served["fast"] + served["late"] > served["slow"], served
+
+    asyncio.run(scenario())

@@ -113,7 +113,6 @@ def test_a_burst_spends_the_mark_budget_on_its_oldest_requests() -> None:
     batch = engine.poll(now).batch
     assert _ids(batch) == ["burst0", "burst1", "burst3", "fresh", "burst2", "burst5", "burst4"]
     assert batch is not None and batch.record.marked_count == 2
-    assert engine.overdue_before_ms == now - 20.0, "all six are overdue (forwarding takes them), two are marked"
     engine.completed(batch, now + 1.0, 1.0)
     for i in range(6):
         engine.offer(request(now - 300.0 + i, priority=2, name=f"late{i}"), now + 1.0)
@@ -165,20 +164,3 @@ def test_default_threshold_is_the_upper_tail_not_a_multiple_of_a_zero_p50() -> N
     batch = engine.poll(now).batch
     assert _ids(batch) == ["waited-160", "urgent", "waited-120"]
     assert batch is not None and batch.record.marked_count == 1
-
-
-def test_overdue_is_sticky_while_the_threshold_rises_and_counts_while_the_device_is_busy() -> None:
-    """The cut-off only moves forward: a request that crossed the threshold once stays overdue
-    when a backlog lifts the threshold past its wait. Polls with no free slot move it too
-    (forwarding scans while the device computes)."""
-    engine = BatchingEngine(_profile(tail_mark_max_share=0.25, wait_sample_window=8))
-    now = _seed_p50(engine, 10.0, 4)
-    for k in range(4):
-        engine.offer(request(now + k, name=f"slow{k}"), now + k)
-    assert engine.poll(now + 5.0, device_free=False).batch is None
-    assert engine.overdue_before_ms == now + 5.0 - 20.0
-    batch = engine.poll(now + 200.0).batch
-    assert batch is not None
-    engine.completed(batch, now + 200.0, 1.0)
-    assert engine.stats()["tail_threshold_ms"] > 200.0, "the slow batch lifted the threshold"
-    assert engine.overdue_before_ms == now + 200.0 - 20.0, "and the cut-off did not move back"

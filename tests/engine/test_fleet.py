@@ -1,0 +1,98 @@
+"""Group-relative forwarding (pipeline.engine.fleet): who gets the back of a queue, and when nobody does."""
+
+from __future__ import annotations
+
+from pipeline.engine.fleet import (
+    Forward,
+    ForwardRule,
+    LocalView,
+    MemberView,
+    local_finish_ms,
+    peer_finish_ms,
+    plan_forwards,
+    start_in_ms,
+)
+
+
+def affine(a: float, c: float):
+    return lambda b: a + c * b
+
+
+FAST = affine(20.0, 2.0)
+SLOW = affine(60.0, 6.0)
+
+
+def peer(name: str, t=FAST, *, start_in: float = 0.0, capacity: float = 460.0, at: float = 0.0, parts=(0, 1)) -> MemberView:
+    return MemberView(name, at, start_in, t(4), capacity, tuple(parts))
+
+
+def test_a_slow_consumer_hands_the_back_of_its_queue_to_a_fast_idle_peer_and_keeps_the_front() -> None:
+    local = LocalView(busy_for_ms=0.0, cap=85, t_ms=SLOW)
+    rule = ForwardRule(hop_ms=5.0)
+    fast = peer("fast")
+    plan = plan_forwards(10, [True] * 10, local, [fast], 0.0, rule)
+    kept = 10 - len(plan)
+    assert [f.index for f in plan] == list(range(9, kept - 1, -1)), "from the back, without gaps"
+    assert 1 <= kept <= 3
+    # the first kept request finishes here within twice what the peer would now need for it
+    assert local_finish_ms(kept - 1, kept, local) < 2 * peer_finish_ms(fast, 0.0, len(plan), rule)
+    assert {f.member_id for f in plan} == {"fast"}
+    assert sorted({f.partition for f in plan}) == [0, 1], "spread over the peer's priority partitions"
+
+
+def test_a_fast_consumer_forwards_nothing_to_a_slow_peer() -> None:
+    local = LocalView(busy_for_ms=0.0, cap=16, t_ms=FAST)
+    assert plan_forwards(10, [True] * 10, local, [peer("slow", SLOW, capacity=150.0)], 0.0, ForwardRule()) == []
+
+
+def test_equal_consumers_keep_their_work_through_noise_but_a_deep_backlog_moves() -> None:
+    busy = LocalView(busy_for_ms=28.0, cap=32, t_ms=FAST)
+    same = peer("twin", start_in=0.0)
+    assert plan_forwards(8, [True] * 8, busy, [same], 0.0, ForwardRule()) == [], "a busy device and a batch waiting: noise"
+    drowning = plan_forwards(200, [True] * 200, busy, [same], 0.0, ForwardRule())
+    assert drowning and drowning[0].index == 199
+    assert len(drowning) < 200, "the front of the queue stays"
+
+
+def test_each_forward_adds_its_load_to_the_peer_so_one_scan_cannot_flood_it() -> None:
+    local = LocalView(busy_for_ms=0.0, cap=100, t_ms=affine(200.0, 10.0))
+    small = peer("small", capacity=50.0)
+    sent: dict[str, int] = {}
+    rule = ForwardRule()
+    plan = plan_forwards(500, [True] * 500, local, [small], 0.0, rule, sent)
+    assert 0 < len(plan) < 250, "each forward adds 20 ms to the peer's start"
+    assert sent == {"small": len(plan)}
+    last = plan[-1].index
+    here = local_finish_ms(last, last + 1, local)
+    assert peer_finish_ms(small, 0.0, len(plan) - 1, rule) <= (1 - rule.gain_share) * here, "each forward paid"
+    again = plan_forwards(500 - len(plan), [True] * (500 - len(plan)), local, [small], 0.0, ForwardRule(), sent)
+    assert len(again) < len(plan), "the peer's queue, as far as this consumer knows, is still there"
+
+
+def test_stale_or_partitionless_peers_get_no_work_and_unmeasured_ones_one_request_per_beacon() -> None:
+    local = LocalView(busy_for_ms=0.0, cap=85, t_ms=SLOW)
+    rule = ForwardRule(stale_ms=1000.0)
+    for useless in (peer("gone", at=-5000.0), peer("no-parts", parts=())):
+        assert plan_forwards(10, [True] * 10, local, [useless], 0.0, rule) == []
+    new = MemberView("new", 0.0, 0.0, 0.0, 0.0, (3,))
+    drowning = LocalView(busy_for_ms=500.0, cap=8, t_ms=SLOW)
+    sent: dict[str, int] = {}
+    assert plan_forwards(100, [True] * 100, drowning, [new], 0.0, rule, sent) == [Forward(99, "new", 3)]
+    assert plan_forwards(99, [True] * 99, drowning, [new], 0.0, rule, sent) == [], "one until its next beacon"
+
+
+def test_forwards_are_never_forwarded_again_and_peers_age_their_beacons() -> None:
+    local = LocalView(busy_for_ms=0.0, cap=85, t_ms=SLOW)
+    movable = [i % 2 == 0 for i in range(10)]
+    plan = plan_forwards(10, movable, local, [peer("fast")], 0.0, ForwardRule())
+    assert plan and all(movable[f.index] for f in plan)
+    busy_then = peer("fast", start_in=400.0, at=0.0)
+    assert plan_forwards(10, [True] * 10, local, [busy_then], 0.0, ForwardRule()) == []
+    assert plan_forwards(10, [True] * 10, local, [busy_then], 400.0, ForwardRule()), "400 ms later its queue is gone"
+
+
+def test_the_beacon_start_time_is_the_full_batches_ahead() -> None:
+    local = LocalView(busy_for_ms=15.0, cap=10, t_ms=FAST)
+    assert start_in_ms(0, local) == 15.0
+    assert start_in_ms(9, local) == 15.0
+    assert start_in_ms(25, local) == 15.0 + 2 * FAST(10)
