@@ -14,7 +14,7 @@ export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup demo test bench bench-triton clean-venv install-cli uninstall
+.PHONY: setup demo test bench bench-fleet bench-triton clean-venv install-cli uninstall
 
 $(VENV)/.ready: pyproject.toml
 	@if [ ! -f $(VENV)/.ready ]; then \
@@ -44,6 +44,12 @@ test: setup
 
 bench: setup
 	$(PY) -m pipeline.cli bench suite --json out/bench-suite.json
+
+# A consumer group with a slow member (a straggler, a mid-run slowdown, a hot partition; 2 and 4
+# consumers) on the real pipeline, the group's balance off and on in the same run (~25 min).
+bench-fleet: setup
+	@mkdir -p out
+	$(PY) -m pipeline.cli bench fleet --json out/bench-fleet.json
 
 # batchtide end to end vs Triton 2.51 (PyTriton, dynamic batcher max 32 / 20 ms / preferred 32)
 # on the same requests, alternating ROUNDS times on this machine; the peer has its own cached venv.

@@ -23,6 +23,7 @@ Modes:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -33,7 +34,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -837,6 +838,23 @@ def llm_table(out: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+@contextlib.asynccontextmanager
+async def bench_broker(bootstrap: str | None, workdir: Path, say: Callable[[str], None]) -> AsyncIterator[KafkaSettings]:
+    """The broker at `bootstrap`, or a local one started for the bench and stopped after it."""
+    from pipeline.devtools.localkafka import LocalKafka
+
+    if bootstrap is not None:
+        yield KafkaSettings(bootstrap_servers=bootstrap)
+        return
+    broker = LocalKafka(workdir / "kafka")
+    say("starting a local Kafka broker ...")
+    await asyncio.to_thread(broker.start, 120.0)
+    try:
+        yield KafkaSettings(bootstrap_servers=broker.bootstrap)
+    finally:
+        await asyncio.to_thread(broker.stop)
+
+
 async def run_bench(
     options: BenchOptions,
     *,
@@ -851,20 +869,10 @@ async def run_bench(
     find-max always uses the zero-cost runner (it measures the pipeline);
     the rates mode uses `options.runner`.
     """
-    from pipeline.devtools.localkafka import LocalKafka
-
-    broker = None
     workdir = Path(tempfile.mkdtemp(prefix="batchtide-bench-"))
-    bootstrap = options.bootstrap
-    if bootstrap is None:
-        broker = LocalKafka(workdir / "kafka")
-        say("starting a local Kafka broker ...")
-        await asyncio.to_thread(broker.start, 120.0)
-        bootstrap = broker.bootstrap
-    kafka = KafkaSettings(bootstrap_servers=bootstrap)
     started = time.monotonic()
     figures: dict[str, Any] = {}
-    try:
+    async with bench_broker(options.bootstrap, workdir, say) as kafka:
         if find_max_mode:
             say("zero-cost runner: finding the max sustained rate")
             ramp = replace(options, runner="zero-cost", duration_s=options.find_max_duration_s)
@@ -875,9 +883,6 @@ async def run_bench(
         elif rates_mode:
             say(f"{options.runner} runner at {', '.join(f'{r:g}' for r in options.rates)} req/s")
             figures |= await at_rates(options, kafka, workdir, say)
-    finally:
-        if broker is not None:
-            await asyncio.to_thread(broker.stop)
     figures["options"] = asdict(options)
     figures["machine"] = {"cpus": os.cpu_count(), "load_avg": os.getloadavg(), "wall_s": time.monotonic() - started}
     figures["workdir"] = str(workdir)

@@ -1,5 +1,5 @@
 """CLI commands: `consume` (a GPU consumer), `produce` (open-loop load), `results` (answers, one line each),
-and `bench pipeline` (the real end-to-end bench, attached to the bench group)."""
+and `bench pipeline` and `bench fleet` (the real end-to-end benches, attached to the bench group)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import os
 import signal
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -293,6 +293,47 @@ def bench_pipeline(
         typer.echo(f"wrote {json_out}")
 
 
+def bench_fleet(
+    cases: Optional[str] = typer.Option(None, "--cases", help="Comma-separated case names (default: every case); their baselines run too."),
+    duration_scale: float = typer.Option(1.0, "--duration-scale", help="Multiply every case's duration (and slowdown window) by this."),
+    seed: int = typer.Option(1, "--seed"),
+    bootstrap: Optional[str] = typer.Option(None, "--bootstrap", help="Use this broker instead of starting a local one."),
+    partitions: int = typer.Option(4, "--partitions", help="Partitions of the request topic."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write every row, with its whole trial, as JSON here."),
+) -> None:
+    """A consumer group with a slow member, on the real pipeline: each case with the group's balance
+    off (Kafka's equal partition counts) and on, p99 against the all-fast group of the same run."""
+    import logging
+    import tempfile
+
+    from pipeline.bench.fleet import CASES, fleet_table, run_fleet
+    from pipeline.bench.pipeline import BenchOptions, bench_broker
+
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    names = tuple(c.strip() for c in cases.split(",") if c.strip()) if cases else ()
+    unknown = set(names) - {c.name for c in CASES}
+    if unknown:
+        typer.echo(f"error: unknown case(s) {sorted(unknown)}; cases: {[c.name for c in CASES]}", err=True)
+        raise typer.Exit(2)
+    if duration_scale <= 0:
+        typer.echo(f"error: --duration-scale must be > 0 (got {duration_scale})", err=True)
+        raise typer.Exit(2)
+    base = BenchOptions(seed=seed, bootstrap=bootstrap, partitions=partitions)
+
+    async def main() -> dict[str, Any]:
+        workdir = Path(tempfile.mkdtemp(prefix="batchtide-fleet-"))
+        async with bench_broker(bootstrap, workdir, typer.echo) as kafka:
+            return await run_fleet(base, kafka, workdir, typer.echo, names, duration_scale)
+
+    figures = asyncio.run(main())
+    for line in fleet_table(figures["fleet"]):
+        typer.echo(line)
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(figures, indent=2))
+        typer.echo(f"wrote {json_out}")
+
+
 def parse_slowdown(text: str) -> tuple[float, float, float]:
     """FROM:TO:FACTOR (seconds into the load, and the multiplier), or a usage error."""
     try:
@@ -314,3 +355,4 @@ def register(app: typer.Typer) -> None:
     app.command("produce")(produce)
     app.command("results")(results)
     bench_app.command("pipeline")(bench_pipeline)
+    bench_app.command("fleet")(bench_fleet)
