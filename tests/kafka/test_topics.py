@@ -48,6 +48,7 @@ def test_ensure_topics_is_idempotent_and_grows_partitions(kafka_settings: KafkaS
         f"{p}.events.batches": 2,
         f"{p}.events.lag": 2,
         f"{p}.dlq": 2,
+        f"{p}.fleet": 1,
     }
 
     async def scenario() -> None:
