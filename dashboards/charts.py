@@ -1,4 +1,4 @@
-"""Inline SVG charts for the local board: time series lines and grouped bars.
+"""Inline SVG charts for the local board: time series lines, grouped bars, and tables.
 
 Server-side drawing keeps the page self-contained (no JavaScript library, no
 CDN): the browser only has to paint SVG. Values are formatted with the same
@@ -149,6 +149,24 @@ def time_series_svg(
     out.append(_legend([s.name for s in series], width, height - 4))
     out.append("</svg>")
     return "".join(out)
+
+
+def table_html(columns: list[str], rows: list[list[str]]) -> str:
+    """An HTML table of formatted cells; each row starts with a swatch in the colour its series has
+    in the board's time-series panels (rows and series come in the same order)."""
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = []
+    for i, row in enumerate(rows):
+        swatch = (
+            f'<svg width="10" height="10" class="swatch"><rect class="mark" width="10" height="10" '
+            f'fill="{PALETTE[i % len(PALETTE)]}"/></svg> '
+        )
+        cells = "".join(
+            f'<td class="{"label" if j == 0 else "number"}">{swatch if j == 0 else ""}{html.escape(cell)}</td>'
+            for j, cell in enumerate(row)
+        )
+        body.append(f"<tr>{cells}</tr>")
+    return f'<table class="values"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 
 
 def bar_chart_svg(
