@@ -206,7 +206,8 @@ def bar_chart_svg(
                     f'text-anchor="middle">{html.escape(format_value(value, unit))}</text>'
                 )
         if i % every == 0:
-            short = label if len(label) <= 12 else label[:11] + "…"
+            room = max(12, int(slot / 6))
+            short = label if len(label) <= room else label[: room - 1] + "…"
             out.append(_text(left + slot * (i + 0.5), top + plot_h + 14, short, anchor="middle", size=10))
     out.append(_legend([g.name for g in groups], width, height - 4))
     out.append("</svg>")

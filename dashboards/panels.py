@@ -241,7 +241,7 @@ FLEET = BoardSpec(
             hidden=("e2e_p99_ms",)),
         table("consumers", "By consumer", "consumers", "short", (0, 8, 16, 8),
             "Per consumer over the range: requests it ran and its share of the model's, e2e p50 / p99, req/s, "
-            "mean batch size, its latest measured capacity (cap / t(cap); 0 before its first batch) and its "
+            "mean batch size, its latest measured capacity (cap / t(cap); empty before its first batch) and its "
             "not-ok share. A slow device shows a high p99 with large batches and a low capacity.",
             hidden=("model",),
             field_units={"share": "percentunit", "e2e_p50_ms": "ms", "e2e_p99_ms": "ms", "requests_per_s": "reqps",

@@ -344,7 +344,7 @@ ORDER BY model
 _CONSUMERS = [
     _q("consumers", "By consumer: requests, share, latency, throughput, batch size, capacity", "table",
        "One row per consumer of the model: requests it ran and its share of the model's, e2e p50 / p99, req/s over "
-       "its span with data, mean batch size, its latest measured capacity (0: not measured yet) and its not-ok "
+       "its span with data, mean batch size, its latest measured capacity (null: not measured yet) and its not-ok "
        "share (refusals included). One slow device shows here as one row with a high p99 and a large mean batch.",
        f"""
 SELECT
@@ -356,7 +356,7 @@ SELECT
     l.e2e_p99_ms AS e2e_p99_ms,
     l.requests_per_s AS requests_per_s,
     b.mean_batch_size AS mean_batch_size,
-    c.latest_capacity AS capacity_per_s,
+    nullIf(c.latest_capacity, 0) AS capacity_per_s,
     l.not_ok_share AS not_ok_share
 FROM (
     SELECT

@@ -233,9 +233,9 @@ def render(report: Report, console: Console) -> None:
     print_table(console, _table("Dispatch reasons", ["model", "reason", "batches", "share"], [
         [r["model"], r["reason"], _num(r["batches"]), _pct(r["share"])] for r in s.get("dispatch_reasons", [])
     ]))  # fmt: skip
-    print_table(console, _table("Batch size distribution (sizes with >= 2% of batches; --json for all)", [
+    print_table(console, _table("Batch size distribution (sizes with >= 2% of batches, one # per 2.5%; --json for all)", [
         "model", "size", "batches", "share", "",
-    ], [[r["model"], str(r["size"]), _num(r["batches"]), _pct(r["share"]), "#" * round(r["share"] * 100)]
+    ], [[r["model"], str(r["size"]), _num(r["batches"]), _pct(r["share"]), "#" * round(r["share"] * 40)]
         for r in s.get("batch_sizes", []) if r["share"] >= 0.02]))  # fmt: skip
     print_table(console, _table("Device memory per batch", ["model", "kind", "p50", "max"], [
         [r["model"], r["device_mem_kind"], _mib(r["mem_p50_bytes"]), _mib(r["mem_max_bytes"])]
@@ -257,7 +257,7 @@ def _ms(value: Any) -> str:
 
 
 def consumer_line(rows: list[dict[str, Any]]) -> str:
-    """One model's consumers by p99, slowest first: `c1: p99 1.40 s, c0: 70 ms`."""
+    """One model's consumers by p99, slowest first: `c1: p99 1.40 s, c0: p99 70 ms`."""
     ranked = sorted(rows, key=lambda r: -(r["e2e_p99_ms"] if math.isfinite(r["e2e_p99_ms"]) else -1.0))
     return ", ".join(f"{r['consumer_id']}: p99 {_ms(r['e2e_p99_ms'])}" for r in ranked)
 

@@ -30,6 +30,7 @@ from schemas.messages import LagEvent, PartitionLag
 SLOW = 4.0
 REFUSED = 0.03
 QUANTILES = [0.5, 0.99, 0.999]
+UNMEASURED = "smollm-c0"
 
 
 @dataclass(frozen=True)
@@ -39,18 +40,18 @@ class Fleet2:
     time_from_ms: int
     time_to_ms: int
     capacity: dict[str, float]
-    """The capacity each consumer's latest measured lag sample carries."""
+    """The capacity each consumer's latest measured lag sample carries (none for `UNMEASURED`)."""
 
 
 def _capacity_samples(consumers: dict[str, str], low: int, high: int) -> tuple[list[LagEvent], dict[str, float]]:
     """Every 10 s per consumer; the capacity grows as it is measured, the last sample 0 (a restart: not
-    measured yet), which must not hide the last measured value."""
+    measured yet), which must not hide the last measured value. `UNMEASURED` never measures one."""
     events, latest = [], {}
     for n, (consumer, model) in enumerate(sorted(consumers.items())):
         base = 400.0 if consumer.endswith("c0") else 400.0 / SLOW
         stamps = list(range(low, high, 10_000))
         for k, ts in enumerate(stamps):
-            capacity = 0.0 if k == len(stamps) - 1 else base + k
+            capacity = 0.0 if k == len(stamps) - 1 or consumer == UNMEASURED else base + k
             if capacity:
                 latest[consumer] = capacity
             events.append(LagEvent(
@@ -143,7 +144,7 @@ def test_slo_counts_a_refusal_as_a_miss(fleet: Fleet2, report: Report) -> None:
 
 def test_by_consumer_splits_latency_throughput_batch_size_and_capacity(fleet: Fleet2, report: Report) -> None:
     table = report.sections["consumers"]
-    assert {r["consumer_id"] for r in table} == set(fleet.capacity)
+    assert {r["consumer_id"] for r in table} == set(fleet.capacity) | {UNMEASURED}
     for model in ("minilm", "smollm"):
         rows, batches = _rows(fleet, model), _batches(fleet, model)
         mine = {r["consumer_id"]: r for r in table if r["model"] == model}
@@ -159,7 +160,7 @@ def test_by_consumer_splits_latency_throughput_batch_size_and_capacity(fleet: Fl
                 np.quantile(rows["e2e_ms"][chosen], [0.5, 0.99]), rel=1e-12)  # fmt: skip
             assert r["requests_per_s"] == pytest.approx(chosen.sum() / span_s, rel=1e-12)
             assert r["mean_batch_size"] == pytest.approx(batches["size"][batches["consumer_id"] == consumer].mean(), rel=1e-12)
-            assert r["capacity_per_s"] == fleet.capacity[consumer], "the latest measured capacity, not a later 0"
+            assert r["capacity_per_s"] == fleet.capacity.get(consumer), "the latest measured capacity, not a later 0"
             assert r["not_ok_share"] == pytest.approx(np.mean(rows["outcome"][own] != "ok"), rel=1e-12)
         assert sum(r["share"] for r in mine.values()) == pytest.approx(1.0)
         slow, fast = mine[f"{model}-c1"], mine[f"{model}-c0"]
