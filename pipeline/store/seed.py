@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from clickhouse_connect.driver.client import Client
 
-from pipeline.store.writer import BATCH_COLUMNS, LATENCY_COLUMNS
+from pipeline.store.writer import BATCH_COLUMNS, LATENCY_COLUMNS, NO_BATCH_ID
 from schemas.messages import BatchEvent, LatencyEvent
 
 DEFAULT_MODELS = ("minilm", "smollm")
@@ -58,8 +58,8 @@ class Fleet:
 
     `slow_factor` multiplies the per-batch compute and the queue waits of each model's second consumer
     (`<model>-c1`): one slow device in a group of two. `refused_share` adds that share of extra requests
-    refused before they ran (outcome `rejected`, no batch: batch_id 0, as the unsigned column stores it, and
-    batch_size 0, no compute), with `REFUSAL_REASONS`."""
+    refused before they ran (outcome `rejected`, no batch: stored as NO_BATCH_ID, batch_size 0, no compute),
+    with `REFUSAL_REASONS`."""
 
     slow_factor: float = 1.0
     refused_share: float = 0.0
@@ -255,7 +255,7 @@ def _add_refusals(latency: dict[str, Any], share: float, rng: np.random.Generato
         "produce_time": answered,
         "wait_ms": zeros.astype(np.float64), "compute_ms": zeros.astype(np.float64),
         "e2e_ms": (answered - enqueue).astype(np.float64),
-        "batch_id": zeros, "batch_size": zeros, "tail_marked": zeros.astype(bool), "tokens_out": zeros,
+        "batch_id": zeros + NO_BATCH_ID, "batch_size": zeros, "tail_marked": zeros.astype(bool), "tokens_out": zeros,
         "device_mem_bytes": zeros, "device_mem_kind": ["none"] * extra, "forwarded": zeros.astype(bool),
         "first_token_time": zeros, "last_token_time": zeros,
     }

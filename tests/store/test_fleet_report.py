@@ -179,3 +179,26 @@ def test_rendered_report_names_the_slow_consumer_first_and_shows_refusals(report
         shown = f"{slow['e2e_p99_ms'] / 1000:,.2f} s" if slow["e2e_p99_ms"] >= 1000 else f"{slow['e2e_p99_ms']:,.0f} ms"
         assert shown in line
     assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80
+
+
+def test_a_request_without_a_batch_is_stored(clickhouse_settings: ClickHouseSettings, ch_database: str) -> None:
+    """Consumers write batch_id -1 for a request that ran in no batch (expired in the queue, refused); the
+    unsigned column stores it as 0 instead of failing the block (which the sink would retry forever)."""
+    import msgspec
+
+    from pipeline.store.seed import latency_events
+    from pipeline.store.writer import NO_BATCH_ID, insert_latency_events
+
+    chunk = next(iter(generate(20, seed=9, start_ms=recent_start_ms(60_000), duration_ms=60_000)))
+    events = latency_events(chunk)
+    refused = [msgspec.structs.replace(e, request_id=f"r-{i}", outcome="rejected", reason="too_long", batch_id=-1,
+                                       batch_size=0, compute_ms=0.0) for i, e in enumerate(events[:3])]  # fmt: skip
+    client = connect(clickhouse_settings, database=ch_database)
+    try:
+        assert insert_latency_events(client, ch_database, events + refused) == len(events) + 3
+        stored = client.query(
+            "SELECT batch_id, reason FROM request_latency WHERE outcome = 'rejected' ORDER BY request_id"
+        ).result_rows
+    finally:
+        client.close()
+    assert stored == [(NO_BATCH_ID, "too_long")] * 3
