@@ -9,97 +9,43 @@ size per member and show which one holds the tail.
 from __future__ import annotations
 
 import io
-import uuid
 from collections import Counter
-from collections.abc import Iterator
-from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from clickhouse_connect.driver.client import Client
 from rich.console import Console
 
 from pipeline.config import ClickHouseSettings
 from pipeline.store.client import connect
-from pipeline.store.lag_writer import insert_lag_events
-from pipeline.store.migrations import Layout, migrate
-from pipeline.store.seed import Fleet, SeedChunk, generate, insert_chunk, recent_start_ms
+from pipeline.store.seed import generate, recent_start_ms
 from pipeline.views.report import Objective, Report, render, run_report
-from schemas.messages import LagEvent, PartitionLag
+from tests.support.fleet_store import REFUSED, UNMEASURED, FleetStore, fleet_clickhouse  # noqa: F401 - a fixture
 
-SLOW = 4.0
-REFUSED = 0.03
 QUANTILES = [0.5, 0.99, 0.999]
-UNMEASURED = "smollm-c0"
-
-
-@dataclass(frozen=True)
-class Fleet2:
-    client: Client
-    chunks: tuple[SeedChunk, ...]
-    time_from_ms: int
-    time_to_ms: int
-    capacity: dict[str, float]
-    """The capacity each consumer's latest measured lag sample carries (none for `UNMEASURED`)."""
-
-
-def _capacity_samples(consumers: dict[str, str], low: int, high: int) -> tuple[list[LagEvent], dict[str, float]]:
-    """Every 10 s per consumer; the capacity grows as it is measured, the last sample 0 (a restart: not
-    measured yet), which must not hide the last measured value. `UNMEASURED` never measures one."""
-    events, latest = [], {}
-    for n, (consumer, model) in enumerate(sorted(consumers.items())):
-        base = 400.0 if consumer.endswith("c0") else 400.0 / SLOW
-        stamps = list(range(low, high, 10_000))
-        for k, ts in enumerate(stamps):
-            capacity = 0.0 if k == len(stamps) - 1 or consumer == UNMEASURED else base + k
-            if capacity:
-                latest[consumer] = capacity
-            events.append(LagEvent(
-                ts_ms=ts, model=model, consumer_id=consumer, group=f"g.{model}",
-                partitions=[PartitionLag(f"r.{model}", n % 2, 100, 90, 10, ts - 50, 50.0)], queue=1, inflight=0,
-                window_ms=5.0, effective_cap=32, cap_reason="knee", marked_share=0.0, arrival_rate_per_s=10.0,
-                batches=k, last_batch_ms=ts, dead_letters=0, capacity_per_s=capacity,
-            ))  # fmt: skip
-    return events, latest
 
 
 @pytest.fixture(scope="module")
-def fleet(clickhouse_client: Client, clickhouse_settings: ClickHouseSettings) -> Iterator[Fleet2]:
-    database = f"fleet_{uuid.uuid4().hex[:10]}"
-    migrate(clickhouse_client, Layout(database))
-    start = recent_start_ms(10 * 60_000)
-    chunks = tuple(generate(30_000, seed=4, start_ms=start, duration_ms=10 * 60_000,
-                            fleet=Fleet(slow_factor=SLOW, refused_share=REFUSED)))  # fmt: skip
-    for chunk in chunks:
-        insert_chunk(clickhouse_client, database, chunk)
-    low = min(min(c.latency["enqueue_time"]) for c in chunks)
-    high = max(max(c.latency["produce_time"]) for c in chunks) + 1000
-    consumers = {cid: c.latency["model"][0] for c in chunks for cid in set(c.latency["consumer_id"])}
-    lag, capacity = _capacity_samples(consumers, low, high)
-    insert_lag_events(clickhouse_client, database, lag)
-    client = connect(clickhouse_settings, database=database)
-    yield Fleet2(client, chunks, low, high, capacity)
-    client.close()
-    clickhouse_client.command(f"DROP DATABASE IF EXISTS {database} SYNC")
+def fleet(fleet_clickhouse: FleetStore) -> FleetStore:
+    return fleet_clickhouse
 
 
 @pytest.fixture(scope="module")
-def report(fleet: Fleet2) -> Report:
+def report(fleet: FleetStore) -> Report:
     return run_report(fleet.client, time_from_ms=fleet.time_from_ms, time_to_ms=fleet.time_to_ms,
                       objectives={"smollm": Objective(base_ms=300.0)})  # fmt: skip
 
 
-def _rows(fleet: Fleet2, model: str) -> dict[str, np.ndarray]:
+def _rows(fleet: FleetStore, model: str) -> dict[str, np.ndarray]:
     mine = [c.latency for c in fleet.chunks if c.latency["model"][0] == model]
     return {k: np.concatenate([np.asarray(c[k]) for c in mine]) for k in mine[0]}
 
 
-def _batches(fleet: Fleet2, model: str) -> dict[str, np.ndarray]:
+def _batches(fleet: FleetStore, model: str) -> dict[str, np.ndarray]:
     mine = [c.batches for c in fleet.chunks if c.batches["model"][0] == model]
     return {k: np.concatenate([np.asarray(c[k]) for c in mine]) for k in mine[0]}
 
 
-def test_refusals_count_in_not_ok_and_in_no_latency_figure(fleet: Fleet2, report: Report) -> None:
+def test_refusals_count_in_not_ok_and_in_no_latency_figure(fleet: FleetStore, report: Report) -> None:
     summary = {r["model"]: r for r in report.sections["summary"]}
     for model, row in summary.items():
         rows = _rows(fleet, model)
@@ -121,7 +67,7 @@ def test_refusals_count_in_not_ok_and_in_no_latency_figure(fleet: Fleet2, report
         assert row["tokens_per_s"] * row["span_s"] == pytest.approx(tokens, rel=1e-9)
 
 
-def test_not_ok_by_outcome_and_reason(fleet: Fleet2, report: Report) -> None:
+def test_not_ok_by_outcome_and_reason(fleet: FleetStore, report: Report) -> None:
     for model in ("minilm", "smollm"):
         rows = _rows(fleet, model)
         not_ok = rows["outcome"] != "ok"
@@ -134,7 +80,7 @@ def test_not_ok_by_outcome_and_reason(fleet: Fleet2, report: Report) -> None:
             assert r["cause"] == f"{outcome}: {reason}"
 
 
-def test_slo_counts_a_refusal_as_a_miss(fleet: Fleet2, report: Report) -> None:
+def test_slo_counts_a_refusal_as_a_miss(fleet: FleetStore, report: Report) -> None:
     rows = _rows(fleet, "smollm")
     (slo,) = [r for r in report.sections["slo"] if r["model"] == "smollm"]
     ok = rows["outcome"] == "ok"
@@ -142,7 +88,7 @@ def test_slo_counts_a_refusal_as_a_miss(fleet: Fleet2, report: Report) -> None:
     assert slo["within_slo_share"] == pytest.approx(np.mean(ok & (rows["e2e_ms"] <= 300.0)), rel=1e-12)
 
 
-def test_by_consumer_splits_latency_throughput_batch_size_and_capacity(fleet: Fleet2, report: Report) -> None:
+def test_by_consumer_splits_latency_throughput_batch_size_and_capacity(fleet: FleetStore, report: Report) -> None:
     table = report.sections["consumers"]
     assert {r["consumer_id"] for r in table} == set(fleet.capacity) | {UNMEASURED}
     for model in ("minilm", "smollm"):
