@@ -19,7 +19,7 @@ import yaml
 with warnings.catch_warnings():
     # The SDK warns at import that it prefers the v2 schema; see build_board for why we keep v1.
     warnings.filterwarnings("ignore", category=DeprecationWarning)
-    from grafana_foundation_sdk.builders import barchart, dashboard, timeseries
+    from grafana_foundation_sdk.builders import barchart, dashboard, table, timeseries
     from grafana_foundation_sdk.builders import common as common_builders
     from grafana_foundation_sdk.cog import builder as cog_builder
     from grafana_foundation_sdk.cog import variants as cog_variants
@@ -95,7 +95,7 @@ def _tooltip() -> common_builders.VizTooltipOptions:
     )
 
 
-def _panel(spec: PanelSpec, panel_id: int) -> timeseries.Panel | barchart.Panel:
+def _panel(spec: PanelSpec, panel_id: int) -> timeseries.Panel | barchart.Panel | table.Panel:
     target = ClickHouseQueryBuilder(ClickHouseQuery("A", query_sql(spec.query), spec.format_code))
     if spec.kind == "timeseries":
         panel: Any = (
@@ -109,6 +109,8 @@ def _panel(spec: PanelSpec, panel_id: int) -> timeseries.Panel | barchart.Panel:
             panel = panel.thresholds_style(
                 common_builders.GraphThresholdsStyleConfig().mode(common_models.GraphThresholdsStyleMode.DASHED)
             )
+    elif spec.kind == "table":
+        panel = table.Panel().show_header(True).cell_height(common_models.TableCellHeight.SM)
     else:
         panel = (
             barchart.Panel()
@@ -134,29 +136,28 @@ def _panel(spec: PanelSpec, panel_id: int) -> timeseries.Panel | barchart.Panel:
         .unit(spec.unit)
         .min(0)
         .thresholds(_thresholds(spec))
-        .legend(_legend())
-        .tooltip(_tooltip())
         .grid_pos(dashboard_models.GridPos(h=spec.h, w=spec.w, x=spec.x, y=spec.y))
     )
+    if spec.kind != "table":
+        panel = panel.legend(_legend()).tooltip(_tooltip())
     if spec.max_value is not None:
         panel = panel.max(spec.max_value)
     for column, unit in sorted(spec.field_units.items()):
+        placement = [] if spec.kind == "table" else [
+            dashboard_models.DynamicConfigValue(id_val="custom.axisPlacement", value="right")
+        ]  # fmt: skip
         panel = panel.override_by_regexp(
-            column_pattern((column,)),
-            [
-                dashboard_models.DynamicConfigValue(id_val="unit", value=unit),
-                dashboard_models.DynamicConfigValue(id_val="custom.axisPlacement", value="right"),
-            ],
+            column_pattern((column,)), [dashboard_models.DynamicConfigValue(id_val="unit", value=unit), *placement]
         )
     if spec.hidden:
-        panel = panel.override_by_regexp(
-            column_pattern(spec.hidden),
-            [
-                dashboard_models.DynamicConfigValue(
-                    id_val="custom.hideFrom", value={"legend": True, "tooltip": True, "viz": True}
-                )
-            ],
+        hide = (
+            dashboard_models.DynamicConfigValue(id_val="custom.hidden", value=True)
+            if spec.kind == "table"
+            else dashboard_models.DynamicConfigValue(
+                id_val="custom.hideFrom", value={"legend": True, "tooltip": True, "viz": True}
+            )
         )
+        panel = panel.override_by_regexp(column_pattern(spec.hidden), [hide])
     return panel
 
 

@@ -1,4 +1,4 @@
-"""Inline SVG charts for the local board: time series lines and grouped bars.
+"""Inline SVG charts for the local board: time series lines, grouped bars, and tables.
 
 Server-side drawing keeps the page self-contained (no JavaScript library, no
 CDN): the browser only has to paint SVG. Values are formatted with the same
@@ -151,6 +151,24 @@ def time_series_svg(
     return "".join(out)
 
 
+def table_html(columns: list[str], rows: list[list[str]]) -> str:
+    """An HTML table of formatted cells; each row starts with a swatch in the colour its series has
+    in the board's time-series panels (rows and series come in the same order)."""
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = []
+    for i, row in enumerate(rows):
+        swatch = (
+            f'<svg width="10" height="10" class="swatch"><rect class="mark" width="10" height="10" '
+            f'fill="{PALETTE[i % len(PALETTE)]}"/></svg> '
+        )
+        cells = "".join(
+            f'<td class="{"label" if j == 0 else "number"}">{swatch if j == 0 else ""}{html.escape(cell)}</td>'
+            for j, cell in enumerate(row)
+        )
+        body.append(f"<tr>{cells}</tr>")
+    return f'<table class="values"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+
+
 def bar_chart_svg(
     labels: list[str], groups: list[BarGroup], unit: str, width: int, height: int, max_value: float | None = None
 ) -> str:
@@ -188,7 +206,8 @@ def bar_chart_svg(
                     f'text-anchor="middle">{html.escape(format_value(value, unit))}</text>'
                 )
         if i % every == 0:
-            short = label if len(label) <= 12 else label[:11] + "…"
+            room = max(12, int(slot / 6))
+            short = label if len(label) <= room else label[: room - 1] + "…"
             out.append(_text(left + slot * (i + 0.5), top + plot_h + 14, short, anchor="middle", size=10))
     out.append(_legend([g.name for g in groups], width, height - 4))
     out.append("</svg>")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-PanelKind = Literal["timeseries", "barchart"]
+PanelKind = Literal["timeseries", "barchart", "table"]
 QueryFormat = Literal["time_series", "table"]
 
 DATASOURCE_TYPE = "grafana-clickhouse-datasource"
@@ -49,9 +49,10 @@ class PanelSpec:
     h: int
     thresholds: tuple[Threshold, ...] = ()
     field_units: dict[str, str] = field(default_factory=dict)
-    """Columns with another unit, drawn on a right-hand axis (e.g. tokens/s beside req/s)."""
+    """Columns with another unit, drawn on a right-hand axis (e.g. tokens/s beside req/s); in a table, that
+    column's unit."""
     hidden: tuple[str, ...] = ()
-    """Columns the shared query returns that this panel does not draw."""
+    """Columns the shared query returns that this panel does not draw (or, in a table, does not show)."""
     stacked: bool = False
     max_value: float | None = None
     """Fixed top of the value axis (1.0 for ratios), else it follows the data."""
@@ -89,6 +90,12 @@ def bars(
     """A bar chart at (x, y, w, h) with `x_field` on its x axis; its query returns a table."""
     x, y, w, h = at
     return PanelSpec(key, title, "barchart", query, "table", unit, description, x, y, w, h, x_field=x_field, **options)
+
+
+def table(key: str, title: str, query: str, unit: str, at: tuple[int, int, int, int], description: str, **options: Any) -> PanelSpec:
+    """A table at (x, y, w, h): one row per query row, `unit` for numbers unless `field_units` says otherwise."""
+    x, y, w, h = at
+    return PanelSpec(key, title, "table", query, "table", unit, description, x, y, w, h, **options)
 
 
 _SLO_MS = (Threshold(1000.0, "orange"), Threshold(2000.0, "red"))
@@ -213,4 +220,38 @@ GENERATION = BoardSpec(
     ),
 )
 
-BOARDS: tuple[BoardSpec, ...] = (TAIL_LATENCY, CONSUMER_LAG, GENERATION)
+FLEET = BoardSpec(
+    uid="batchtide-fleet",
+    title="batchtide — consumers and outcomes",
+    description=(
+        "Which member of the model's consumer group holds the tail: e2e p99, throughput, batch size and "
+        "measured capacity per consumer; and every request not answered ok, refusals included, by outcome "
+        "and reason."
+    ),
+    tags=("batchtide", "fleet", "outcomes", "clickhouse"),
+    panels=(
+        timeseries("consumer_p99", "e2e p99 by consumer", "consumer_latency", "ms", (0, 0, 12, 8),
+            "Exact end-to-end p99 per consumer and bucket. One line far above the others is one slow device "
+            "(an older card, a throttled or shared one, a hot partition) setting the group's p99. Dashed lines: "
+            "1 s and 2 s.",
+            thresholds=_SLO_MS, hidden=("requests_per_s",)),
+        timeseries("consumer_throughput", "Requests/s by consumer", "consumer_latency", "reqps", (12, 0, 12, 8),
+            "Requests each consumer ran per second. Equal rates with unequal p99: the partitions are split "
+            "evenly but the devices are not equally fast.",
+            hidden=("e2e_p99_ms",)),
+        table("consumers", "By consumer", "consumers", "short", (0, 8, 16, 8),
+            "Per consumer over the range: requests it ran and its share of the model's, e2e p50 / p99, req/s, "
+            "mean batch size, its latest measured capacity (cap / t(cap); empty before its first batch) and its "
+            "not-ok share. A slow device shows a high p99 with large batches and a low capacity.",
+            hidden=("model",),
+            field_units={"share": "percentunit", "e2e_p50_ms": "ms", "e2e_p99_ms": "ms", "requests_per_s": "reqps",
+                         "capacity_per_s": "reqps", "not_ok_share": "percentunit"}),
+        bars("not_ok", "Not ok by outcome and reason", "not_ok_reasons", "percentunit", (16, 8, 8, 8), "cause",
+            "Share of all the model's requests answered other than ok, per outcome and reason: refusals "
+            "(rejected: too_long, schema, ...) beside expired (deadline) and error (runner_error, oversize). "
+            "Refusals never ran, so no latency figure counts them; this panel does.",
+            hidden=("requests",)),
+    ),
+)
+
+BOARDS: tuple[BoardSpec, ...] = (TAIL_LATENCY, CONSUMER_LAG, GENERATION, FLEET)

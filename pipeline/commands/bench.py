@@ -16,6 +16,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from pipeline.views.tables import print_table
+
 bench_app = typer.Typer(
     help="Benchmarks: simulated policy bench (policies, suite) and the real pipeline bench.",
     no_args_is_help=True,
@@ -56,7 +58,7 @@ def _policy_table(report: dict[str, Any]) -> Table:
 
 
 def _print_report(report: dict[str, Any]) -> None:
-    console.print(_policy_table(report))
+    print_table(console, _policy_table(report))
     for r in report["policies"]:
         console.print(f"  [dim]{r['policy']}:[/dim] {_config_text(r)}")
     we = report.get("window_effect")
@@ -156,7 +158,7 @@ def suite(
             text = f"{_fmt(v['capacity_ratio'], 2)} / {_fmt(v['p99_ratio'], 2)}"
             cells.append(text if v["meets_targets"] or f == "seed-baseline" else f"[red]{text}[/red]")
         t.add_row(c["scenario"], *cells, "yes" if c.get("meets_all_family_targets") else "[red]no[/red]")
-    console.print(t)
+    print_table(console, t)
     console.print("cells: capacity ratio / p99 ratio of batchtide-default against that row's policy")
     bf = report["best_single_fixed_config"]
     if bf:

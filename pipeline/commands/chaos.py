@@ -83,6 +83,8 @@ def _print_table(reports: list[FaultReport]) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from pipeline.views.tables import print_table
+
     table = Table(title="batchtide chaos: every fault, every request accounted for")
     for column in ("fault", "injections", "requests in", "results out", "lost", "duplicated", "recovery s", "verdict"):
         table.add_column(column, justify="left" if column in ("fault", "verdict") else "right")
@@ -94,7 +96,7 @@ def _print_table(reports: list[FaultReport]) -> None:
     console = Console()
     if not console.is_terminal:
         console = Console(width=150)
-    console.print(table)
+    print_table(console, table)
     for r in reports:
         details = ", ".join(f"{k}={v}" for k, v in r.details.items())
         console.print(f"[bold]{r.fault}[/bold]: {details}", highlight=False)

@@ -88,20 +88,27 @@ def seed_command(
     rows: int = typer.Option(100_000, "--rows", min=1, help="Latency rows to generate (batches follow)."),
     seed: int = typer.Option(7, "--seed", help="Random seed: the same seed gives the same rows."),
     duration: str = typer.Option("1h", "--duration", help="Time range covered, ending now (e.g. 15m, 1h, 1d)."),
+    slow_consumer: float = typer.Option(
+        1.0, "--slow-consumer", min=1.0, help="Each model's second consumer is this many times slower (compute and waits)."
+    ),
+    refused: float = typer.Option(0.0, "--refused", min=0.0, max=1.0, help="Add this share of refused requests."),
     config: Optional[Path] = ConfigOption,
     clickhouse_url: Optional[str] = UrlOption,
 ) -> None:
     """Insert deterministic synthetic latency and batch rows (for boards, demos and benchmarks)."""
     from pipeline.views.report import parse_duration_ms
     from pipeline.store.migrations import migrate
-    from pipeline.store.seed import seed_database
+    from pipeline.store.seed import Fleet, seed_database
 
     cfg = _config(config, clickhouse_url)
     client = _connect(cfg)
     try:
         migrate(client, _layout(cfg, None))
         started = time.perf_counter()
-        summary = seed_database(client, cfg.clickhouse.database, rows, seed=seed, duration_ms=parse_duration_ms(duration))
+        summary = seed_database(
+            client, cfg.clickhouse.database, rows, seed=seed, duration_ms=parse_duration_ms(duration),
+            fleet=Fleet(slow_factor=slow_consumer, refused_share=refused),
+        )
         elapsed = time.perf_counter() - started
     finally:
         client.close()

@@ -34,6 +34,7 @@ def replay_command(
     from pipeline.config import ConfigError, load_config
     from pipeline.profile_file import ProfileError, load_profile
     from pipeline.views.report import parse_duration_ms
+    from pipeline.views.tables import print_table
     from pipeline.bench.replay import ReplayError, replay, scenario_toml
     from pipeline.store.client import ClickHouseUnavailable, connect
     from pipeline.store.traffic import read_traffic
@@ -90,7 +91,7 @@ def replay_command(
         )
     table.add_row("[italic]recorded[/italic]", "", "", "", "", f"{rec.p50_ms:.1f}", f"{rec.p99_ms:.1f}",
                   f"{rec.p999_ms:.1f}", f"{rec.throughput_rps:.1f}", "", "", f"{rec.marked_share:.2%}", "")
-    console.print(table)
+    print_table(console, table)
     changes = {k: v for k, v in vars(best.profile).items() if getattr(ran, k) != v}
     console.print(f"recommended: {best.name}" + (f" — set {changes}" if changes else " — keep the profile that ran"))
     check = result.validation()

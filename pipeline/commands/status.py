@@ -4,8 +4,10 @@ Straight from Kafka, not from ClickHouse (which trails by the sink's insert
 interval): per model, the consumer group's state and members with their
 partitions, every request partition's lag and lag age (consumers/lag.py),
 and each consumer's latest lag event: the engine's window, learned cap,
-marked share, queue and the time of its last batch; and how many events the
-sink has not stored in ClickHouse yet.
+marked share, queue and the time of its last batch; each member's measured
+capacity and its share of the group's partitions and of the requests arriving
+(so one slow or overloaded member stands out); and how many events the sink has
+not stored in ClickHouse yet.
 """
 
 from __future__ import annotations
@@ -37,6 +39,24 @@ class ModelStatus:
     """`topic:partition` -> client id of the member that holds it."""
     consumers: dict[str, LagEvent]
 
+    def balance(self) -> dict[str, dict[str, float | None]]:
+        """Per member: measured capacity (None before it has measured one), its share of the group's
+        assigned partitions, and its share of the requests arriving (from the members' latest lag events)."""
+        assigned = sum(len(m["partitions"]) for m in self.members)
+        rates = {m["client_id"]: self.consumers[m["client_id"]].arrival_rate_per_s
+                 for m in self.members if m["client_id"] in self.consumers}  # fmt: skip
+        total_rate = sum(rates.values())
+        out: dict[str, dict[str, float | None]] = {}
+        for m in self.members:
+            event = self.consumers.get(m["client_id"])
+            out[m["client_id"]] = {
+                "capacity_per_s": event.capacity_per_s if event is not None and event.capacity_per_s > 0 else None,
+                "partition_share": len(m["partitions"]) / assigned if assigned else None,
+                "arrival_rate_per_s": rates.get(m["client_id"]),
+                "arrival_share": rates[m["client_id"]] / total_rate if total_rate and m["client_id"] in rates else None,
+            }
+        return out
+
     @property
     def total_lag(self) -> int:
         return sum(p.lag for p in self.partitions)
@@ -50,7 +70,7 @@ class ModelStatus:
             "model": self.model,
             "group": self.group,
             "state": self.state,
-            "members": self.members,
+            "members": [{**m, **self.balance()[m["client_id"]]} for m in self.members],
             "total_lag": self.total_lag,
             "max_lag_age_ms": self.max_lag_age_ms,
             "partitions": [
@@ -118,6 +138,27 @@ def _age(ms: float) -> str:
     return f"{ms / 60_000:.1f} min"
 
 
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:.0f}%"
+
+
+def balance_lines(s: ModelStatus) -> list[str]:
+    """The members side by side: capacity and shares, so an unequal split is seen at once."""
+    if not s.members:
+        return []
+    balance = s.balance()
+    width = max(len("member"), *(len(cid) for cid in balance))
+    lines = [f"  {'member':<{width}}  {'capacity/s':>10}  {'partitions':>10}  {'req/s':>7}  {'req share':>9}"]
+    for cid, b in balance.items():
+        capacity = "not yet" if b["capacity_per_s"] is None else f"{b['capacity_per_s']:,.0f}"
+        rate = "-" if b["arrival_rate_per_s"] is None else f"{b['arrival_rate_per_s']:,.1f}"
+        lines.append(
+            f"  {cid:<{width}}  {capacity:>10}  {_share(b['partition_share']):>10}  {rate:>7}  "
+            f"{_share(b['arrival_share']):>9}"
+        )
+    return lines
+
+
 def render(statuses: list[ModelStatus], now_ms: float, sink: SinkStatus | None = None) -> str:
     lines: list[str] = []
     if sink is not None:
@@ -130,6 +171,7 @@ def render(statuses: list[ModelStatus], now_ms: float, sink: SinkStatus | None =
             f"model {s.model}  group {s.group}  state {s.state}  members {len(s.members)}  "
             f"lag {s.total_lag}  max lag age {_age(s.max_lag_age_ms)}"
         )
+        lines.extend(balance_lines(s))
         for m in s.members:
             lines.append(f"  member {m['client_id']} ({m['host']}): {len(m['partitions'])} partitions  {' '.join(m['partitions'])}")
             event = s.consumers.get(m["client_id"])
@@ -141,7 +183,9 @@ def render(statuses: list[ModelStatus], now_ms: float, sink: SinkStatus | None =
                 f"    engine: window {event.window_ms:.1f} ms, learned cap {event.effective_cap} ({event.cap_reason}), "
                 f"marked {event.marked_share * 100:.1f}%, queue {event.queue}, in flight {event.inflight}, "
                 f"{event.arrival_rate_per_s:.1f} req/s; last batch {last}; batches {event.batches}, "
-                f"dead letters {event.dead_letters}  (event {_age(now_ms - event.ts_ms)} old)"
+                f"dead letters {event.dead_letters}, capacity "
+                f"{f'{event.capacity_per_s:,.0f} req/s' if event.capacity_per_s > 0 else 'not measured yet'}  "
+                f"(event {_age(now_ms - event.ts_ms)} old)"
             )
         gone = sorted(set(s.consumers) - {m["client_id"] for m in s.members})
         for cid in gone:
@@ -163,9 +207,10 @@ def status(
     model: Optional[list[str]] = typer.Option(None, "--model", "-m", help="Only this model (repeatable); default every configured model."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
-    """Live view from Kafka: group members and their partitions, lag and lag age per partition,
-    each consumer's latest engine state (window, learned cap, marked share, last batch), and the
-    sink's backlog of events not yet in ClickHouse."""
+    """Live view from Kafka: group members and their partitions, each member's measured capacity and
+    share of partitions and requests, lag and lag age per partition, each consumer's latest engine
+    state (window, learned cap, marked share, last batch), and the sink's backlog of events not yet
+    in ClickHouse."""
     from aiokafka.errors import KafkaError
 
     from pipeline.config import ConfigError, load_config

@@ -47,8 +47,15 @@ def _q(name: str, title: str, fmt: Literal["time_series", "table"], description:
     return AnalysisQuery(name=name, title=title, sql=sql.strip(), format=fmt, description=description)
 
 
-LATENCY_ROWS = f"FROM request_latency FINAL\nWHERE $__timeFilter(enqueue_time) AND NOT warmup AND {MODEL_FILTER}"
-"""The rows every latency figure reads: warm-up requests are left out (the `warmup` query counts them)."""
+SERVED = "outcome != 'rejected'"
+"""A request the engine took in (answered ok, expired or failed). A refused request (`rejected`,
+batch_id -1, no compute) was answered within a few ms without running: counted in every outcome
+share, never in a latency, wait, token or throughput figure, which it would pull down."""
+OUTCOME_ROWS = f"FROM request_latency FINAL\nWHERE $__timeFilter(enqueue_time) AND NOT warmup AND {MODEL_FILTER}"
+"""Every request of the range, refusals included: what outcome shares are taken over (warm-up left out)."""
+LATENCY_ROWS = f"{OUTCOME_ROWS} AND {SERVED}"
+"""The rows every latency figure reads: refusals and warm-up requests are left out (the `warmup` query counts
+warm-up, `summary` and `not_ok_reasons` count refusals)."""
 DATA_SPAN_S = "greatest((toUnixTimestamp64Milli(max(produce_time)) - toUnixTimestamp64Milli(min(enqueue_time))) / 1000, 1)"
 """Seconds from the first request to the last answer in the range (at least 1): throughput is over
 the span that has data, not over the range asked for (a 2-minute run reported over 3 h is not 0.3 req/s)."""
@@ -106,31 +113,49 @@ _ALL = [
        "The `model` template variable's options (not filtered by the variable itself).",
        "SELECT DISTINCT model\nFROM request_latency\nWHERE $__timeFilter(enqueue_time)\nORDER BY model"),
     _q("summary", "Per-model summary", "table",
-       "Requests, throughput over the span with data, exact e2e and queue-wait quantiles, long waits and tail "
-       "marking over the range (warm-up requests left out).",
+       "Requests that ran, throughput over the span with data, exact e2e and queue-wait quantiles, long waits and "
+       "tail marking over the range (warm-up requests left out); refusals counted apart and in the not-ok share.",
        f"""
 SELECT
-    model, requests, span_s, requests_per_s, tokens_per_s,
+    model, requests, refused, span_s, requests_per_s, tokens_per_s,
     {QUANTILE_COLUMNS},
     share_wait_over_1s, marked_share, marked_wait_p99_ms, unmarked_wait_p99_ms, not_ok_share
 FROM (
     SELECT
         model,
-        count() AS requests,
+        countIf({SERVED}) AS requests,
+        countIf(NOT {SERVED}) AS refused,
         {DATA_SPAN_S} AS span_s,
-        count() / span_s AS requests_per_s,
-        sum(tokens_in + tokens_out) / span_s AS tokens_per_s,
-        {EXACT_QUANTILES[0]},
-        {EXACT_QUANTILES[1]},
-        countIf(wait_ms > 1000) / count() AS share_wait_over_1s,
-        countIf(tail_marked) / count() AS marked_share,
-        quantileExactInclusiveIf(0.99)(wait_ms, tail_marked) AS marked_wait_p99_ms,
-        quantileExactInclusiveIf(0.99)(wait_ms, NOT tail_marked) AS unmarked_wait_p99_ms,
+        requests / span_s AS requests_per_s,
+        sumIf(tokens_in + tokens_out, {SERVED}) / span_s AS tokens_per_s,
+        quantilesExactInclusiveIf(0.5, 0.99, 0.999)(e2e_ms, {SERVED}) AS e2e,
+        quantilesExactInclusiveIf(0.5, 0.99, 0.999)(wait_ms, {SERVED}) AS wait,
+        countIf({SERVED} AND wait_ms > 1000) / requests AS share_wait_over_1s,
+        countIf({SERVED} AND tail_marked) / requests AS marked_share,
+        quantileExactInclusiveIf(0.99)(wait_ms, {SERVED} AND tail_marked) AS marked_wait_p99_ms,
+        quantileExactInclusiveIf(0.99)(wait_ms, {SERVED} AND NOT tail_marked) AS unmarked_wait_p99_ms,
         countIf(outcome != 'ok') / count() AS not_ok_share
-    {LATENCY_ROWS.replace(chr(10), chr(10) + "    ")}
+    {OUTCOME_ROWS.replace(chr(10), chr(10) + "    ")}
     GROUP BY model
 )
 ORDER BY model
+"""),
+    _q("not_ok_reasons", "Not ok by outcome and reason", "table",
+       "Every request not answered ok, refusals included, per outcome and reason (`rejected: too_long`, "
+       "`expired: deadline`, ...), with its share of all the model's requests in the range.",
+       f"""
+SELECT model, cause, outcome, why AS reason, requests, share
+FROM (
+    SELECT
+        model, outcome, if(reason = '', 'unspecified', reason) AS why,
+        concat(outcome, ': ', why) AS cause,
+        count() AS requests,
+        count() / sum(count()) OVER (PARTITION BY model) AS share
+    {OUTCOME_ROWS.replace(chr(10), chr(10) + "    ")}
+    GROUP BY model, outcome, why
+)
+WHERE outcome != 'ok'
+ORDER BY model, requests DESC, cause
 """),
     _q("warmup", "Warm-up requests (left out of every latency figure)", "table",
        "Requests their sender tagged as warm-up: answered and stored, counted here and nowhere else.",
@@ -316,8 +341,65 @@ ORDER BY model
 """),
 ]  # fmt: skip
 
+_CONSUMERS = [
+    _q("consumers", "By consumer: requests, share, latency, throughput, batch size, capacity", "table",
+       "One row per consumer of the model: requests it ran and its share of the model's, e2e p50 / p99, req/s over "
+       "its span with data, mean batch size, its latest measured capacity (null: not measured yet) and its not-ok "
+       "share (refusals included). One slow device shows here as one row with a high p99 and a large mean batch.",
+       f"""
+SELECT
+    l.consumer_id AS consumer_id,
+    l.model AS model,
+    l.requests AS requests,
+    l.requests / sum(l.requests) OVER (PARTITION BY l.model) AS share,
+    l.e2e_p50_ms AS e2e_p50_ms,
+    l.e2e_p99_ms AS e2e_p99_ms,
+    l.requests_per_s AS requests_per_s,
+    b.mean_batch_size AS mean_batch_size,
+    nullIf(c.latest_capacity, 0) AS capacity_per_s,
+    l.not_ok_share AS not_ok_share
+FROM (
+    SELECT
+        model, consumer_id,
+        countIf({SERVED}) AS requests,
+        requests / {DATA_SPAN_S} AS requests_per_s,
+        quantilesExactInclusiveIf(0.5, 0.99)(e2e_ms, {SERVED}) AS e2e,
+        e2e[1] AS e2e_p50_ms, e2e[2] AS e2e_p99_ms,
+        countIf(outcome != 'ok') / count() AS not_ok_share
+    {OUTCOME_ROWS.replace(chr(10), chr(10) + "    ")}
+    GROUP BY model, consumer_id
+) AS l
+LEFT JOIN (
+    SELECT model, consumer_id, avg(size) AS mean_batch_size
+    {BATCH_ROWS.replace(chr(10), chr(10) + "    ")}
+    GROUP BY model, consumer_id
+) AS b ON b.model = l.model AND b.consumer_id = l.consumer_id
+LEFT JOIN (
+    SELECT model, consumer_id, argMax(capacity_per_s, ts) AS latest_capacity
+    FROM consumer_lag FINAL
+    WHERE $__timeFilter(ts) AND capacity_per_s > 0 AND {MODEL_FILTER}
+    GROUP BY model, consumer_id
+) AS c ON c.model = l.model AND c.consumer_id = l.consumer_id
+ORDER BY model, consumer_id
+"""),
+    _q("consumer_latency", "e2e p99 by consumer over time", "time_series",
+       "Exact e2e p99 and requests/s per bucket and consumer of the model: the p99 line "
+       "far above the others is the device that holds the group's tail.",
+       f"""
+SELECT
+    $__timeInterval(enqueue_time) AS time,
+    model,
+    consumer_id,
+    quantileExactInclusive(0.99)(e2e_ms) AS e2e_p99_ms,
+    count() / $__interval_s AS requests_per_s
+{LATENCY_ROWS}
+GROUP BY time, model, consumer_id
+ORDER BY time, model, consumer_id
+"""),
+]  # fmt: skip
+
 SLO = _q("slo", "Requests within their SLO", "table",
-         "Share of requests answered ok within slo_p99_ms + tokens_out x slo_ms_per_new_token of their model, and "
+         "Share of requests (refusals included, as misses) answered ok within slo_p99_ms + tokens_out x slo_ms_per_new_token of their model, and "
          "the p99 of e2e over that SLO (<= 1: the objective held). Report only: the objectives come from the config "
          "as bound arrays, and tokens_out (what was generated) stands for the requested max_new_tokens, which "
          "judges a request that stopped early by EOS against the tighter SLO.",
@@ -335,16 +417,16 @@ FROM (
         transform(model, {{slo_models:Array(String)}}, {{slo_base:Array(Float64)}}, {{slo_default:Float64}}) AS slo_base_ms,
         transform(model, {{slo_models:Array(String)}}, {{slo_per_token:Array(Float64)}}, 0.) AS slo_token_ms,
         slo_base_ms + tokens_out * slo_token_ms AS slo_ms
-    {LATENCY_ROWS.replace(chr(10), chr(10) + "    ")}
+    {OUTCOME_ROWS.replace(chr(10), chr(10) + "    ")}
 )
 GROUP BY model
 ORDER BY model
 """)
 """Not a board panel (Grafana has no config to bind); `batchtide report` runs it with the config's objectives."""
 
-QUERIES: dict[str, AnalysisQuery] = {q.name: q for q in _ALL + _LAG}
+QUERIES: dict[str, AnalysisQuery] = {q.name: q for q in _ALL + _LAG + _CONSUMERS}
 REPORT_QUERIES = (
-    "summary", "warmup", "generation", "latency_quantiles", "throughput", "batch_sizes", "target_hit_ratio",
+    "summary", "not_ok_reasons", "consumers", "warmup", "generation", "latency_quantiles", "throughput", "batch_sizes", "target_hit_ratio",
     "dispatch_reasons", "device_memory", "compute_by_batch_size", "window_over_time",
     "lag_summary", "lag_over_time",
 )  # fmt: skip

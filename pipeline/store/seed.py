@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from clickhouse_connect.driver.client import Client
 
-from pipeline.store.writer import BATCH_COLUMNS, LATENCY_COLUMNS
+from pipeline.store.writer import BATCH_COLUMNS, LATENCY_COLUMNS, NO_BATCH_ID
 from schemas.messages import BatchEvent, LatencyEvent
 
 DEFAULT_MODELS = ("minilm", "smollm")
@@ -50,6 +50,22 @@ SHAPES = (
     ModelShape(8.0, 0.9, (16, 64), (0, 0), "process_rss", 600 << 20, 2 << 20),
     ModelShape(40.0, 4.0, (20, 200), (8, 32), "cuda_max_allocated", 2 << 30, 40 << 20, heavier_after=0.7),
 )
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """Opt-in departures from the plain seed, for the fleet and refusal views (the defaults change nothing).
+
+    `slow_factor` multiplies the per-batch compute and the queue waits of each model's second consumer
+    (`<model>-c1`): one slow device in a group of two. `refused_share` adds that share of extra requests
+    refused before they ran (outcome `rejected`, no batch: stored as NO_BATCH_ID, batch_size 0, no compute),
+    with `REFUSAL_REASONS`."""
+
+    slow_factor: float = 1.0
+    refused_share: float = 0.0
+
+
+REFUSAL_REASONS = ("too_long", "schema")
 
 
 @dataclass(frozen=True)
@@ -93,6 +109,7 @@ def _load_curve(mean_rate: float, seconds: np.ndarray, rng: np.random.Generator)
 def _model_chunk(
     name: str, shape: ModelShape, rows: int, start_ms: int, duration_ms: int,
     range_start_ms: int, range_ms: int, first_batch: int, first_row: int, seed: int, rng: np.random.Generator,
+    fleet: Fleet = Fleet(),
 ) -> SeedChunk:  # fmt: skip
     seconds = max(duration_ms // 1000, 1)
     rate = _load_curve(rows / seconds, (start_ms - range_start_ms) / 1000 + np.arange(seconds), rng)
@@ -121,7 +138,9 @@ def _model_chunk(
     heavier = 1.0
     if shape.heavier_after is not None:
         heavier = np.where(dispatch - range_start_ms > shape.heavier_after * range_ms, 1.5, 1.0)
-    compute = np.round((shape.cost_a_ms + shape.cost_c_ms * size) * heavier * rng.uniform(0.9, 1.15, keep), 1)
+    consumer = np.arange(keep) % 2
+    slow = np.where(consumer == 1, fleet.slow_factor, 1.0)
+    compute = np.round((shape.cost_a_ms + shape.cost_c_ms * size) * heavier * slow * rng.uniform(0.9, 1.15, keep), 1)
     busy = lam * (compute + window[cells]) / 1000 >= TARGET_SIZE
     win = np.where(busy, rng.uniform(12, 20, keep), rng.uniform(0, 20, keep)).round(1)
     reason = np.where(size >= HARD_CAP, "hard_cap", np.where(size >= TARGET_SIZE, "target",
@@ -134,10 +153,9 @@ def _model_chunk(
     wait = rng.uniform(0.6, 1.0, n) * win[batch_of] + rng.exponential(queue_mean)
     tail = rng.random(n) < 0.012
     wait = wait + tail * rng.lognormal(np.log(450.0), 0.7, n)
-    wait = np.round(wait).astype(np.int64)
+    wait = np.round(wait * slow[batch_of]).astype(np.int64)
     marked = wait > 2 * max(float(np.median(wait)), 1.0)
     starts = np.concatenate(([0], np.cumsum(size)[:-1]))
-    consumer = np.arange(keep) % 2
     batch_id = first_batch + np.arange(keep) // 2
     tok_in = rng.integers(shape.tokens_in[0], shape.tokens_in[1] + 1, n)
     tok_out = rng.integers(shape.tokens_out[0], shape.tokens_out[1] + 1, n) if shape.tokens_out[1] else np.zeros(n, np.int64)
@@ -213,7 +231,42 @@ def _model_chunk(
         "device_mem_kind": [shape.mem_kind] * keep,
         "schema_version": np.ones(keep, np.int64),
     }
+    if fleet.refused_share > 0:
+        _add_refusals(latency, fleet.refused_share, np.random.default_rng([seed, first_row, 1]))
     return SeedChunk(latency=latency, batches=batches)
+
+
+def _add_refusals(latency: dict[str, Any], share: float, rng: np.random.Generator) -> None:
+    """Append refused requests: copies of random rows' arrival, answered 1-3 ms after their fetch, never run."""
+    n = len(latency["request_id"])
+    extra = int(round(n * share))
+    if extra == 0:
+        return
+    pick = rng.choice(n, size=extra, replace=False)
+    fetch = np.asarray(latency["fetch_time"])[pick]
+    enqueue = np.asarray(latency["enqueue_time"])[pick]
+    answered = fetch + rng.integers(1, 4, extra)
+    zeros = np.zeros(extra, np.int64)
+    refused = {
+        "request_id": [f"{latency['request_id'][i]}-refused" for i in pick.tolist()],
+        "outcome": ["rejected"] * extra,
+        "reason": [REFUSAL_REASONS[i % len(REFUSAL_REASONS)] for i in range(extra)],
+        "dispatch_time": answered, "compute_start_time": answered, "compute_end_time": answered,
+        "produce_time": answered,
+        "wait_ms": zeros.astype(np.float64), "compute_ms": zeros.astype(np.float64),
+        "e2e_ms": (answered - enqueue).astype(np.float64),
+        "batch_id": zeros + NO_BATCH_ID, "batch_size": zeros, "tail_marked": zeros.astype(bool), "tokens_out": zeros,
+        "device_mem_bytes": zeros, "device_mem_kind": ["none"] * extra, "forwarded": zeros.astype(bool),
+        "first_token_time": zeros, "last_token_time": zeros,
+    }
+    for column, values in list(latency.items()):
+        added = refused.get(column)
+        if added is None:
+            added = np.asarray(values)[pick] if isinstance(values, np.ndarray) else [values[i] for i in pick.tolist()]
+        if isinstance(values, np.ndarray):
+            latency[column] = np.concatenate([values, np.asarray(added, dtype=values.dtype)])
+        else:
+            latency[column] = list(values) + list(np.asarray(added).tolist() if isinstance(added, np.ndarray) else added)
 
 
 def _token_times(
@@ -239,8 +292,10 @@ def generate(
     models: Sequence[str] = DEFAULT_MODELS,
     start_ms: int | None = None,
     duration_ms: int = 3_600_000,
+    fleet: Fleet = Fleet(),
 ) -> Iterator[SeedChunk]:
     """Yield chunks of at most ~CHUNK_ROWS rows; models share the rows 60/40 (then evenly).
+    `rows` counts the requests that ran: `fleet.refused_share` adds refusals on top.
 
     `start_ms` None: the range ends at the current minute (rows older than the
     table TTL would be dropped by ClickHouse on insert, so fixed old dates are a trap).
@@ -265,7 +320,7 @@ def generate(
             span = slice_ms if part < slices - 1 else duration_ms - slice_ms * part
             chunk = _model_chunk(
                 name, shape, part_rows, start_ms + part * slice_ms, span, start_ms, duration_ms, first_batch, done,
-                seed, rng,
+                seed, rng, fleet,
             )
             done += part_rows
             first_batch = int(chunk.batches["batch_id"].max()) + 1

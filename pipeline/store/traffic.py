@@ -1,10 +1,11 @@
 """Recorded traffic of one model over a time range, read back for `batchtide replay`.
 
 Two reads, both bounded by the range and the model (bound as parameters, never
-spliced): every answered request except warm-ups, as the report counts them (record time, tokens, priority, partition,
-the consumer that served it, and what it measured), and every batch (size,
-cost, compute time), from which the device's t(b) is taken. `FINAL` collapses
-the rows a redelivered event may have inserted twice.
+spliced): every request that ran, as the report's latency figures count them (no
+warm-up, no refusal: a refused request never reached the device), with its record
+time, tokens, priority, partition, the consumer that served it and what it
+measured; and every batch (size, cost, compute time), from which the device's
+t(b) is taken. `FINAL` collapses the rows a redelivered event may have inserted twice.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ SELECT
     compute_ms,
     tail_marked
 FROM {db}.request_latency FINAL
-WHERE model = {{model:String}} AND NOT warmup
+WHERE model = {{model:String}} AND NOT warmup AND outcome != 'rejected'
   AND enqueue_time >= fromUnixTimestamp64Milli({{time_from:Int64}}, 'UTC')
   AND enqueue_time < fromUnixTimestamp64Milli({{time_to:Int64}}, 'UTC')
 ORDER BY enqueue_ms

@@ -40,11 +40,18 @@ ID_LOOKUP_CHUNK = 2000
 """Ids per existence query: keeps the bound array (an HTTP parameter) well under URL limits."""
 
 
+NO_BATCH_ID = 0
+"""How `request_latency.batch_id` (UInt64) stores a request that ran in no batch (an event's batch_id -1:
+expired in the queue, refused): engine batch ids start at 1, so 0 is free. Inserting -1 would fail the
+whole block, and the sink would retry that block forever."""
+
+
 def latency_row(e: LatencyEvent) -> list[Any]:
     return [
         e.request_id, e.model, e.consumer_id, e.outcome,
         e.enqueue_ms, e.fetch_ms, e.dispatch_ms, e.compute_start_ms, e.compute_end_ms, e.produce_ms,
-        e.wait_ms, e.compute_ms, e.e2e_ms, e.batch_id, e.batch_size, e.tail_marked, e.priority,
+        e.wait_ms, e.compute_ms, e.e2e_ms, e.batch_id if e.batch_id >= 0 else NO_BATCH_ID, e.batch_size,
+        e.tail_marked, e.priority,
         e.tokens_in, e.tokens_out, e.device_mem_bytes, e.device_mem_kind,
         e.partition, e.offset, e.forwarded, e.v, e.warmup,
         e.first_token_ms, e.last_token_ms, e.reason,

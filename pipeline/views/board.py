@@ -3,8 +3,8 @@
 For machines without Grafana. Every panel of `dashboards/panels.py` is computed
 from the same named query Grafana runs, with the plugin's macros expanded by
 `pipeline.store.macros.expand_macros`, against the embedded or configured
-ClickHouse. The consumer-lag panels (`CONSUMER_LAG`) sit below the tail-latency ones and the
-generation panels (`GENERATION`) below those. The page holds inline SVG and a few lines of inline script that
+ClickHouse. The consumer-lag panels (`CONSUMER_LAG`) sit below the tail-latency ones, the
+generation panels (`GENERATION`) below those, and the per-consumer and outcome panels (`FLEET`) last. The page holds inline SVG and a few lines of inline script that
 mark each panel painted; nothing is fetched from anywhere.
 """
 
@@ -23,8 +23,17 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 from urllib.parse import parse_qs, urlencode, urlparse
 
-from dashboards.charts import BarGroup, Series, bar_chart_svg, format_value, time_series_svg
-from dashboards.panels import CONSUMER_LAG, GENERATION, MODEL_VARIABLE, MODELS_QUERY, TAIL_LATENCY, BoardSpec, PanelSpec
+from dashboards.charts import BarGroup, Series, bar_chart_svg, format_value, table_html, time_series_svg
+from dashboards.panels import (
+    CONSUMER_LAG,
+    FLEET,
+    GENERATION,
+    MODEL_VARIABLE,
+    MODELS_QUERY,
+    TAIL_LATENCY,
+    BoardSpec,
+    PanelSpec,
+)
 from dashboards.sql import query_sql
 from pipeline.views.report import DURATION, parse_duration_ms
 
@@ -45,9 +54,9 @@ def _stacked(top: BoardSpec, below: BoardSpec) -> BoardSpec:
     return dataclasses.replace(top, title=f"{top.title} · {below.title.split(' — ')[-1]}", panels=top.panels + moved)
 
 
-LOCAL_BOARD = _stacked(_stacked(TAIL_LATENCY, CONSUMER_LAG), GENERATION)
+LOCAL_BOARD = _stacked(_stacked(_stacked(TAIL_LATENCY, CONSUMER_LAG), GENERATION), FLEET)
 """The local page: the tail-latency board, the consumer-lag panels below it, then the generation panels
-(empty for a model that does not generate)."""
+(empty for a model that does not generate), then latency per consumer and the not-ok outcomes."""
 
 
 class ClickHouseQuerier(Protocol):
@@ -193,6 +202,23 @@ def frame_bars(frame: Frame, spec: PanelSpec) -> tuple[list[str], list[BarGroup]
     return labels, groups
 
 
+def frame_table(frame: Frame, spec: PanelSpec) -> tuple[list[str], list[list[str]]]:
+    """A table frame as header and formatted cells, hidden columns left out, numbers in their unit."""
+    shown = [i for i, name in enumerate(frame.columns) if name not in spec.hidden]
+    rows = []
+    for row in frame.rows:
+        cells = []
+        for i in shown:
+            value = row[i]
+            if frame.kind(i) == "number":
+                number, unit = _number(value), spec.field_units.get(frame.columns[i], spec.unit)
+                cells.append("-" if number is None else format_value(number, unit))
+            else:
+                cells.append(_x_label(value))
+        rows.append(cells)
+    return [frame.columns[i] for i in shown], rows
+
+
 def _x_label(value: Any) -> str:
     if isinstance(value, float):
         return "inf" if math.isinf(value) else f"{value:g}"
@@ -242,6 +268,10 @@ def _panel_body(result: PanelResult, window: TimeRange) -> tuple[str, str, int]:
         count = sum(len(s.points) for s in series)
         thresholds = [(t.value, t.color) for t in spec.thresholds]
         svg = time_series_svg(series, width, height, (window.from_ms, window.to_ms), thresholds, spec.unit)
+    elif spec.kind == "table":
+        columns, rows = frame_table(result.frame, spec)
+        count = len(rows) * len(columns)
+        svg = table_html(columns, rows)
     else:
         labels, groups = frame_bars(result.frame, spec)
         count = len(labels) * len(groups)
@@ -278,7 +308,11 @@ nav a{color:#6e9fff;margin-right:12px} h3.model{font-size:16px;margin:16px 0 6px
 .panel h2{font-size:13px;font-weight:500;margin:0;color:#ccccdc;flex:1}
 .unit{color:#8e8e99;font-size:11px} .help{color:#8e8e99;cursor:help;border:1px solid #44474f;border-radius:50%%;
 width:14px;height:14px;font-size:10px;text-align:center;line-height:14px}
-.body{padding:0 8px} .message{color:#8e8e99;padding:24px 8px;text-align:center} .error{color:#f2495c;text-align:left;
+.body{padding:0 8px} table.values{border-collapse:collapse;width:100%%}
+table.values th{color:#8e8e99;font-weight:500;text-align:right;padding:2px 6px;border-bottom:1px solid #2c3235}
+table.values th:first-child,td.label{text-align:left} td.number{text-align:right;font-variant-numeric:tabular-nums}
+table.values td{padding:2px 6px;border-bottom:1px solid #22252b} .swatch{vertical-align:middle}
+.message{color:#8e8e99;padding:24px 8px;text-align:center} .error{color:#f2495c;text-align:left;
 font-family:monospace;font-size:11px;white-space:pre-wrap}
 """
 

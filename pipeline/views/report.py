@@ -22,6 +22,7 @@ from rich.table import Table
 from pipeline.store.macros import ALL_VALUE, Bound, expand_macros
 from pipeline.config import BatchProfile
 from pipeline.store.queries import QUERIES, REPORT_QUERIES, SLO
+from pipeline.views.tables import print_table
 
 NICE_INTERVALS_S = (1, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400)
 DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)\s*$")
@@ -176,7 +177,7 @@ def render(report: Report, console: Console) -> None:
             _render_lag(s, console)
         return
     console.print(f"[bold]batchtide report[/bold]  {span}, buckets of {report.interval_ms / 1000:g} s")
-    console.print(_table("Per model (ms; req/s over the span with data)", [
+    print_table(console, _table("Per model (ms; req/s over the span with data)", [
         "model", "requests", "span s", "req/s", "tokens/s", "e2e p50", "e2e p99", "e2e p999", "wait p50", "wait p99", "wait p999",
     ], [[
         r["model"], _num(r["requests"]), _num(r["span_s"]), _num(r["requests_per_s"]), _num(r["tokens_per_s"], 0),
@@ -184,7 +185,7 @@ def render(report: Report, console: Console) -> None:
         _num(r["wait_p50_ms"]), _num(r["wait_p99_ms"]), _num(r["wait_p999_ms"]),
     ] for r in s["summary"]]))  # fmt: skip
     if s.get("generation"):
-        console.print(_table("Generation (prompt and generated tokens apart; TTFT = first token - enqueue, "
+        print_table(console, _table("Generation (prompt and generated tokens apart; TTFT = first token - enqueue, "
                              "TPOT = per output token after the first; ms)", [
             "model", "requests", "prompt tok/s", "generated tok/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99",
         ], [[
@@ -192,24 +193,31 @@ def render(report: Report, console: Console) -> None:
             _num(r["ttft_p50_ms"]), _num(r["ttft_p99_ms"]), _num(r["tpot_p50_ms"], 2), _num(r["tpot_p99_ms"], 2),
         ] for r in s["generation"]]))  # fmt: skip
     if s.get("slo"):
-        console.print(_table("SLO (slo_p99_ms + generated tokens x slo_ms_per_new_token; met when p99/SLO <= 1)", [
+        print_table(console, _table("SLO (slo_p99_ms + generated tokens x slo_ms_per_new_token; met when p99/SLO <= 1)", [
             "model", "SLO ms", "+ ms/token", "within SLO", "p99 / SLO",
         ], [[
             r["model"], _num(r["slo_p99_ms"], 0), _num(r["slo_ms_per_new_token"]), _pct(r["within_slo_share"]),
             _num(r["p99_over_slo"], 2),
         ] for r in s["slo"]]))  # fmt: skip
     if s.get("warmup"):
-        console.print(_table("Warm-up requests (not in any figure above or below)", ["model", "requests", "e2e p50 ms", "e2e max ms"], [
+        print_table(console, _table("Warm-up requests (not in any figure above or below)", ["model", "requests", "e2e p50 ms", "e2e max ms"], [
             [r["model"], _num(r["requests"]), _num(r["e2e_p50_ms"]), _num(r["e2e_max_ms"])] for r in s["warmup"]
         ]))  # fmt: skip
-    console.print(_table("Tails", [
-        "model", "waited > 1 s", "tail-marked", "marked wait p99 ms", "unmarked wait p99 ms", "not ok",
+    print_table(console, _table("Tails and outcomes (not ok: every outcome but ok, refusals included)", [
+        "model", "waited > 1 s", "tail-marked", "marked wait p99 ms", "unmarked wait p99 ms", "not ok", "refused",
     ], [[
         r["model"], _pct(r["share_wait_over_1s"]), _pct(r["marked_share"]),
-        _num(r["marked_wait_p99_ms"]), _num(r["unmarked_wait_p99_ms"]), _pct(r["not_ok_share"]),
+        _num(r["marked_wait_p99_ms"]), _num(r["unmarked_wait_p99_ms"]), _pct(r["not_ok_share"]), _num(r["refused"]),
     ] for r in s["summary"]]))  # fmt: skip
+    if s.get("not_ok_reasons"):
+        print_table(console, _table("Not ok by outcome and reason (share of all the model's requests)", [
+            "model", "outcome", "reason", "requests", "share",
+        ], [[r["model"], r["outcome"], r["reason"], _num(r["requests"]), _pct(r["share"])]
+            for r in s["not_ok_reasons"]]))  # fmt: skip
+    if s.get("consumers"):
+        _render_consumers(s["consumers"], console)
     throughput = {(r["time"], r["model"]): r for r in s.get("throughput", [])}
-    console.print(_table("Latency per bucket (ms)", [
+    print_table(console, _table("Latency per bucket (ms)", [
         "time", "model", "req/s", "tokens/s", "e2e p50", "e2e p99", "e2e p999", "wait p50", "wait p99", "wait p999",
     ], [[
         f"{r['time']:%H:%M:%S}", r["model"],
@@ -218,27 +226,56 @@ def render(report: Report, console: Console) -> None:
         _num(r["e2e_p50_ms"]), _num(r["e2e_p99_ms"]), _num(r["e2e_p999_ms"]),
         _num(r["wait_p50_ms"]), _num(r["wait_p99_ms"]), _num(r["wait_p999_ms"]),
     ] for r in s.get("latency_quantiles", [])]))  # fmt: skip
-    console.print(_table("Target hit ratio (busy: one device cycle brings a full target)", [
+    print_table(console, _table("Target hit ratio (busy: one device cycle brings a full target)", [
         "model", "load", "batches", "hit ratio", "mean size",
     ], [[r["model"], r["load"], _num(r["batches"]), _pct(r["hit_ratio"]), _num(r["mean_size"])]
         for r in s.get("target_hit_ratio", [])]))  # fmt: skip
-    console.print(_table("Dispatch reasons", ["model", "reason", "batches", "share"], [
+    print_table(console, _table("Dispatch reasons", ["model", "reason", "batches", "share"], [
         [r["model"], r["reason"], _num(r["batches"]), _pct(r["share"])] for r in s.get("dispatch_reasons", [])
     ]))  # fmt: skip
-    console.print(_table("Batch size distribution (sizes with >= 2% of batches; --json for all)", [
+    print_table(console, _table("Batch size distribution (sizes with >= 2% of batches, one # per 2.5%; --json for all)", [
         "model", "size", "batches", "share", "",
-    ], [[r["model"], str(r["size"]), _num(r["batches"]), _pct(r["share"]), "#" * round(r["share"] * 100)]
+    ], [[r["model"], str(r["size"]), _num(r["batches"]), _pct(r["share"]), "#" * round(r["share"] * 40)]
         for r in s.get("batch_sizes", []) if r["share"] >= 0.02]))  # fmt: skip
-    console.print(_table("Device memory per batch", ["model", "kind", "p50", "max"], [
+    print_table(console, _table("Device memory per batch", ["model", "kind", "p50", "max"], [
         [r["model"], r["device_mem_kind"], _mib(r["mem_p50_bytes"]), _mib(r["mem_max_bytes"])]
         for r in s.get("device_memory", [])
     ]))  # fmt: skip
     _render_lag(s, console)
-    console.print(_table("Compute time by batch size (every 8th size; --json for all)", [
+    print_table(console, _table("Compute time by batch size (every 8th size; --json for all)", [
         "model", "size", "batches", "p50 ms", "p99 ms", "ms/request",
     ], [[r["model"], str(r["size"]), _num(r["batches"]), _num(r["compute_p50_ms"]), _num(r["compute_p99_ms"]),
          _num(r["ms_per_request_p50"], 2)]
         for r in s.get("compute_by_batch_size", []) if r["size"] == 1 or r["size"] % 8 == 0]))  # fmt: skip
+
+
+def _ms(value: Any) -> str:
+    """A latency an operator compares at a glance: 70 ms, 1.4 s."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    return f"{value:,.0f} ms" if value < 1000 else f"{value / 1000:,.2f} s"
+
+
+def consumer_line(rows: list[dict[str, Any]]) -> str:
+    """One model's consumers by p99, slowest first: `c1: p99 1.40 s, c0: p99 70 ms`."""
+    ranked = sorted(rows, key=lambda r: -(r["e2e_p99_ms"] if math.isfinite(r["e2e_p99_ms"]) else -1.0))
+    return ", ".join(f"{r['consumer_id']}: p99 {_ms(r['e2e_p99_ms'])}" for r in ranked)
+
+
+def _render_consumers(rows: list[dict[str, Any]], console: Console) -> None:
+    """Per consumer: its requests and share, latency, throughput, mean batch and measured capacity."""
+    print_table(console, _table("By consumer (share of the model's requests that ran; capacity: latest measured, "
+                                "- before the first)", [
+        "consumer", "model", "requests", "share", "e2e p50", "e2e p99", "req/s", "mean batch", "capacity/s", "not ok",
+    ], [[
+        r["consumer_id"], r["model"], _num(r["requests"]), _pct(r["share"]), _ms(r["e2e_p50_ms"]),
+        _ms(r["e2e_p99_ms"]), _num(r["requests_per_s"]), _num(r["mean_batch_size"]),
+        _num(r["capacity_per_s"]) if r["capacity_per_s"] else "-", _pct(r["not_ok_share"]),
+    ] for r in rows]))  # fmt: skip
+    for model in sorted({r["model"] for r in rows}):
+        mine = [r for r in rows if r["model"] == model]
+        if len(mine) > 1:
+            console.print(f"{model} by consumer: {consumer_line(mine)}")
 
 
 def _age(ms: Any) -> str:
@@ -252,12 +289,12 @@ def _render_lag(s: dict[str, list[dict[str, Any]]], console: Console) -> None:
     if not s.get("lag_summary"):
         console.print("Consumer lag: no lag samples in the range (consumers record them every lag_interval_ms)")
         return
-    console.print(_table("Consumer lag (end - committed offset; age of the oldest unanswered record)", [
+    print_table(console, _table("Consumer lag (end - committed offset; age of the oldest unanswered record)", [
         "model", "consumers", "lag now", "lag age now", "max lag", "max lag age",
     ], [[
         r["model"], _num(r["consumers"]), _num(r["lag_now"]), _age(r["lag_age_now_ms"]),
         _num(r["lag_max"]), _age(r["lag_age_max_ms"]),
     ] for r in s["lag_summary"]]))  # fmt: skip
-    console.print(_table("Consumer lag per bucket", ["time", "model", "lag", "lag age"], [
+    print_table(console, _table("Consumer lag per bucket", ["time", "model", "lag", "lag age"], [
         [f"{r['time']:%H:%M:%S}", r["model"], _num(r["lag"]), _age(r["lag_age_ms"])] for r in s.get("lag_over_time", [])
     ]))  # fmt: skip

@@ -179,6 +179,9 @@ def test_status_shows_members_partitions_lag_and_engine_state(kafka_settings: Ka
     assert f"model {MODEL}  group {topics.group(MODEL)}  state Stable  members 1" in text
     assert f"sink group {kafka_settings.topic_prefix}-sink  state " in text
     assert "member status-c1" in text and "learned cap 1" in text and "last batch" in text
+    assert status["members"][0]["partition_share"] == 1.0, "the only member holds every partition"
+    assert status["members"][0]["arrival_share"] in (1.0, None), "all of the arrivals, when its rate is above 0"
+    assert "capacity/s" in text and "partitions" in text
     assert f"{topics.requests(MODEL)}:1" in text
 
 

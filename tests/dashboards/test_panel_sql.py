@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from dashboards.panels import CONSUMER_LAG, GENERATION, MODEL_VARIABLE, TAIL_LATENCY
+from dashboards.panels import CONSUMER_LAG, FLEET, GENERATION, MODEL_VARIABLE, TAIL_LATENCY
 from pipeline.views.board import Frame, TimeRange
 from pipeline.store.macros import expand_macros
 from tests.dashboards.conftest import SeededStore
@@ -39,7 +39,8 @@ def _run(store: SeededStore, sql: str, model: str) -> Frame:
 
 def _panels() -> list[dict[str, Any]]:
     lag_board = json.loads((BOARD_FILE.parent / f"{CONSUMER_LAG.uid}.json").read_text())
-    return _committed_board()["panels"] + lag_board["panels"] + _generation_panels()
+    fleet_board = json.loads((BOARD_FILE.parent / f"{FLEET.uid}.json").read_text())
+    return _committed_board()["panels"] + lag_board["panels"] + _generation_panels() + fleet_board["panels"]
 
 
 def _generation_panels() -> list[dict[str, Any]]:
