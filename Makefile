@@ -49,7 +49,7 @@ bench: setup
 # consumers) on the real pipeline, the group's balance off and on in the same run (~25 min).
 bench-fleet: setup
 	@mkdir -p out
-	$(PY) -m pipeline.cli bench fleet --json out/bench-fleet.json
+	$(PY) -m pipeline.cli bench fleet-live --json out/bench-fleet.json
 
 # batchtide end to end vs Triton 2.51 (PyTriton, dynamic batcher max 32 / 20 ms / preferred 32)
 # on the same requests, alternating ROUNDS times on this machine; the peer has its own cached venv.

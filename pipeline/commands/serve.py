@@ -1,5 +1,5 @@
 """CLI commands: `consume` (a GPU consumer), `produce` (open-loop load), `results` (answers, one line each),
-and `bench pipeline` and `bench fleet` (the real end-to-end benches, attached to the bench group)."""
+and `bench pipeline` and `bench fleet-live` (the real end-to-end benches, attached to the bench group)."""
 
 from __future__ import annotations
 
@@ -293,7 +293,7 @@ def bench_pipeline(
         typer.echo(f"wrote {json_out}")
 
 
-def bench_fleet(
+def bench_fleet_live(
     cases: Optional[str] = typer.Option(None, "--cases", help="Comma-separated case names (default: every case); their baselines run too."),
     duration_scale: float = typer.Option(1.0, "--duration-scale", help="Multiply every case's duration (and slowdown window) by this."),
     seed: int = typer.Option(1, "--seed"),
@@ -306,7 +306,7 @@ def bench_fleet(
     import logging
     import tempfile
 
-    from pipeline.bench.fleet import CASES, fleet_table, run_fleet
+    from pipeline.bench.fleet_live import CASES, fleet_table, run_fleet
     from pipeline.bench.pipeline import BenchOptions, bench_broker
 
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
@@ -355,4 +355,4 @@ def register(app: typer.Typer) -> None:
     app.command("produce")(produce)
     app.command("results")(results)
     bench_app.command("pipeline")(bench_pipeline)
-    bench_app.command("fleet")(bench_fleet)
+    bench_app.command("fleet-live")(bench_fleet_live)

@@ -1,4 +1,4 @@
-"""`bench fleet`: a consumer group with a slow member, balance off and on, in one run.
+"""`bench fleet-live`: a consumer group with a slow member, balance off and on, in one run.
 
 Each case runs twice on the same broker, with the same seeded load: with
 the group's balance off (`tail_forwarding = false`: Kafka's equal
