@@ -12,9 +12,10 @@ forwarding on, every consumer:
   it one hop later and until the next one: beacons are as stale as live;
 - every `scan_interval_ms` calls `plan_forwards` over its waiting requests in
   dispatch order, with the running batch's time left as its engine
-  predicted it at dispatch (the consumer knows no better), and hands each
-  chosen request to the peer one hop later, with its original record time
-  and priority 0 (the priority topic), never to be forwarded again.
+  predicted it at dispatch (the consumer knows no better) and its peers'
+  beacons in member-id order, and hands each chosen request to the peer one
+  hop later, with its original record time and priority 0 (the priority
+  topic), never to be forwarded again.
 
 The device models only the compute; publishing an answer costs nothing
 here. Every request is answered exactly once or the run fails.
@@ -28,9 +29,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from pipeline.config import BatchProfile
+from pipeline.engine import BatchingEngine
 from pipeline.engine.decisions import PendingRequest
 from pipeline.engine.fleet import (
     ForwardRule,
+    LocalView,
     MemberView,
     capacity_per_s,
     curve_view,
@@ -75,17 +78,19 @@ def fleet_variant(scenario: Scenario, variant: str) -> Scenario:
     return replace(scenario, fleet=spec)
 
 
-def _engines(scenario: Scenario, fleet: FleetSpec) -> list:
+def _engines(scenario: Scenario, fleet: FleetSpec) -> list[BatchingEngine]:
     """batchtide-default per consumer, started from the profile of its own (steady) device."""
     cost = scenario.cost
     cap = cost.max_batch or DEFAULT_DEVICE_CAP
     mean_tokens = scenario.mean_tokens()
-    return [
-        build_engine(BatchProfile(), LaneContext(
+    engines = []
+    for c in range(scenario.topology.consumers):
+        engine = build_engine(BatchProfile(), LaneContext(
             1, 1, cap, cost.profile_points(cap, mean_tokens, fleet.steady_factor(c)),
         ))
-        for c in range(scenario.topology.consumers)
-    ]
+        assert isinstance(engine, BatchingEngine)
+        engines.append(engine)
+    return engines
 
 
 def simulate_fleet(scenario: Scenario, arrivals: Arrivals) -> FleetOutcome:
@@ -121,8 +126,8 @@ def simulate_fleet(scenario: Scenario, arrivals: Arrivals) -> FleetOutcome:
     busy_until_est = [0.0] * consumers
     """When the running batch ends by the engine's own estimate at dispatch."""
     waiting: list[dict[int, PendingRequest]] = [{} for _ in range(consumers)]
-    board: dict[str, MemberView] = {}
-    """The beacons every consumer sees now (the fleet topic, one hop behind)."""
+    board: list[MemberView | None] = [None] * consumers
+    """The beacons every consumer sees now (the fleet topic, one hop behind), by member id."""
     sent: list[dict[str, int]] = [{} for _ in range(consumers)]
     sent_since: list[dict[str, float]] = [{} for _ in range(consumers)]
     wake_version = [0] * consumers
@@ -181,7 +186,7 @@ def simulate_fleet(scenario: Scenario, arrivals: Arrivals) -> FleetOutcome:
         if not busy[lane]:
             poll(lane, now)
 
-    def local_view(lane: int, now: float):
+    def local_view(lane: int, now: float) -> LocalView | None:
         busy_for = max(0.0, busy_until_est[lane] - now) if busy[lane] else 0.0
         return curve_view(engines[lane].curve, busy_for)
 
@@ -199,7 +204,7 @@ def simulate_fleet(scenario: Scenario, arrivals: Arrivals) -> FleetOutcome:
         if not queue:
             return
         view = local_view(lane, now)
-        peers = [m for m in board.values() if m.member_id != str(lane)]
+        peers = [m for j, m in enumerate(board) if m is not None and j != lane]
         if view is None or not peers:
             return
         counts, since = sent[lane], sent_since[lane]
@@ -264,7 +269,7 @@ def simulate_fleet(scenario: Scenario, arrivals: Arrivals) -> FleetOutcome:
             elif kind == _BEACON:
                 beacon(lane, now)
             else:
-                board[str(lane)] = data  # type: ignore[assignment]
+                board[lane] = data  # type: ignore[assignment]
             continue
         offer(lane_of[i], i, prio[i], t_arr)
         i += 1
