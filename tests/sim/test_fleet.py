@@ -183,3 +183,21 @@ def test_policy_suite_leaves_fleet_scenarios_to_bench_fleet(tmp_path):
     (tmp_path / "a-fleet.toml").write_text(FLEET_TOML)
     (tmp_path / "plain.toml").write_text(FLEET_TOML.split("[topology]")[0])
     assert [p.name for p in scenario_files(tmp_path)] == ["plain.toml"]
+
+
+def test_shipped_fleet_scenarios_load_and_lay_out_their_groups():
+    from pathlib import Path
+
+    from pipeline.sim.scenario import load_scenario
+
+    root = Path(__file__).resolve().parents[2] / "scenarios"
+    files = sorted(root.glob("fleet-*.toml"))
+    assert len(files) >= 11
+    for path in files:
+        s = load_scenario(path)
+        assert s.fleet is not None and s.fleet.partitions >= s.topology.consumers
+    flapping = load_scenario(root / "fleet-flapping.toml").fleet
+    assert len(flapping.slowdowns) == 6
+    assert [flapping.factor(0, t * 1000.0) for t in (1.5, 2.5, 3.5, 7.2)] == [1.0, 4.0, 1.0, 4.0]
+    big = load_scenario(root / "fleet-64.toml")
+    assert [c for c in range(64) if big.fleet.steady_factor(c) == 3.0] == [0, 21, 42, 63]
