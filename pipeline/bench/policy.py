@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -241,7 +242,15 @@ def default_worst(benches: list[PolicyBench]) -> dict[str, Any]:
 
 
 def scenario_files(directory: str | Path) -> list[Path]:
-    return sorted(Path(directory).glob("*.toml"))
+    """The policy bench's scenarios: fleet scenarios (a `[fleet]` table) are `bench fleet`'s."""
+    return sorted(p for p in Path(directory).glob("*.toml") if not _is_fleet(p))
+
+
+def _is_fleet(path: Path) -> bool:
+    try:
+        return "fleet" in tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        return False  # loading it reports the problem
 
 
 def _bench_file(args: tuple[str, bool]) -> PolicyBench:

@@ -1,4 +1,5 @@
-"""CLI commands: `batchtide bench policies` and `batchtide bench suite` (simulated policy bench).
+"""CLI commands: `batchtide bench policies`, `bench suite` (simulated policy bench) and
+`bench fleet` (a simulated consumer group, balanced or not).
 
 Other bench commands (`bench pipeline`) attach themselves to `bench_app`.
 """
@@ -8,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 import typer
 from rich.console import Console
@@ -92,6 +93,9 @@ def policies(
 
     try:
         scn = load_scenario(scenario)
+        if scn.fleet is not None:
+            raise ScenarioError(f"{scenario}: a [fleet] scenario studies a consumer group: "
+                                "run it with `batchtide bench fleet`")
         if profile is not None:
             scn = with_cost(scn, load_profile(profile).scenario_cost(), str(profile))
     except (ScenarioError, ProfileError) as e:
@@ -175,6 +179,86 @@ def suite(
     if json_out:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(report, indent=2))
+        console.print(f"wrote {json_out}")
+
+
+def _consumer_cells(run: dict[str, Any], stragglers: list[int]) -> str:
+    """Who carried the run: every consumer of a small group; the stragglers and the range of the
+    others in a large one."""
+    def cell(c: dict[str, Any]) -> str:
+        return f"c{c['consumer']} {_fmt(c['p99_ms'])} ms {c['share']:.0%}"
+
+    per = run["consumers"]
+    if len(per) <= 4:
+        return ", ".join(cell(c) for c in per)
+    others = [c for c in per if c["consumer"] not in stragglers]
+    p99s = [c["p99_ms"] for c in others if c["p99_ms"] is not None]
+    shares = [c["share"] for c in others]
+    text = ", ".join(cell(per[c]) for c in stragglers)
+    if others:
+        text += (f"{', ' if text else ''}others p99 {_fmt(min(p99s) if p99s else None)}-"
+                 f"{_fmt(max(p99s) if p99s else None)} ms, {min(shares):.1%}-{max(shares):.1%} each")
+    return text
+
+
+def _fleet_table(report: dict[str, Any]) -> Table:
+    t = Table(title=f"{report['scenario']}  ({report['consumers']} consumers, {report['partitions']} partitions, "
+                    f"{report['rate_per_s']:.0f} req/s, {report['duration_s']:g} s)")
+    recovery = any(report["runs"][v]["recovered_p99_ms"] is not None for v in report["runs"])
+    cols = ["run", "p50 ms", "p99 ms", "p999 ms", "p99 / ideal", "forwarded"]
+    if recovery:
+        cols.append("p99 15 s after")
+    cols.append("per consumer: p99, share")
+    for col in cols:
+        t.add_column(col, justify="left" if col in ("run", cols[-1]) else "right",
+                     no_wrap=col != cols[-1])
+    ideal = report["runs"]["ideal"]["p99_ms"]
+    labels = {"off": "balance off", "on": "balance on", "ideal": "ideal (all fast)"}
+    for variant, run in report["runs"].items():
+        row = [labels[variant], _fmt(run["p50_ms"]), _fmt(run["p99_ms"]), _fmt(run["p999_ms"]),
+               _fmt(run["p99_ms"] / ideal if ideal else None, 2), f"{run['forwarded_share']:.1%}"]
+        if recovery:
+            row.append(_fmt(run["recovered_p99_ms"]))
+        row.append(_consumer_cells(run, report["stragglers"]))
+        t.add_row(*row)
+    return t
+
+
+@bench_app.command("fleet")
+def fleet(
+    scenario_args: List[Path] = typer.Argument(None, metavar="[SCENARIO]...", help="Fleet scenario TOML files."),
+    scenario_opts: List[Path] = typer.Option(
+        [], "--scenario", "-s", help="A fleet scenario TOML file ([fleet] table; repeatable)."
+    ),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the reports as JSON here."),
+) -> None:
+    """Simulate a consumer group per scenario: balance off (today), on (group-relative
+    forwarding) and the ideal all-fast group, with p99 ratios to the ideal."""
+    from pipeline.bench.fleet import bench_fleet, fleet_scenario
+    from pipeline.sim.scenario import ScenarioError
+
+    paths = list(scenario_opts) + list(scenario_args or [])
+    if not paths:
+        console.print("[red]give at least one fleet scenario (e.g. scenarios/fleet-*.toml)[/red]")
+        raise typer.Exit(2)
+    try:
+        scenarios = [fleet_scenario(p) for p in paths]
+    except ScenarioError as e:
+        console.print(f"[red]scenario error:[/red] {escape(str(e))}")
+        raise typer.Exit(2) from None
+    reports = []
+    for scn in scenarios:
+        with console.status(f"{scn.name}: 3 runs"):
+            report = bench_fleet(scn)
+        reports.append(report)
+        console.print(_fleet_table(report))
+        r = report["ratios"]
+        console.print(f"  p99 vs ideal: off x{_fmt(r['off_p99_vs_ideal'], 2)}, on x{_fmt(r['on_p99_vs_ideal'], 2)}; "
+                      f"on vs off x{_fmt(r['on_p99_vs_off'], 2)}   (simulator "
+                      f"{_fmt(report['simulator_requests_per_s'])} requests/s)")
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(reports, indent=2))
         console.print(f"wrote {json_out}")
 
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from pipeline.config import read_toml
 from pipeline.sim.costmodel import CostCurve, CostModel
+from pipeline.sim.fleetspec import FleetSpec, parse_fleet, partition_owner
 
 TopologyMode = Literal["own-queues", "shared-queue", "shared-device"]
 
@@ -116,6 +117,8 @@ class Scenario:
     topology: Topology = field(default_factory=Topology)
     priority_mix: tuple[float, ...] = (1.0,)
     deadline_ms: float | None = None
+    fleet: FleetSpec | None = None
+    """A consumer group studied by `bench fleet` (partitions, device speeds, forwarding)."""
     source: str = "<scenario>"
 
     @property
@@ -243,7 +246,11 @@ def make_arrivals(scenario: Scenario, multiplier: float = 1.0) -> Arrivals:
     priority = _categorical(seed, PRIORITY_STREAM, n, mix) if len(mix) > 1 else np.zeros(n, dtype=np.int64)
     topo = scenario.topology
     lanes = topo.lanes
-    if lanes == 1:
+    if scenario.fleet is not None:
+        fleet = scenario.fleet
+        partition = _categorical(seed, LANE_STREAM, n, fleet.partition_weights())
+        lane = partition_owner(fleet.partitions, topo.consumers)[partition]
+    elif lanes == 1:
         lane = np.zeros(n, dtype=np.int64)
     elif topo.mode == "shared-device":
         share = np.asarray(topo.model_share or [1.0] * lanes, dtype=float)
@@ -358,7 +365,7 @@ def with_cost(scenario: Scenario, cost_table: dict[str, Any], source: str) -> Sc
 
 def parse_scenario(data: dict[str, Any], source: str = "<scenario>") -> Scenario:
     top = {"name", "description", "seed", "slo_p99_ms", "deadline_ms", "phases", "tokens",
-           "cost", "topology", "priority", "profile_overrides"}
+           "cost", "topology", "priority", "profile_overrides", "fleet"}
     _check_keys(source, data, top)
     if "profile_overrides" in data:
         raise ScenarioError(
@@ -439,12 +446,19 @@ def parse_scenario(data: dict[str, Any], source: str = "<scenario>") -> Scenario
     deadline = data.get("deadline_ms")
     if deadline is not None:
         deadline = _number(source, data, "deadline_ms", positive=True)
+    fleet = None
+    if "fleet" in data:
+        if mode != "own-queues" or skew > 0 or delay > 0 or "assignment" in topo_raw:
+            raise ScenarioError(f"{tw}: a [fleet] scenario takes only 'consumers' here: mode "
+                                "own-queues, and [fleet] lays out partitions, keys and assignment")
+        duration_ms = 1000.0 * sum(p.duration_s for p in phases)
+        fleet = parse_fleet(data["fleet"], f"{source} [fleet]", consumers, duration_ms, ScenarioError)
     return Scenario(
         name=str(name), phases=tuple(phases), cost=cost, seed=seed,
         description=str(data.get("description", "")),
         slo_p99_ms=_number(source, data, "slo_p99_ms", default=1000.0, positive=True),
         prompt=prompt, output=output, topology=topology, priority_mix=mix,
-        deadline_ms=deadline, source=source,
+        deadline_ms=deadline, fleet=fleet, source=source,
     )
 
 
