@@ -57,7 +57,15 @@ from pipeline.kafka.topic_limits import TopicLimits
 from pipeline.config import Config, ConsumerSettings, KafkaSettings, ModelConfig
 from pipeline.engine.decisions import Batch, PendingRequest
 from pipeline.engine.engine import BatchingEngine
-from pipeline.engine.fleet import ForwardRule, capacity_per_s, curve_view, plan_forwards, start_in_ms
+from pipeline.engine.fleet import (
+    ForwardRule,
+    beacon_view,
+    curve_view,
+    dispatch_order,
+    peers_after,
+    plan_forwards,
+    recent_batch_ms,
+)
 from schemas.messages import FleetBeacon, Outcome, Request
 
 log = logging.getLogger("batchtide.consumer")
@@ -66,8 +74,6 @@ STOP_WORK_SHARE = 0.8
 """Share of `stop_timeout_s` for finishing held work; committing and closing get the rest."""
 FORWARD_SCAN_INTERVAL_MS = 20.0
 """Looking for requests a peer would finish sooner scans the local queue; at most this often."""
-BATCH_MS_WEIGHT = 0.2
-"""Weight of the newest batch in the recent batch time the consumer's beacon carries."""
 WARM_UP_TEXT = "warm up the device before the group hands this consumer its partitions"
 WARM_UP_MAX_BATCH = 64
 WARM_UP_BUDGET_S = 2.0
@@ -151,6 +157,7 @@ class Consumer:
         self._last_forward_scan = 0.0
         self._batch_ms = 0.0
         """Recent batch compute time (a moving average): what the group is told a forward costs here."""
+        self._rule = ForwardRule(min_gain_ms=settings.forward_min_gain_ms, gain_share=settings.forward_gain_share)
         self._busy_until: dict[int, float] = {}
         """Expected end (wall-clock ms, from the learned t(b)) of each batch on the device."""
         self.fleet: Fleet | None = None
@@ -426,8 +433,7 @@ class Consumer:
             self._busy_until.pop(batch.batch_id, None)
         end = now_ms()
         self.engine.completed(batch, end, end - start)
-        took = end - start
-        self._batch_ms = self._batch_ms + BATCH_MS_WEIGHT * (took - self._batch_ms) if self._batch_ms else took
+        self._batch_ms = recent_batch_ms(self._batch_ms, end - start, self._rule)
         self._drive()
         timing = BatchTiming(int(dispatch_ms), int(start), int(end), 0, memory[0], memory[1])
         answers = self._answers
@@ -528,18 +534,21 @@ class Consumer:
     def beacon(self) -> FleetBeacon:
         """What this consumer tells its group: how soon it could start one more request."""
         now = now_ms()
-        view = curve_view(self.engine.curve, self._busy_for(now))
         consumer = self._consumer
         owned = consumer.assignment() if consumer is not None else set()
+        view = beacon_view(
+            self.consumer_id, now, self.engine.pending, curve_view(self.engine.curve, self._busy_for(now)),
+            self._batch_ms, tuple(sorted(tp.partition for tp in owned if tp.topic == self.priority_topic)),
+        )
         return FleetBeacon(
-            member_id=self.consumer_id,
+            member_id=view.member_id,
             model=self.model.name,
             group=self.group_id,
             at_ms=int(now),
-            start_in_ms=start_in_ms(self.engine.pending, view) if view is not None else 0.0,
-            batch_ms=self._batch_ms or (view.t_ms(1) if view is not None else 0.0),
-            capacity_per_s=capacity_per_s(view) if view is not None else 0.0,
-            partitions=sorted(tp.partition for tp in owned if tp.topic == self.priority_topic),
+            start_in_ms=view.start_in_ms,
+            batch_ms=view.batch_ms,
+            capacity_per_s=view.capacity_per_s,
+            partitions=list(view.partitions),
         )
 
     def _forward_to_peers(self, now: float) -> None:
@@ -552,14 +561,11 @@ class Consumer:
         peers = fleet.peers()
         if view is None or not peers:
             return
-        queue = sorted(self._admission.waiting.values(), key=lambda pr: (not pr.marked, pr.enqueue_ms))
-        rule = ForwardRule(
-            min_gain_ms=self.settings.forward_min_gain_ms,
-            gain_share=self.settings.forward_gain_share,
-            hop_ms=fleet.hop_ms,
-        )
+        queue = dispatch_order(self._admission.waiting.values())
+        rule = dataclasses.replace(self._rule, hop_ms=fleet.hop_ms)
         plan = plan_forwards(
-            len(queue), [not pr.payload.forwarded_in for pr in queue], view, peers, now, rule, fleet.sent
+            len(queue), [not pr.payload.forwarded_in for pr in queue], view, peers_after(self.consumer_id, peers),
+            now, rule, fleet.sent,
         )
         room = self._limits.cached(self.priority_topic)
         messages: list[Message] = []

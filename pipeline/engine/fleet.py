@@ -29,10 +29,11 @@ its beacons; the simulator with virtual ones.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from pipeline.engine.costcurve import CostCurve
+from pipeline.engine.decisions import PendingRequest
 
 DEFAULT_MIN_GAIN_MS = 30.0
 DEFAULT_GAIN_SHARE = 0.35
@@ -76,6 +77,8 @@ class ForwardRule:
     """One Kafka round trip (produce, then the peer's fetch), measured from the beacons' delay."""
     stale_ms: float = 2000.0
     """A beacon older than this is a peer that may be gone: it gets no work."""
+    batch_ms_weight: float = 0.2
+    """Weight of the newest batch in the recent batch time a beacon carries."""
 
 
 @dataclass(frozen=True)
@@ -95,10 +98,14 @@ def local_finish_ms(position: int, queue_len: int, local: LocalView) -> float:
     return local.busy_for_ms + ahead * local.t_ms(cap) + local.t_ms(own)
 
 
-def peer_finish_ms(peer: MemberView, now_ms: float, extra: int, rule: ForwardRule, unmeasured_ms: float = 0.0) -> float:
+def peer_finish_ms(peer: MemberView, extra: int, rule: ForwardRule, unmeasured_ms: float = 0.0) -> float:
     """When `peer` would finish one more request handed to it now, after `extra` already sent
-    since its beacon (`unmeasured_ms`: its batch time while it has measured none)."""
-    start = max(0.0, peer.start_in_ms - (now_ms - peer.at_ms))
+    since its beacon (`unmeasured_ms`: its batch time while it has measured none).
+
+    The beacon's start time is taken as it was said, not aged: a peer keeps receiving its own
+    traffic while the beacon travels, and a beacon aged down to an idle peer is the commonest
+    way for equal consumers to forward back and forth for nothing."""
+    start = peer.start_in_ms
     if peer.capacity_per_s <= 0:
         return math.inf if extra else rule.hop_ms + start + unmeasured_ms
     start += extra * 1000.0 / peer.capacity_per_s
@@ -116,7 +123,8 @@ def plan_forwards(
 ) -> list[Forward]:
     """Which of the waiting requests to hand to which peer, back of the queue first.
 
-    `movable[i]` says whether the request at dispatch position i may leave (not a forward
+    Among equally good peers the first in `peers` wins: pass them `peers_after` the caller, so
+    that the forwarders of a group do not all pick the same few. `movable[i]` says whether the request at dispatch position i may leave (not a forward
     itself); `sent` counts requests already handed to each peer since its current beacon and is
     updated in place. The scan stops at the first position that no peer beats: the requests
     ahead of it finish sooner here still.
@@ -128,7 +136,7 @@ def plan_forwards(
     unmeasured = local.t_ms(1)
 
     def finish(peer: MemberView) -> float:
-        return peer_finish_ms(peer, now_ms, sent.get(peer.member_id, 0), rule, unmeasured)
+        return peer_finish_ms(peer, sent.get(peer.member_id, 0), rule, unmeasured)
 
     chosen: list[Forward] = []
     remaining = queue_len
@@ -170,3 +178,34 @@ def capacity_per_s(view: LocalView) -> float:
     """Cost units per second at the knee: what the group's balance compares members by."""
     time_ms = view.t_ms(view.cap)
     return view.cap * 1000.0 / time_ms if time_ms > 0 else 0.0
+
+
+def dispatch_order(waiting: Iterable[PendingRequest]) -> list[PendingRequest]:
+    """The waiting requests in the order the engine takes them: marked, then client priority
+    level, then record time."""
+    return sorted(waiting, key=lambda r: (not r.marked, 0 if r.marked else r.priority, r.enqueue_ms))
+
+
+def peers_after(member_id: str, peers: Iterable[MemberView]) -> list[MemberView]:
+    """The peers in member-id order, starting after `member_id` (each forwarder breaks ties
+    towards a different peer), without the member itself."""
+    ordered = sorted((p for p in peers if p.member_id != member_id), key=lambda p: p.member_id)
+    later = [p for p in ordered if p.member_id > member_id]
+    return later + [p for p in ordered if p.member_id < member_id]
+
+
+def recent_batch_ms(previous: float, took_ms: float, rule: ForwardRule) -> float:
+    """The moving average of batch compute times a beacon carries (the first batch sets it)."""
+    return previous + rule.batch_ms_weight * (took_ms - previous) if previous > 0 else took_ms
+
+
+def beacon_view(
+    member_id: str, now_ms: float, queue_len: int, local: LocalView | None, batch_ms: float, partitions: tuple[int, ...]
+) -> MemberView:
+    """What a consumer says of itself: its start time, its recent batch time (t(1) before any
+    batch), its capacity; all zero before it has measured anything."""
+    if local is None:
+        return MemberView(member_id, now_ms, 0.0, 0.0, 0.0, partitions)
+    return MemberView(
+        member_id, now_ms, start_in_ms(queue_len, local), batch_ms or local.t_ms(1), capacity_per_s(local), partitions
+    )

@@ -35,10 +35,12 @@ from pipeline.engine.fleet import (
     ForwardRule,
     LocalView,
     MemberView,
-    capacity_per_s,
+    beacon_view,
     curve_view,
+    dispatch_order,
+    peers_after,
     plan_forwards,
-    start_in_ms,
+    recent_batch_ms,
 )
 from pipeline.sim.families import DEFAULT_DEVICE_CAP, LaneContext, build_engine
 from pipeline.sim.fleetspec import FleetSpec, range_assignment
@@ -124,6 +126,8 @@ def simulate_fleet(scenario: Scenario, arrivals: Arrivals) -> FleetOutcome:
 
     busy = [False] * consumers
     busy_until_est = [0.0] * consumers
+    batch_ms = [0.0] * consumers
+    """Each consumer's recent batch time, as its beacon says it."""
     """When the running batch ends by the engine's own estimate at dispatch."""
     waiting: list[dict[int, PendingRequest]] = [{} for _ in range(consumers)]
     board: list[MemberView | None] = [None] * consumers
@@ -193,8 +197,7 @@ def simulate_fleet(scenario: Scenario, arrivals: Arrivals) -> FleetOutcome:
     def beacon(lane: int, now: float) -> None:
         view = local_view(lane, now)
         if view is not None:
-            member = MemberView(str(lane), now, start_in_ms(len(waiting[lane]), view), view.batch_ms(1),
-                                capacity_per_s(view), owned[lane])
+            member = beacon_view(str(lane), now, len(waiting[lane]), view, batch_ms[lane], owned[lane])
             push(now + fleet.hop_ms, _BEACON_SEEN, lane, member)
         push(now + fleet.beacon_interval_ms, _BEACON, lane, None)
 
@@ -204,7 +207,7 @@ def simulate_fleet(scenario: Scenario, arrivals: Arrivals) -> FleetOutcome:
         if not queue:
             return
         view = local_view(lane, now)
-        peers = [m for j, m in enumerate(board) if m is not None and j != lane]
+        peers = peers_after(str(lane), (m for m in board if m is not None))
         if view is None or not peers:
             return
         counts, since = sent[lane], sent_since[lane]
@@ -212,8 +215,7 @@ def simulate_fleet(scenario: Scenario, arrivals: Arrivals) -> FleetOutcome:
             if since.get(m.member_id) != m.at_ms:
                 since[m.member_id] = m.at_ms
                 counts[m.member_id] = 0
-        ordered = sorted(queue.values(), key=lambda r: (not r.marked, 0 if r.marked else r.priority,
-                                                        r.enqueue_ms, r.seq))
+        ordered = dispatch_order(queue.values())
         movable = [not forwarded_in[r.payload] for r in ordered]
         plan = plan_forwards(len(ordered), movable, view, peers, now, rule, counts)
         for f in plan:
@@ -255,6 +257,7 @@ def simulate_fleet(scenario: Scenario, arrivals: Arrivals) -> FleetOutcome:
                     served_by[j] = lane
                 answered += len(batch.requests)
                 engines[lane].completed(batch, now, compute)
+                batch_ms[lane] = recent_batch_ms(batch_ms[lane], compute, rule)
                 poll(lane, now)
             elif kind == _WAKE:
                 if data == wake_version[lane] and not busy[lane]:

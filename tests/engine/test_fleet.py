@@ -9,6 +9,7 @@ from pipeline.engine.fleet import (
     MemberView,
     local_finish_ms,
     peer_finish_ms,
+    peers_after,
     plan_forwards,
     start_in_ms,
 )
@@ -35,7 +36,7 @@ def test_a_slow_consumer_hands_the_back_of_its_queue_to_a_fast_idle_peer_and_kee
     assert [f.index for f in plan] == list(range(9, kept - 1, -1)), "from the back, without gaps"
     assert 1 <= kept <= 3
     # the first kept request finishes here within twice what the peer would now need for it
-    assert local_finish_ms(kept - 1, kept, local) < 2 * peer_finish_ms(fast, 0.0, len(plan), rule)
+    assert local_finish_ms(kept - 1, kept, local) < 2 * peer_finish_ms(fast, len(plan), rule)
     assert {f.member_id for f in plan} == {"fast"}
     assert sorted({f.partition for f in plan}) == [0, 1], "spread over the peer's priority partitions"
 
@@ -64,7 +65,7 @@ def test_each_forward_adds_its_load_to_the_peer_so_one_scan_cannot_flood_it() ->
     assert sent == {"small": len(plan)}
     last = plan[-1].index
     here = local_finish_ms(last, last + 1, local)
-    assert peer_finish_ms(small, 0.0, len(plan) - 1, rule) <= (1 - rule.gain_share) * here, "each forward paid"
+    assert peer_finish_ms(small, len(plan) - 1, rule) <= (1 - rule.gain_share) * here, "each forward paid"
     again = plan_forwards(500 - len(plan), [True] * (500 - len(plan)), local, [small], 0.0, ForwardRule(), sent)
     assert len(again) < len(plan), "the peer's queue, as far as this consumer knows, is still there"
 
@@ -81,14 +82,14 @@ def test_stale_or_partitionless_peers_get_no_work_and_unmeasured_ones_one_reques
     assert plan_forwards(99, [True] * 99, drowning, [new], 0.0, rule, sent) == [], "one until its next beacon"
 
 
-def test_forwards_are_never_forwarded_again_and_peers_age_their_beacons() -> None:
+def test_forwards_are_never_forwarded_again_and_a_busy_peer_stays_busy_until_it_says_otherwise() -> None:
     local = LocalView(busy_for_ms=0.0, cap=85, t_ms=SLOW)
     movable = [i % 2 == 0 for i in range(10)]
     plan = plan_forwards(10, movable, local, [peer("fast")], 0.0, ForwardRule())
     assert plan and all(movable[f.index] for f in plan)
     busy_then = peer("fast", start_in=400.0, at=0.0)
     assert plan_forwards(10, [True] * 10, local, [busy_then], 0.0, ForwardRule()) == []
-    assert plan_forwards(10, [True] * 10, local, [busy_then], 400.0, ForwardRule()), "400 ms later its queue is gone"
+    assert plan_forwards(10, [True] * 10, local, [busy_then], 400.0, ForwardRule()) == [], "a beacon is not aged"
 
 
 def test_the_beacon_start_time_is_the_full_batches_ahead() -> None:
@@ -96,3 +97,12 @@ def test_the_beacon_start_time_is_the_full_batches_ahead() -> None:
     assert start_in_ms(0, local) == 15.0
     assert start_in_ms(9, local) == 15.0
     assert start_in_ms(25, local) == 15.0 + 2 * FAST(10)
+
+
+def test_ties_go_to_the_peer_after_the_forwarder_so_forwarders_spread() -> None:
+    views = [peer(name) for name in ("c1", "c2", "c3", "c4")]
+    assert [p.member_id for p in peers_after("c2", views)] == ["c3", "c4", "c1"]
+    local = LocalView(busy_for_ms=0.0, cap=85, t_ms=SLOW)
+    first = plan_forwards(10, [True] * 10, local, peers_after("c2", views), 0.0, ForwardRule())
+    assert first[0].member_id == "c3"
+    assert {f.member_id for f in first} == {"c3", "c4", "c1"}, "each forward raises a peer's start: the next peer"
