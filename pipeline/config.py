@@ -320,6 +320,9 @@ class ClickHouseSettings:
     http_user: str = "reader"
     """User of the read-only server. Password: env BATCHTIDE_CLICKHOUSE_READ_PASSWORD,
     else a random one written (mode 0600) to the live file, where report and board find it."""
+    sink_stop_timeout_s: float = 10.0
+    """Longest the sink's clean stop (SIGTERM) takes, also with the broker gone: past it the sink stops its Kafka
+    consumer thread itself and exits (stored events are committed; the rest is redelivered to the next sink)."""
 
 
 @dataclass(frozen=True)

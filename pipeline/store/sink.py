@@ -44,6 +44,7 @@ from pipeline.store.loader import Loader
 from pipeline.store.migrations import Layout, migrate
 from pipeline.store.writer import insert_batch_events, insert_latency_events
 from pipeline.store.lag_writer import insert_lag_events
+from pipeline.store.sink_stop import bound_consumer_thread
 from schemas.messages import BatchEvent, LagEvent, LatencyEvent
 
 log = logging.getLogger("batchtide.sink")
@@ -263,6 +264,7 @@ def build_sink(
 
     @app.task
     async def run_loaders() -> None:
+        bound_consumer_thread(app, ch.sink_stop_timeout_s)
         await asyncio.gather(latency.run(), batches.run(), lags.run())
 
     @app.timer(interval=STATS_INTERVAL_S)
