@@ -43,7 +43,8 @@ from pipeline.store.client import describe
 from pipeline.store.loader import Loader
 from pipeline.store.migrations import Layout, migrate
 from pipeline.store.writer import insert_batch_events, insert_latency_events
-from pipeline.store.lag_writer import insert_lag_events
+from pipeline.store.group_lag import GroupLagSampler, GroupSample
+from pipeline.store.lag_writer import insert_group_samples, insert_lag_events
 from pipeline.store.sink_stop import bound_consumer_thread
 from schemas.messages import BatchEvent, LagEvent, LatencyEvent
 
@@ -156,6 +157,8 @@ class Sink:
     topics: Topics
     rejected: int = 0
     lags: Loader[LagEvent] | None = None
+    groups: Loader[GroupSample] | None = None
+    sampler: GroupLagSampler | None = None
 
     def lag(self) -> dict[str, int]:
         """Records not yet read, and not yet committed (i.e. not yet stored), on assigned partitions."""
@@ -179,7 +182,12 @@ class Sink:
             f"sink {state}: latency inserted {lat.inserted} (dupes {lat.duplicates}), buffered {self.latency.buffered}; "
             f"batches inserted {bat.inserted} (dupes {bat.duplicates}), buffered {self.batches.buffered}; "
             f"rejected {self.rejected}; lag unread {lag['unread']}, uncommitted {lag['uncommitted']}"
+            + (f"; group lag samples {self.sampler.samples} (failed {self.sampler.failures})" if self.sampler else "")
         )
+
+
+async def _stored() -> None:
+    """The ack of a broker-side sample: it came from no topic, so nothing is committed."""
 
 
 def build_sink(
@@ -234,7 +242,17 @@ def build_sink(
     lags: Loader[LagEvent] = Loader(
         "consumer_lag", lambda b: store.run(lambda c: insert_lag_events(c, database, b)), **common
     )
-    sink = Sink(app=app, latency=latency, batches=batches, store=store, topics=topics, lags=lags)
+    groups: Loader[GroupSample] = Loader(
+        "consumer_lag (broker)", lambda b: store.run(lambda c: insert_group_samples(c, database, b)), **common
+    )
+    sampler = None
+    if ch.group_lag_interval_ms > 0:
+        sampler = GroupLagSampler(
+            kafka, sorted(config.models), ch.group_lag_interval_ms / 1000, lambda s: groups.put(s, _stored)
+        )
+    sink = Sink(
+        app=app, latency=latency, batches=batches, store=store, topics=topics, lags=lags, groups=groups, sampler=sampler
+    )
 
     def agent_for(loader: Loader[Any], kind: type) -> Callable[[Any], Any]:
         decoder = msgspec.json.Decoder(kind)
@@ -265,7 +283,9 @@ def build_sink(
     @app.task
     async def run_loaders() -> None:
         bound_consumer_thread(app, ch.sink_stop_timeout_s)
-        await asyncio.gather(latency.run(), batches.run(), lags.run())
+        await asyncio.gather(
+            latency.run(), batches.run(), lags.run(), groups.run(), *([sampler.run()] if sampler else [])
+        )
 
     @app.timer(interval=STATS_INTERVAL_S)
     async def report_progress() -> None:
