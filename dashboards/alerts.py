@@ -35,11 +35,14 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from dashboards.panels import DATASOURCE_TYPE, DATASOURCE_UID, FOLDER_TITLE
+from dashboards.panels import DATASOURCE_TYPE, DATASOURCE_UID, FOLDER_TITLE, FOLDER_UID
 from pipeline.config import Config
 
 GROUP_NAME = "batchtide"
 EVALUATE_EVERY = "1m"
+EVALUATE_EVERY_S = 60
+"""The same interval as Grafana's provisioning API states it (seconds)."""
+ORG_ID = 1
 EXPRESSION_UID = "__expr__"
 LAG_AGE_WINDOW_S = 60
 """Lag age is judged on each partition's last sample in this window (several lag intervals)."""
@@ -103,6 +106,10 @@ class AlertRule:
             "labels": {"severity": self.severity, "team": "batchtide"},
             "isPaused": False,
         }
+
+    def to_api(self) -> dict[str, Any]:
+        """The rule as Grafana's alerting provisioning API takes it: the file format plus where it lives."""
+        return {**self.to_provisioning(), "folderUID": FOLDER_UID, "ruleGroup": GROUP_NAME, "orgID": ORG_ID}
 
 
 def _slo_rule(model: str, slo_ms: float, minutes: int) -> AlertRule:
@@ -266,7 +273,7 @@ def provisioning(config: Config) -> dict[str, Any]:
         "apiVersion": 1,
         "groups": [
             {
-                "orgId": 1,
+                "orgId": ORG_ID,
                 "name": GROUP_NAME,
                 "folder": FOLDER_TITLE,
                 "interval": EVALUATE_EVERY,
