@@ -14,6 +14,13 @@ ClickHouse is reached through `pipeline.store.client.connect` (embedded chDB
 when no URL is configured, HTTP otherwise). A failed insert drops the client;
 the next attempt reconnects.
 
+Beside the agents, the sink samples every model's consumer group from the
+broker (pipeline/store/group_lag.py: lag, lag age, members, and the
+dead-letter topic's end offsets) into `consumer_lag` every
+`[clickhouse] group_lag_interval_ms`, so a model whose consumers are all
+gone is still seen. Its stop is bounded by `sink_stop_timeout_s`, also with
+the broker gone (pipeline/store/sink_stop.py).
+
 The sink needs no supervisor: `wait_until_ready` lets it start while
 ClickHouse or Kafka is down. It retries with capped exponential backoff,
 logging what it waits for, until ClickHouse takes the schema and the broker
@@ -147,7 +154,7 @@ def broker_credentials(settings: KafkaSettings) -> faust.types.auth.CredentialsT
 
 @dataclass
 class Sink:
-    """The faust app plus its two loaders: `faust.Worker(sink.app)` runs it (`batchtide sink`),
+    """The faust app plus its loaders and group sampler: `faust.Worker(sink.app)` runs it (`batchtide sink`),
     `await sink.app.start()` / `stop()` embeds it in a running event loop (tests, benchmarks)."""
 
     app: faust.App
