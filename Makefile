@@ -72,10 +72,18 @@ clean-venv:
 # `make setup` also puts the `batchtide` command on PATH: a two-line launcher in
 # $(BIN_DIR) that runs the cached virtualenv's batchtide (rewritten only when the
 # venv changes; a `batchtide` there that this Makefile did not write is left alone).
-# `make uninstall` removes it; the virtualenv goes with `make clean-venv`.
+# When $(BIN_DIR) is not on PATH (root on a fresh Debian: ~/.local/bin is not on a
+# login shell's PATH), it adds one marked line to ~/.profile, and to ~/.bashrc,
+# ~/.bash_profile and ~/.zshrc where they exist, as rustup and `pipx ensurepath`
+# do, and says so; NO_MODIFY_PATH=1 leaves the profiles alone and prints the line.
+# `make uninstall` removes the launcher and the marked lines; the virtualenv goes
+# with `make clean-venv`.
 BIN_DIR ?= $(HOME)/.local/bin
 LAUNCHER := $(BIN_DIR)/batchtide
 LAUNCHER_MARK := installed by batchtide's make setup
+PATH_MARK := put there by make setup of batchtide; make uninstall removes it
+PATH_LINE = case ":$$PATH:" in *":$(BIN_DIR):"*) ;; *) export PATH="$(BIN_DIR):$$PATH" ;; esac  \# $(PATH_MARK)
+SHELL_PROFILES = $(HOME)/.profile $(wildcard $(HOME)/.bashrc $(HOME)/.bash_profile $(HOME)/.zshrc)
 setup: install-cli
 
 install-cli: $(VENV)/.ready
@@ -89,8 +97,23 @@ install-cli: $(VENV)/.ready
 	  if cmp -s $$tmp $(LAUNCHER); then rm -f $$tmp; else mv $$tmp $(LAUNCHER) && echo "==> installed $(LAUNCHER)"; fi; \
 	fi
 	@case ":$$PATH:" in *":$(BIN_DIR):"*) ;; *) \
-	  echo "==> $(BIN_DIR) is not on PATH: add  export PATH=\"$(BIN_DIR):\$$PATH\"  to your shell profile";; esac
+	  if [ -n "$(NO_MODIFY_PATH)" ]; then \
+	    echo "==> $(BIN_DIR) is not on PATH (NO_MODIFY_PATH: profiles left alone): add  export PATH=\"$(BIN_DIR):\$$PATH\"  to your shell profile"; \
+	  else \
+	    for f in $(SHELL_PROFILES); do \
+	      if [ -f "$$f" ] && grep -qxF '$(PATH_LINE)' "$$f"; then continue; fi; \
+	      if [ -s "$$f" ] && [ -n "$$(tail -c1 "$$f")" ]; then echo >> "$$f"; fi; \
+	      printf '%s\n' '$(PATH_LINE)' >> "$$f" && echo "==> added $(BIN_DIR) to PATH in $$f (NO_MODIFY_PATH=1 skips this; make uninstall removes it)"; \
+	    done; \
+	    echo "==> new shells find batchtide; in this one run:  export PATH=\"$(BIN_DIR):\$$PATH\""; \
+	  fi;; esac
 
 uninstall:
 	@if [ -e $(LAUNCHER) ] && grep -q "$(LAUNCHER_MARK)" $(LAUNCHER); then rm -f $(LAUNCHER) && echo "removed $(LAUNCHER)"; \
 	else echo "no launcher of ours at $(LAUNCHER)"; fi
+	@for f in $(SHELL_PROFILES); do \
+	  if [ -f "$$f" ] && grep -qF '$(PATH_MARK)' "$$f"; then \
+	    kept=$$(mktemp) && grep -vF '$(PATH_MARK)' "$$f" > $$kept; cat $$kept > "$$f" && rm -f $$kept && \
+	    echo "removed the batchtide PATH line from $$f"; \
+	  fi; \
+	done

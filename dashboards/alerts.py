@@ -1,22 +1,32 @@
 """Grafana alert rules as code, generated from a batchtide config.
 
-Four questions an on-call engineer wants paged on, each one rule whose SQL
+The questions an on-call engineer wants paged on, each one rule whose SQL
 returns one number per model (Grafana turns the string column into a label,
 so one rule alerts per model) and a threshold expression on it:
 
 * `slo` (one rule per model): the end-to-end p99 was above the model's
   `slo_p99_ms` in each of the last `[alerts] slo_minutes` one-minute buckets;
-* `dlq`: requests went to the dead-letter topic faster than `dlq_per_s`
-  (from the consumers' dead-letter counters in `consumer_lag`);
+  a request not answered `ok` (refused, expired, failed) counts as one that
+  missed its objective;
+* `no_consumer`: the model's group had no member while records waited, in
+  every broker-side sample of the last `no_member_s` (default one minute);
+* `dlq`: records reached the dead-letter topic faster than `dlq_per_s`,
+  from the topic's own end offsets (all models: the topic is shared);
 * `lag_age`: the oldest unanswered record is older than `lag_age_s`;
-* `stalled`: records waited during the last `stalled_minutes` and the model
-  dispatched no batch at all.
+* `stalled`: the group had members, records waited during the last
+  `stalled_minutes`, and the model dispatched no batch at all.
+
+Every rule but `slo` reads the sink's broker-side samples in `consumer_lag`
+(source = 'broker', pipeline/store/group_lag.py), which exist whether or not
+any consumer runs: a consumer's own samples stop with the consumer.
 
 The SQL uses the ClickHouse plugin's backend macros only (alert queries have
 no dashboard variables), so `pipeline.store.macros.expand_macros` runs it
 exactly as Grafana would, and the tests evaluate every rule on seeded rows.
 The file is written to `dashboards/provisioning/alerting/batchtide.yaml`
-(Grafana file provisioning) by `batchtide dashboards generate`.
+(Grafana file provisioning) by `batchtide dashboards generate`, and
+`batchtide dashboards push` also sends the rules through Grafana's alerting
+provisioning API.
 """
 
 from __future__ import annotations
@@ -25,15 +35,22 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from dashboards.panels import DATASOURCE_TYPE, DATASOURCE_UID, FOLDER_TITLE
+from dashboards.panels import DATASOURCE_TYPE, DATASOURCE_UID, FOLDER_TITLE, FOLDER_UID
 from pipeline.config import Config
 
 GROUP_NAME = "batchtide"
 EVALUATE_EVERY = "1m"
+EVALUATE_EVERY_S = 60
+"""The same interval as Grafana's provisioning API states it (seconds)."""
+ORG_ID = 1
 EXPRESSION_UID = "__expr__"
 LAG_AGE_WINDOW_S = 60
 """Lag age is judged on each partition's last sample in this window (several lag intervals)."""
 DLQ_WINDOW_S = 300
+NOT_OK_MS = 1e9
+"""The end-to-end time the SLO rule gives a request not answered `ok`: later than any objective."""
+BROKER_ROWS = "source = 'broker' AND model != ''"
+"""The sink's broker-side samples of the models' groups (the dead-letter topic's rows have model '')."""
 SAFE_MODEL = re.compile(r"^[A-Za-z0-9._-]+$")
 
 
@@ -90,6 +107,10 @@ class AlertRule:
             "isPaused": False,
         }
 
+    def to_api(self) -> dict[str, Any]:
+        """The rule as Grafana's alerting provisioning API takes it: the file format plus where it lives."""
+        return {**self.to_provisioning(), "folderUID": FOLDER_UID, "ruleGroup": GROUP_NAME, "orgID": ORG_ID}
+
 
 def _slo_rule(model: str, slo_ms: float, minutes: int) -> AlertRule:
     return AlertRule(
@@ -98,7 +119,8 @@ def _slo_rule(model: str, slo_ms: float, minutes: int) -> AlertRule:
         sql=f"""
 SELECT model, min(p99_ms) AS value
 FROM (
-    SELECT model, toStartOfMinute(enqueue_time) AS minute, quantileExactInclusive(0.99)(e2e_ms) AS p99_ms
+    SELECT model, toStartOfMinute(enqueue_time) AS minute,
+           quantileExactInclusive(0.99)(if(outcome = 'ok', e2e_ms, {NOT_OK_MS:g})) AS p99_ms
     FROM request_latency FINAL
     WHERE $__timeFilter(enqueue_time) AND model = '{model}'
     GROUP BY model, minute
@@ -110,8 +132,10 @@ HAVING count() >= {minutes}
         threshold=float(slo_ms),
         summary=f"{model}: end-to-end p99 above {slo_ms:g} ms in each of the last {minutes} minutes",
         description=(
-            "value = the lowest per-minute p99 of the window. Check the tail-latency board: wait up with "
-            "it means window/cap/load, compute up means the backend (see README, How the engine batches)."
+            "value = the lowest per-minute p99 of the window; a request refused, expired or failed counts as "
+            f"{NOT_OK_MS:g} ms (over any objective), so 1% of them in every minute fires it too. Check the "
+            "tail-latency board: wait up with it means window/cap/load, compute up means the backend (see README, "
+            "How the engine batches); refusals and errors by reason are in `batchtide report`."
         ),
     )
 
@@ -121,20 +145,52 @@ def _dlq_rule(per_s: float) -> AlertRule:
         uid="batchtide-dlq-rate",
         title="Dead letters above the rate threshold",
         sql=f"""
-SELECT model, sum(grown) / {DLQ_WINDOW_S} AS value
+SELECT 'all models' AS model, sum(grown) / {DLQ_WINDOW_S} AS value
 FROM (
-    SELECT model, consumer_id, max(dead_letters) - min(dead_letters) AS grown
+    SELECT topic, partition, max(end_offset) - min(end_offset) AS grown
     FROM consumer_lag
-    WHERE $__timeFilter(ts)
-    GROUP BY model, consumer_id
+    WHERE $__timeFilter(ts) AND source = 'broker' AND model = ''
+    GROUP BY topic, partition
 )
-GROUP BY model
 """.strip(),
         window_s=DLQ_WINDOW_S,
         threshold=float(per_s),
-        summary=f"{{{{ $labels.model }}}}: more than {per_s:g} dead letters per second over {DLQ_WINDOW_S // 60} minutes",
-        description="value = dead letters per second. Read <prefix>.dlq: each letter names its reason and keeps the original bytes.",
+        summary=f"more than {per_s:g} dead letters per second over {DLQ_WINDOW_S // 60} minutes",
+        description=(
+            "value = records per second appended to <prefix>.dlq (its end offsets, sampled by the sink; with "
+            "transactional consumers each transaction's commit marker counts too). Read the topic: each letter "
+            "names its reason and keeps the original bytes; `batchtide report` counts refusals by reason."
+        ),
         severity="ticket",
+    )
+
+
+def _no_consumer_rule(seconds: float, sample_interval_s: float) -> AlertRule:
+    window = max(int(round(seconds)), 1)
+    cover_ms = int(max(window - 2 * sample_interval_s, window / 2) * 1000)
+    return AlertRule(
+        uid="batchtide-no-consumer",
+        title="Records waiting and no consumer in the group",
+        sql=f"""
+SELECT model,
+       if(max(members) = 0 AND min(waiting) > 0 AND dateDiff('millisecond', min(ts), max(ts)) >= {cover_ms},
+          min(waiting), 0) AS value
+FROM (
+    SELECT model, ts, max(members) AS members, sum(lag) AS waiting
+    FROM consumer_lag
+    WHERE $__timeFilter(ts) AND {BROKER_ROWS}
+    GROUP BY model, ts
+)
+GROUP BY model
+""".strip(),
+        window_s=window,
+        threshold=0.0,
+        summary=f"{{{{ $labels.model }}}}: records waited {window} s and no consumer is in the model's group",
+        description=(
+            "value = the fewest records waiting in any sample of the window, every sample of which had no member. "
+            "Every consumer of the model is gone (crashed, evicted, scaled to zero): nobody answers. Start one: "
+            "`batchtide consume --model M --config F`; `batchtide status` shows the group."
+        ),
     )
 
 
@@ -147,7 +203,7 @@ SELECT model, max(age_s) AS value
 FROM (
     SELECT model, topic, partition, argMax(lag_age_ms, ts) / 1000 AS age_s
     FROM consumer_lag FINAL
-    WHERE $__timeFilter(ts) AND partition >= 0
+    WHERE $__timeFilter(ts) AND {BROKER_ROWS} AND partition >= 0
     GROUP BY model, topic, partition
 )
 GROUP BY model
@@ -171,7 +227,7 @@ FROM (
     FROM (
         SELECT model, topic, partition, min(lag) AS min_lag
         FROM consumer_lag FINAL
-        WHERE $__timeFilter(ts) AND partition >= 0
+        WHERE $__timeFilter(ts) AND {BROKER_ROWS} AND members > 0 AND partition >= 0
         GROUP BY model, topic, partition
         HAVING dateDiff('second', min(ts), max(ts)) >= {int(window * 0.8)}
     )
@@ -202,7 +258,12 @@ def alert_rules(config: Config) -> list[AlertRule]:
         if not SAFE_MODEL.match(name):
             raise ValueError(f"model name {name!r} cannot be spliced into alert SQL (allowed: {SAFE_MODEL.pattern})")
         rules.append(_slo_rule(name, model.profile.slo_p99_ms, settings.slo_minutes))
-    rules += [_dlq_rule(settings.dlq_per_s), _lag_age_rule(settings.lag_age_s), _stalled_rule(settings.stalled_minutes)]
+    rules += [
+        _no_consumer_rule(settings.no_member_s, config.clickhouse.group_lag_interval_ms / 1000),
+        _dlq_rule(settings.dlq_per_s),
+        _lag_age_rule(settings.lag_age_s),
+        _stalled_rule(settings.stalled_minutes),
+    ]
     return rules
 
 
@@ -212,7 +273,7 @@ def provisioning(config: Config) -> dict[str, Any]:
         "apiVersion": 1,
         "groups": [
             {
-                "orgId": 1,
+                "orgId": ORG_ID,
                 "name": GROUP_NAME,
                 "folder": FOLDER_TITLE,
                 "interval": EVALUATE_EVERY,

@@ -320,6 +320,12 @@ class ClickHouseSettings:
     http_user: str = "reader"
     """User of the read-only server. Password: env BATCHTIDE_CLICKHOUSE_READ_PASSWORD,
     else a random one written (mode 0600) to the live file, where report and board find it."""
+    group_lag_interval_ms: float = 5000.0
+    """Sink: how often it samples every model's consumer group from the broker (lag, lag age, member count) and the
+    dead-letter topic's end offsets into consumer_lag (source 'broker'), whether or not any consumer runs; 0 turns it off."""
+    sink_stop_timeout_s: float = 10.0
+    """Longest the sink's clean stop (SIGTERM) takes, also with the broker gone: past it the sink stops its Kafka
+    consumer thread itself and exits (stored events are committed; the rest is redelivered to the next sink)."""
 
 
 @dataclass(frozen=True)
@@ -354,11 +360,14 @@ class AlertSettings:
     slo_minutes: int = 5
     """The p99 alert fires when a model's end-to-end p99 was above its slo_p99_ms in each of this many one-minute buckets."""
     dlq_per_s: float = 1.0
-    """The dead-letter alert fires when a model's requests go to the DLQ faster than this (per second, over 5 minutes)."""
+    """The dead-letter alert fires when records reach the dead-letter topic faster than this (per second, over 5 minutes, all models: the topic is shared), read from its end offsets."""
     lag_age_s: float = 60.0
     """The lag alert fires when a model's oldest unanswered record is older than this."""
     stalled_minutes: int = 3
     """The stall alert fires when a model had records waiting and dispatched no batch for this long."""
+    no_member_s: float = 60.0
+    """The no-consumer alert fires when a model's group had no member while records waited, in every broker-side
+    sample of this many seconds (`[clickhouse] group_lag_interval_ms`)."""
 
 
 @dataclass(frozen=True)
@@ -460,6 +469,8 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
     alerts = AlertSettings(**_coerce(f"{source} [alerts]", AlertSettings, data.get("alerts", {})))
     if alerts.slo_minutes < 1 or alerts.stalled_minutes < 1 or alerts.dlq_per_s < 0 or alerts.lag_age_s <= 0:
         raise ConfigError(f"{source} [alerts]: minutes must be >= 1, dlq_per_s >= 0 and lag_age_s > 0 (got {alerts})")
+    if alerts.no_member_s < 1:
+        raise ConfigError(f"{source} [alerts]: no_member_s must be >= 1 (got {alerts.no_member_s})")
     return Config(models=models, defaults=defaults, kafka=kafka, clickhouse=clickhouse, consumer=consumer, alerts=alerts)
 
 

@@ -58,23 +58,32 @@ def push(
         help="ClickHouse as Grafana reaches it: http://host:8123 or clickhouse://host:9000 "
         "(default: the config's clickhouse url, or BATCHTIDE_CLICKHOUSE_URL).",
     ),
-    config: Optional[Path] = ConfigOption,
+    config: Optional[Path] = typer.Option(
+        None, "--config", "-c",
+        help="batchtide TOML config: ClickHouse settings, and the models and \\[alerts] the alert rules follow "
+        "(default for the rules: ./batchtide.toml of the repository, as `generate`).",
+    ),
     timeout_s: float = typer.Option(10.0, "--timeout", help="HTTP timeout per Grafana call, seconds."),
 ) -> None:
-    """Create or update the ClickHouse datasource, the folder and the boards; unchanged objects are not written.
+    """Create or update the ClickHouse datasource, the folder, the boards and the alert rules (from the config's
+    models and [alerts], as `generate` writes them); unchanged objects are not written.
 
     Auth: GRAFANA_TOKEN (service account token) or GRAFANA_USER + GRAFANA_PASSWORD.
     The datasource password is taken from BATCHTIDE_CLICKHOUSE_PASSWORD.
     """
     from grafana_client.client import GrafanaException
 
-    from dashboards.build import checked_board
+    from dashboards.alerts import alert_rules
+    from dashboards.build import checked_board, default_config_path
     from dashboards.panels import BOARDS
     from pipeline.config import ConfigError, load_config
     from pipeline.views.grafana_push import ClickHouseTarget, GrafanaAuthMissing, connect, push_all
 
     try:
         settings = load_config(config).clickhouse
+        repository = default_config_path()
+        # the rules follow the same config as `generate` writes them from
+        rules = alert_rules(load_config(config or (repository if repository.exists() else None)))
         url = clickhouse_url or settings.url
         if not url:
             raise ConfigError(
@@ -84,7 +93,7 @@ def push(
             )
         target = ClickHouseTarget.from_url(url, settings.database)
         api = connect(grafana_url, timeout_s)
-        results = push_all(api, target, [checked_board(board) for board in BOARDS])
+        results = push_all(api, target, [checked_board(board) for board in BOARDS], rules)
     except (ConfigError, ValueError, GrafanaAuthMissing) as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(2) from None

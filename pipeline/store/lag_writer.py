@@ -1,8 +1,11 @@
-"""Lag events to `consumer_lag` rows: one row per partition of each sample.
+"""Lag samples to `consumer_lag` rows: one row per partition of each sample.
 
-A sample is identified by (consumer_id, ts_ms); a replayed event (a sink
+Two sources write the table. A consumer's own `LagEvent` (source
+'consumer') is identified by (consumer_id, ts_ms); a replayed event (a sink
 restarted before its commit) is dropped when that pair is already stored,
-as the latency and batch writers do for their ids.
+as the latency and batch writers do for their ids. The sink's broker-side
+`GroupSample` (source 'broker', consumer_id '', the group's member count) is
+taken by the sink itself and never replayed, so it is inserted as is.
 """
 
 from __future__ import annotations
@@ -12,13 +15,14 @@ from typing import Any
 
 from clickhouse_connect.driver.client import Client
 
-from schemas.messages import LagEvent, PartitionLag
+from pipeline.store.group_lag import GroupSample
+from schemas.messages import SCHEMA_VERSION, LagEvent, PartitionLag
 
 LAG_COLUMNS = (
     "ts", "model", "consumer_id", "topic", "partition", "end_offset", "committed_offset", "lag",
     "oldest_time", "lag_age_ms", "queue", "inflight", "window_ms", "effective_cap", "cap_reason",
     "marked_share", "arrival_rate_per_s", "batches", "last_batch_time", "dead_letters", "schema_version",
-    "capacity_per_s",
+    "capacity_per_s", "source", "members",
 )  # fmt: skip
 
 NO_PARTITION = PartitionLag(topic="", partition=-1, end_offset=0, committed_offset=-1, lag=0, oldest_ms=0, lag_age_ms=0.0)
@@ -35,10 +39,30 @@ def lag_rows(e: LagEvent) -> list[list[Any]]:
             e.ts_ms, e.model, e.consumer_id, p.topic, p.partition, p.end_offset, p.committed_offset, p.lag,
             p.oldest_ms, p.lag_age_ms, e.queue, e.inflight, e.window_ms, e.effective_cap, e.cap_reason,
             e.marked_share, e.arrival_rate_per_s, e.batches, e.last_batch_ms, e.dead_letters, e.v,
-            e.capacity_per_s,
+            e.capacity_per_s, "consumer", 0,
         ]  # fmt: skip
         for p in (e.partitions or [NO_PARTITION])
     ]
+
+
+def group_rows(s: GroupSample) -> list[list[Any]]:
+    """A broker-side sample's rows: the consumer's engine state and counters are not known here (0)."""
+    return [
+        [
+            s.ts_ms, s.model, "", p.topic, p.partition, p.end_offset, p.committed_offset, p.lag,
+            p.oldest_ms, p.lag_age_ms, 0, 0, 0.0, 0, "", 0.0, 0.0, 0, 0, 0, SCHEMA_VERSION,
+            0.0, "broker", s.members,
+        ]  # fmt: skip
+        for p in (s.partitions or [NO_PARTITION])
+    ]
+
+
+def insert_group_samples(client: Client, database: str, samples: Sequence[GroupSample]) -> int:
+    """Insert the sink's broker-side samples; returns the number of samples."""
+    rows = [row for s in samples for row in group_rows(s)]
+    if rows:
+        client.insert(f"{database}.consumer_lag", rows, column_names=LAG_COLUMNS)
+    return len(samples)
 
 
 def insert_lag_events(client: Client, database: str, events: Sequence[LagEvent]) -> int:

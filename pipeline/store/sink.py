@@ -14,6 +14,13 @@ ClickHouse is reached through `pipeline.store.client.connect` (embedded chDB
 when no URL is configured, HTTP otherwise). A failed insert drops the client;
 the next attempt reconnects.
 
+Beside the agents, the sink samples every model's consumer group from the
+broker (pipeline/store/group_lag.py: lag, lag age, members, and the
+dead-letter topic's end offsets) into `consumer_lag` every
+`[clickhouse] group_lag_interval_ms`, so a model whose consumers are all
+gone is still seen. Its stop is bounded by `sink_stop_timeout_s`, also with
+the broker gone (pipeline/store/sink_stop.py).
+
 The sink needs no supervisor: `wait_until_ready` lets it start while
 ClickHouse or Kafka is down. It retries with capped exponential backoff,
 logging what it waits for, until ClickHouse takes the schema and the broker
@@ -43,7 +50,9 @@ from pipeline.store.client import describe
 from pipeline.store.loader import Loader
 from pipeline.store.migrations import Layout, migrate
 from pipeline.store.writer import insert_batch_events, insert_latency_events
-from pipeline.store.lag_writer import insert_lag_events
+from pipeline.store.group_lag import GroupLagSampler, GroupSample
+from pipeline.store.lag_writer import insert_group_samples, insert_lag_events
+from pipeline.store.sink_stop import bound_consumer_thread
 from schemas.messages import BatchEvent, LagEvent, LatencyEvent
 
 log = logging.getLogger("batchtide.sink")
@@ -145,7 +154,7 @@ def broker_credentials(settings: KafkaSettings) -> faust.types.auth.CredentialsT
 
 @dataclass
 class Sink:
-    """The faust app plus its two loaders: `faust.Worker(sink.app)` runs it (`batchtide sink`),
+    """The faust app plus its loaders and group sampler: `faust.Worker(sink.app)` runs it (`batchtide sink`),
     `await sink.app.start()` / `stop()` embeds it in a running event loop (tests, benchmarks)."""
 
     app: faust.App
@@ -155,6 +164,8 @@ class Sink:
     topics: Topics
     rejected: int = 0
     lags: Loader[LagEvent] | None = None
+    groups: Loader[GroupSample] | None = None
+    sampler: GroupLagSampler | None = None
 
     def lag(self) -> dict[str, int]:
         """Records not yet read, and not yet committed (i.e. not yet stored), on assigned partitions."""
@@ -178,7 +189,12 @@ class Sink:
             f"sink {state}: latency inserted {lat.inserted} (dupes {lat.duplicates}), buffered {self.latency.buffered}; "
             f"batches inserted {bat.inserted} (dupes {bat.duplicates}), buffered {self.batches.buffered}; "
             f"rejected {self.rejected}; lag unread {lag['unread']}, uncommitted {lag['uncommitted']}"
+            + (f"; group lag samples {self.sampler.samples} (failed {self.sampler.failures})" if self.sampler else "")
         )
+
+
+async def _stored() -> None:
+    """The ack of a broker-side sample: it came from no topic, so nothing is committed."""
 
 
 def build_sink(
@@ -233,7 +249,17 @@ def build_sink(
     lags: Loader[LagEvent] = Loader(
         "consumer_lag", lambda b: store.run(lambda c: insert_lag_events(c, database, b)), **common
     )
-    sink = Sink(app=app, latency=latency, batches=batches, store=store, topics=topics, lags=lags)
+    groups: Loader[GroupSample] = Loader(
+        "consumer_lag (broker)", lambda b: store.run(lambda c: insert_group_samples(c, database, b)), **common
+    )
+    sampler = None
+    if ch.group_lag_interval_ms > 0:
+        sampler = GroupLagSampler(
+            kafka, sorted(config.models), ch.group_lag_interval_ms / 1000, lambda s: groups.put(s, _stored)
+        )
+    sink = Sink(
+        app=app, latency=latency, batches=batches, store=store, topics=topics, lags=lags, groups=groups, sampler=sampler
+    )
 
     def agent_for(loader: Loader[Any], kind: type) -> Callable[[Any], Any]:
         decoder = msgspec.json.Decoder(kind)
@@ -263,7 +289,10 @@ def build_sink(
 
     @app.task
     async def run_loaders() -> None:
-        await asyncio.gather(latency.run(), batches.run(), lags.run())
+        bound_consumer_thread(app, ch.sink_stop_timeout_s)
+        await asyncio.gather(
+            latency.run(), batches.run(), lags.run(), groups.run(), *([sampler.run()] if sampler else [])
+        )
 
     @app.timer(interval=STATS_INTERVAL_S)
     async def report_progress() -> None:

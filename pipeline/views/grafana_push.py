@@ -1,10 +1,13 @@
-"""Push the ClickHouse datasource, the batchtide folder and the boards to a Grafana server.
+"""Push the ClickHouse datasource, the batchtide folder, the boards and the alert rules to a Grafana server.
 
 For Grafana instances that are not provisioned from files (a shared or hosted
 Grafana). Every object is read first and written only when it differs from
 what we would write, so a second push issues no write call at all and leaves
-dashboard versions alone. Credentials come from the environment and are never
-printed.
+dashboard versions alone. The alert rules go through Grafana's alerting
+provisioning API (`/api/v1/provisioning/alert-rules`, one rule group in the
+batchtide folder), the same rules the file provisioning carries; a rule of
+that group that the config no longer generates (a model removed) is deleted.
+Credentials come from the environment and are never printed.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from urllib.parse import urlparse
 from grafana_client import GrafanaApi
 from grafana_client.client import GrafanaClientError
 
+from dashboards.alerts import EVALUATE_EVERY_S, GROUP_NAME, AlertRule
 from dashboards.panels import (
     DATASOURCE_NAME,
     DATASOURCE_TYPE,
@@ -26,7 +30,7 @@ from dashboards.panels import (
     FOLDER_UID,
 )
 
-Outcome = Literal["created", "updated", "unchanged"]
+Outcome = Literal["created", "updated", "unchanged", "deleted"]
 COMMIT_MESSAGE = "batchtide dashboards push"
 
 
@@ -71,7 +75,7 @@ class ClickHouseTarget:
 
 @dataclass(frozen=True)
 class PushResult:
-    kind: Literal["datasource", "folder", "dashboard"]
+    kind: Literal["datasource", "folder", "dashboard", "alert-rule", "rule-group"]
     uid: str
     outcome: Outcome
 
@@ -180,8 +184,51 @@ def push_dashboard(api: GrafanaApi, model: dict[str, Any]) -> PushResult:
     return PushResult("dashboard", uid, "created" if current is None else "updated")
 
 
-def push_all(api: GrafanaApi, target: ClickHouseTarget, boards: list[dict[str, Any]]) -> list[PushResult]:
-    """Datasource first (panels reference it by uid), then the folder, then each board."""
+def _rule_differs(current: dict[str, Any], wanted: dict[str, Any]) -> bool:
+    """Only the fields we send count: Grafana adds its own (id, updated, provenance)."""
+    return any(current.get(key) != value for key, value in wanted.items())
+
+
+def push_alert_rule(api: GrafanaApi, rule: AlertRule) -> PushResult:
+    wanted = rule.to_api()
+    provisioning = api.alertingprovisioning
+    current = _get_or_none(lambda: provisioning.get_alertrule(rule.uid))
+    if current is None:
+        provisioning.create_alertrule(wanted)
+        return PushResult("alert-rule", rule.uid, "created")
+    if not _rule_differs(current, wanted):
+        return PushResult("alert-rule", rule.uid, "unchanged")
+    provisioning.update_alertrule(rule.uid, wanted)
+    return PushResult("alert-rule", rule.uid, "updated")
+
+
+def push_rule_group(api: GrafanaApi, rules: list[AlertRule]) -> list[PushResult]:
+    """After the rules: the group evaluates every minute, and holds no rule we no longer generate."""
+    provisioning = api.alertingprovisioning
+    group = _get_or_none(lambda: provisioning.get_rule_group(FOLDER_UID, GROUP_NAME))
+    if group is None:
+        return []
+    wanted = {rule.uid for rule in rules}
+    results = []
+    for stale in [r for r in group.get("rules") or [] if r.get("uid") not in wanted]:
+        provisioning.delete_alertrule(stale["uid"])
+        results.append(PushResult("alert-rule", str(stale["uid"]), "deleted"))
+    if group.get("interval") == EVALUATE_EVERY_S:
+        return [*results, PushResult("rule-group", GROUP_NAME, "unchanged")]
+    kept = [r for r in group.get("rules") or [] if r.get("uid") in wanted]
+    provisioning.update_rule_group(
+        FOLDER_UID, GROUP_NAME, {"title": GROUP_NAME, "folderUid": FOLDER_UID, "interval": EVALUATE_EVERY_S, "rules": kept}
+    )
+    return [*results, PushResult("rule-group", GROUP_NAME, "updated")]
+
+
+def push_all(
+    api: GrafanaApi, target: ClickHouseTarget, boards: list[dict[str, Any]], rules: list[AlertRule] | None = None
+) -> list[PushResult]:
+    """Datasource first (panels and rules reference it by uid), then the folder, each board, each alert rule."""
     results = [push_datasource(api, target), push_folder(api)]
     results += [push_dashboard(api, model) for model in boards]
+    if rules:
+        results += [push_alert_rule(api, rule) for rule in rules]
+        results += push_rule_group(api, rules)
     return results

@@ -2,7 +2,10 @@
 
 It answers the endpoints `batchtide dashboards push` uses the way Grafana does
 (404 for unknown uids, ids and versions assigned on save, secure fields hidden
-on read), so the push code talks to it over real HTTP through grafana-client.
+on read; alert rules of the provisioning API get an id, provenance and update
+time, and join their rule group, which a new group starts at Grafana's 60 s
+default and a group PUT replaces whole), so the push code talks to it over real
+HTTP through grafana-client.
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ class GrafanaState:
     datasources: dict[str, dict[str, Any]] = field(default_factory=dict)
     folders: dict[str, dict[str, Any]] = field(default_factory=dict)
     dashboards: dict[str, dict[str, Any]] = field(default_factory=dict)
+    alert_rules: dict[str, dict[str, Any]] = field(default_factory=dict)
+    rule_groups: dict[tuple[str, str], int] = field(default_factory=dict)
+    """(folder uid, group title) -> evaluation interval in seconds."""
     requests: list[RecordedRequest] = field(default_factory=list)
     next_id: int = 1
 
@@ -45,7 +51,7 @@ class _Handler(BaseHTTPRequestHandler):
         return
 
     def _reply(self, status: int, payload: Any) -> None:
-        data = json.dumps(payload).encode()
+        data = json.dumps(payload).encode() if status != 204 else b""
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -123,7 +129,48 @@ class _Handler(BaseHTTPRequestHandler):
             stored = {**model, "id": dash_id, "version": version}
             s.dashboards[uid] = {"dashboard": stored, "meta": {"folderUid": body.get("folderUid", "")}}
             return 200, {"id": dash_id, "uid": uid, "version": version, "status": "success"}
+        if path.startswith("/api/v1/provisioning/"):
+            return self._provisioning(method, path.removeprefix("/api/v1/provisioning"), body)
         return 404, {"message": f"no route {method} {path}"}
+
+    def _provisioning(self, method: str, path: str, body: Any) -> tuple[int, Any]:
+        s = self.state
+        if path == "/alert-rules" and method == "POST":
+            if body["uid"] in s.alert_rules:
+                return 409, {"message": "a rule with this uid already exists"}
+            if body.get("folderUID") not in s.folders:
+                return 400, {"message": "folder does not exist"}
+            s.rule_groups.setdefault((body["folderUID"], body["ruleGroup"]), 60)
+            s.alert_rules[body["uid"]] = {**body, "id": s.new_id(), "provenance": "api", "updated": "now"}
+            return 201, s.alert_rules[body["uid"]]
+        if m := re.fullmatch(r"/alert-rules/([^/]+)", path):
+            uid = m.group(1)
+            if uid not in s.alert_rules:
+                return 404, {"message": "rule not found"} if method != "DELETE" else {}
+            if method == "GET":
+                return 200, copy.deepcopy(s.alert_rules[uid])
+            if method == "PUT":
+                s.alert_rules[uid] = {**body, "id": s.alert_rules[uid]["id"], "provenance": "api", "updated": "later"}
+                return 200, s.alert_rules[uid]
+            if method == "DELETE":
+                del s.alert_rules[uid]
+                return 204, {}
+        if m := re.fullmatch(r"/folder/([^/]+)/rule-groups/([^/]+)", path):
+            key = (m.group(1), m.group(2))
+            members = [r for r in s.alert_rules.values() if (r["folderUID"], r["ruleGroup"]) == key]
+            if method == "GET":
+                if key not in s.rule_groups or not members:
+                    return 404, {"message": "rule group not found"}
+                return 200, {"title": key[1], "folderUid": key[0], "interval": s.rule_groups[key],
+                             "rules": copy.deepcopy(members)}  # fmt: skip
+            if method == "PUT":
+                kept = {r["uid"] for r in body.get("rules") or []}
+                for rule in members:
+                    if rule["uid"] not in kept:
+                        del s.alert_rules[rule["uid"]]
+                s.rule_groups[key] = int(body["interval"])
+                return 200, body
+        return 404, {"message": f"no provisioning route {method} {path}"}
 
 
 class FakeGrafana:

@@ -9,7 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from dashboards.alerts import GROUP_NAME, alert_rules
+from dashboards.build import default_config_path
 from dashboards.panels import BOARDS, DATASOURCE_TYPE, DATASOURCE_UID, FOLDER_UID, TAIL_LATENCY
+from pipeline.config import load_config, parse_config
 from pipeline.views.grafana_push import ClickHouseTarget, GrafanaAuthMissing, connect, grafana_credential, push_all
 from tests.dashboards.cli import dashboards_cli
 from tests.dashboards.grafana_server import FakeGrafana
@@ -142,8 +145,12 @@ def test_cli_push_reports_outcomes_and_never_prints_secrets(
     assert "created" not in second.output and "updated" not in second.output
     for output in (first.output, second.output):
         assert TOKEN not in output and CH_PASSWORD not in output
-    first_push = 4 + 2 * len(BOARDS)  # datasource and folder GET+POST, then GET+POST per board
-    assert [m for m, _ in grafana.calls()[first_push:]] == ["GET"] * (2 + len(BOARDS)), "the second push only reads"
+    rules = alert_rules(load_config(default_config_path()))
+    assert len(grafana.state.alert_rules) == len(rules), "the repository config's rules, as `generate` writes them"
+    # datasource and folder GET+POST, GET+POST per board and per rule, then the rule group's GET
+    first_push = 4 + 2 * len(BOARDS) + 2 * len(rules) + 1
+    second = [m for m, _ in grafana.calls()[first_push:]]
+    assert second == ["GET"] * (2 + len(BOARDS) + len(rules) + 1), "the second push only reads"
 
 
 def test_cli_push_without_clickhouse_server_explains(grafana: FakeGrafana, target: ClickHouseTarget, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -155,3 +162,48 @@ def test_cli_push_without_clickhouse_server_explains(grafana: FakeGrafana, targe
     assert result.exit_code == 2
     assert "--clickhouse-url" in result.output
     assert grafana.calls() == []
+
+
+RULES_CONFIG = {
+    "models": {"a": {"runner": "cost-model", "slo_p99_ms": 300.0}, "b": {"runner": "cost-model"}},
+    "alerts": {"lag_age_s": 30.0},
+}
+
+
+def test_alert_rules_go_through_the_provisioning_api_and_only_changes_are_written(
+    grafana: FakeGrafana, board: dict, target: ClickHouseTarget
+) -> None:
+    rules = alert_rules(parse_config(RULES_CONFIG))
+    first = push_all(connect(grafana.url), target, [board], rules)
+    pushed = [r for r in first if r.kind == "alert-rule"]
+    assert [(r.uid, r.outcome) for r in pushed] == [(rule.uid, "created") for rule in rules]
+    assert ("rule-group", GROUP_NAME, "unchanged") in [(r.kind, r.uid, r.outcome) for r in first]
+    assert grafana.writes()[3:] == [("POST", "/api/v1/provisioning/alert-rules")] * len(rules)
+    for rule in rules:
+        stored = grafana.state.alert_rules[rule.uid]
+        assert {k: stored[k] for k in rule.to_provisioning()} == rule.to_provisioning(), "the file provisioning's rule"
+        assert (stored["folderUID"], stored["ruleGroup"]) == (FOLDER_UID, GROUP_NAME)
+    assert grafana.state.rule_groups == {(FOLDER_UID, GROUP_NAME): 60}
+
+    grafana.clear()
+    again = push_all(connect(grafana.url), target, [board], rules)
+    assert {r.outcome for r in again} == {"unchanged"} and grafana.writes() == []
+
+    # a threshold changed, a model removed, and the group's interval edited in Grafana
+    changed = alert_rules(parse_config({**RULES_CONFIG, "models": {"a": {"runner": "cost-model", "slo_p99_ms": 250.0}}}))
+    grafana.state.rule_groups[(FOLDER_UID, GROUP_NAME)] = 10
+    grafana.clear()
+    results = push_all(connect(grafana.url), target, [board], changed)
+    outcomes = {(r.kind, r.uid): r.outcome for r in results}
+    assert outcomes[("alert-rule", "batchtide-slo-a")] == "updated"
+    assert outcomes[("alert-rule", "batchtide-slo-b")] == "deleted"
+    assert outcomes[("rule-group", GROUP_NAME)] == "updated"
+    assert grafana.writes() == [
+        ("PUT", "/api/v1/provisioning/alert-rules/batchtide-slo-a"),
+        ("DELETE", "/api/v1/provisioning/alert-rules/batchtide-slo-b"),
+        ("PUT", f"/api/v1/provisioning/folder/{FOLDER_UID}/rule-groups/{GROUP_NAME}"),
+    ]
+    assert set(grafana.state.alert_rules) == {rule.uid for rule in changed}, "the group PUT kept every current rule"
+    assert grafana.state.rule_groups[(FOLDER_UID, GROUP_NAME)] == 60
+    threshold = grafana.state.alert_rules["batchtide-slo-a"]["data"][1]["model"]["conditions"][0]["evaluator"]
+    assert threshold["params"] == [250.0]

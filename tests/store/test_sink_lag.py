@@ -32,7 +32,7 @@ def test_sink_stores_lag_samples_once(
     values = [msgspec.json.encode(e) for e in events]
 
     def rows() -> int:
-        return int(clickhouse_client.command(f"SELECT count() FROM {ch_database}.consumer_lag"))
+        return int(clickhouse_client.command(f"SELECT count() FROM {ch_database}.consumer_lag WHERE source = 'consumer'"))
 
     async def scenario() -> None:
         await create_topics(kafka, {t: 1 for t in (topics.latency_events, topics.batch_events, topics.lag_events)})
@@ -52,6 +52,6 @@ def test_sink_stores_lag_samples_once(
     asyncio.run(scenario())
     assert rows() == 30 * 2 + 1, "one row per partition of each sample; the idle consumer's state row"
     stored = clickhouse_client.query(
-        f"SELECT sum(lag), max(lag_age_ms), countIf(partition = -1) FROM {ch_database}.consumer_lag"
+        f"SELECT sum(lag), max(lag_age_ms), countIf(partition = -1) FROM {ch_database}.consumer_lag WHERE source = 'consumer'"
     ).result_rows[0]
     assert stored == (sum(3 * i for i in range(30)), 2_900.0, 1)
