@@ -280,10 +280,12 @@ LATEST_PER_PARTITION = f"""
     SELECT $__timeInterval(ts) AS time, model, topic, partition,
            argMax(lag, ts) AS lag, argMax(lag_age_ms, ts) AS lag_age_ms
     FROM consumer_lag FINAL
-    WHERE $__timeFilter(ts) AND partition >= 0 AND {MODEL_FILTER}
+    WHERE $__timeFilter(ts) AND partition >= 0 AND model != '' AND {MODEL_FILTER}
     GROUP BY time, model, topic, partition"""
-"""Each partition's last sample per bucket: a partition sampled by two consumers during a
-rebalance counts once, and lag sums over partitions (Burrow's per-group total)."""
+"""Each partition's last sample per bucket, from a consumer or from the sink's broker-side sampler
+(whichever is newer): a partition sampled twice counts once, lag sums over partitions (Burrow's
+per-group total), and a model with no consumer left still has its lag. The dead-letter topic's rows
+(model '') are not lag."""
 
 _LAG = [
     _q("lag_over_time", "Consumer lag and lag age over time", "time_series",
@@ -309,7 +311,7 @@ FROM (
     SELECT ts, model, consumer_id, any(window_ms) AS window_ms, any(effective_cap) AS effective_cap,
            any(queue) AS queue, any(marked_share) AS marked_share
     FROM consumer_lag FINAL
-    WHERE $__timeFilter(ts) AND {MODEL_FILTER}
+    WHERE $__timeFilter(ts) AND source = 'consumer' AND {MODEL_FILTER}
     GROUP BY ts, model, consumer_id
 )
 GROUP BY time, model
@@ -333,7 +335,7 @@ FROM (
 LEFT JOIN (
     SELECT model, uniqExact(consumer_id) AS consumers
     FROM consumer_lag
-    WHERE $__timeFilter(ts) AND {MODEL_FILTER}
+    WHERE $__timeFilter(ts) AND source = 'consumer' AND {MODEL_FILTER}
     GROUP BY model
 ) AS c ON c.model = b.model
 GROUP BY b.model
@@ -377,7 +379,7 @@ LEFT JOIN (
 LEFT JOIN (
     SELECT model, consumer_id, argMax(capacity_per_s, ts) AS latest_capacity
     FROM consumer_lag FINAL
-    WHERE $__timeFilter(ts) AND capacity_per_s > 0 AND {MODEL_FILTER}
+    WHERE $__timeFilter(ts) AND capacity_per_s > 0 AND source = 'consumer' AND {MODEL_FILTER}
     GROUP BY model, consumer_id
 ) AS c ON c.model = l.model AND c.consumer_id = l.consumer_id
 ORDER BY model, consumer_id
