@@ -336,11 +336,12 @@ class ConsumerSettings:
     """Records per fetch call."""
     tail_forwarding: bool = True
     """Balance the group by speed: hand a waiting request to the peer of the group that would finish it clearly sooner
-    (by `forward_min_gain_ms` and `forward_gain_share` of the local finish), through a priority partition that peer owns."""
-    forward_min_gain_ms: float = 30.0
-    """A forward must save at least this much of the request's predicted finish (a forward costs two Kafka hops)."""
+    (by `forward_min_gain_ms` and `forward_gain_share`), through a priority partition that peer owns."""
+    forward_min_gain_ms: float = 20.0
+    """A forward must save at least this much of the request's predicted finish (a forward costs two Kafka hops)..."""
     forward_gain_share: float = 0.35
-    """...and at least this share of it, so equal consumers keep their own work whatever the noise in their predictions."""
+    """...and this share of the consumer's own time for a batch of one, so equal consumers keep their own work
+    through the noise of their predictions while a much slower device hands on what it cannot start at once."""
     fleet_beacon_ms: float = 200.0
     """How often each consumer tells its group (topic `<prefix>.fleet`) how soon it could start a request, its recent batch
     time and capacity; its peers forward by it. 0 turns beacons, and so forwarding to this consumer, off."""

@@ -13,10 +13,15 @@ clearly sooner the request goes to a partition of the priority topic that
 the peer owns, which it pulls first.
 
 Clearly sooner means by at least `min_gain_ms` and by `gain_share` of the
-local finish: between equal consumers the predictions differ by noise, and
-a forward costs two Kafka hops and a commit, so they keep their own work.
-Each request forwarded to a peer adds one request's share of its time
-(1 / capacity) to its predicted start, so one scan never floods it. A peer
+local device's time for a batch of one: between equal consumers the
+predictions differ by noise of about a batch, and a forward costs two Kafka
+hops and a commit, so they keep their own work; a device several times
+slower than its peer hands on what it cannot start at once. Each request
+forwarded to a peer adds one request's share of its time (1 / capacity) to
+its predicted start until the peer's next beacon, less the time since its
+last one (the peer works the forwards off meanwhile), so one scan never
+floods it. A beacon's start time itself is not aged: the peer keeps
+receiving its own traffic while the beacon travels. A peer
 that has measured nothing yet (it joined, or its partitions are quiet) is
 assumed as fast as the forwarding consumer and gets one request per beacon,
 enough for it to measure itself; peers without priority partitions get none. A request that arrived as a forward is never forwarded again (the
@@ -35,7 +40,7 @@ from dataclasses import dataclass
 from pipeline.engine.costcurve import CostCurve
 from pipeline.engine.decisions import PendingRequest
 
-DEFAULT_MIN_GAIN_MS = 30.0
+DEFAULT_MIN_GAIN_MS = 20.0
 DEFAULT_GAIN_SHARE = 0.35
 
 
@@ -98,17 +103,20 @@ def local_finish_ms(position: int, queue_len: int, local: LocalView) -> float:
     return local.busy_for_ms + ahead * local.t_ms(cap) + local.t_ms(own)
 
 
-def peer_finish_ms(peer: MemberView, extra: int, rule: ForwardRule, unmeasured_ms: float = 0.0) -> float:
+def peer_finish_ms(
+    peer: MemberView, now_ms: float, extra: int, rule: ForwardRule, unmeasured_ms: float = 0.0
+) -> float:
     """When `peer` would finish one more request handed to it now, after `extra` already sent
     since its beacon (`unmeasured_ms`: its batch time while it has measured none).
 
     The beacon's start time is taken as it was said, not aged: a peer keeps receiving its own
     traffic while the beacon travels, and a beacon aged down to an idle peer is the commonest
-    way for equal consumers to forward back and forth for nothing."""
+    way for equal consumers to forward back and forth for nothing. What was forwarded to it is
+    aged: the peer has been working it off since."""
     start = peer.start_in_ms
     if peer.capacity_per_s <= 0:
         return math.inf if extra else rule.hop_ms + start + unmeasured_ms
-    start += extra * 1000.0 / peer.capacity_per_s
+    start += max(0.0, extra * 1000.0 / peer.capacity_per_s - (now_ms - peer.at_ms))
     return rule.hop_ms + start + peer.batch_ms
 
 
@@ -133,10 +141,11 @@ def plan_forwards(
     usable = [p for p in peers if p.partitions and now_ms - p.at_ms <= rule.stale_ms]
     if not usable or queue_len == 0:
         return []
-    unmeasured = local.t_ms(1)
+    single = local.t_ms(1)
+    margin = max(rule.min_gain_ms, rule.gain_share * single)
 
     def finish(peer: MemberView) -> float:
-        return peer_finish_ms(peer, sent.get(peer.member_id, 0), rule, unmeasured)
+        return peer_finish_ms(peer, now_ms, sent.get(peer.member_id, 0), rule, single)
 
     chosen: list[Forward] = []
     remaining = queue_len
@@ -146,7 +155,7 @@ def plan_forwards(
         here = local_finish_ms(position, remaining, local)
         best = min(usable, key=finish)
         there = finish(best)
-        if here - there < max(rule.min_gain_ms, rule.gain_share * here):
+        if here - there < margin:
             break
         count = sent.get(best.member_id, 0)
         partition = best.partitions[count % len(best.partitions)]

@@ -36,7 +36,7 @@ def test_a_slow_consumer_hands_the_back_of_its_queue_to_a_fast_idle_peer_and_kee
     assert [f.index for f in plan] == list(range(9, kept - 1, -1)), "from the back, without gaps"
     assert 1 <= kept <= 3
     # the first kept request finishes here within twice what the peer would now need for it
-    assert local_finish_ms(kept - 1, kept, local) < 2 * peer_finish_ms(fast, len(plan), rule)
+    assert local_finish_ms(kept - 1, kept, local) < 2 * peer_finish_ms(fast, 0.0, len(plan), rule)
     assert {f.member_id for f in plan} == {"fast"}
     assert sorted({f.partition for f in plan}) == [0, 1], "spread over the peer's priority partitions"
 
@@ -48,8 +48,9 @@ def test_a_fast_consumer_forwards_nothing_to_a_slow_peer() -> None:
 
 def test_equal_consumers_keep_their_work_through_noise_but_a_deep_backlog_moves() -> None:
     busy = LocalView(busy_for_ms=28.0, cap=32, t_ms=FAST)
-    same = peer("twin", start_in=0.0)
-    assert plan_forwards(8, [True] * 8, busy, [same], 0.0, ForwardRule()) == [], "a busy device and a batch waiting: noise"
+    same = peer("twin", start_in=28.0)
+    assert plan_forwards(8, [True] * 8, busy, [same], 0.0, ForwardRule()) == [], "a twin in the same state gets nothing"
+    assert plan_forwards(4, [True] * 4, busy, [peer("idle-twin")], 0.0, ForwardRule()) == [], "a few ms: noise"
     drowning = plan_forwards(200, [True] * 200, busy, [same], 0.0, ForwardRule())
     assert drowning and drowning[0].index == 199
     assert len(drowning) < 200, "the front of the queue stays"
@@ -65,9 +66,12 @@ def test_each_forward_adds_its_load_to_the_peer_so_one_scan_cannot_flood_it() ->
     assert sent == {"small": len(plan)}
     last = plan[-1].index
     here = local_finish_ms(last, last + 1, local)
-    assert peer_finish_ms(small, len(plan) - 1, rule) <= (1 - rule.gain_share) * here, "each forward paid"
+    margin = max(rule.min_gain_ms, rule.gain_share * local.t_ms(1))
+    assert peer_finish_ms(small, 0.0, len(plan) - 1, rule) <= here - margin, "each forward paid"
     again = plan_forwards(500 - len(plan), [True] * (500 - len(plan)), local, [small], 0.0, ForwardRule(), sent)
     assert len(again) < len(plan), "the peer's queue, as far as this consumer knows, is still there"
+    later = plan_forwards(500 - len(plan), [True] * (500 - len(plan)), local, [small], 2000.0, ForwardRule(), sent)
+    assert len(later) > len(again), "two seconds on, the peer has worked the forwards off"
 
 
 def test_stale_or_partitionless_peers_get_no_work_and_unmeasured_ones_one_request_per_beacon() -> None:
