@@ -18,7 +18,7 @@ from pipeline.sim.fleet import fleet_variant, simulate_fleet
 from pipeline.sim.fleetmetrics import measure_fleet
 from pipeline.sim.scenario import Scenario, ScenarioError, load_scenario, make_arrivals
 
-VARIANTS = ("off", "on", "ideal")
+VARIANTS = ("off", "on", "weighted", "weighted+on", "ideal")
 
 
 def fleet_scenario(path: str | Path) -> Scenario:

@@ -213,7 +213,8 @@ def _fleet_table(report: dict[str, Any]) -> Table:
         t.add_column(col, justify="left" if col in ("run", cols[-1]) else "right",
                      no_wrap=col != cols[-1])
     ideal = report["runs"]["ideal"]["p99_ms"]
-    labels = {"off": "balance off", "on": "balance on", "ideal": "ideal (all fast)"}
+    labels = {"off": "balance off", "on": "balance on", "weighted": "weighted assignment",
+              "weighted+on": "weighted + balance", "ideal": "ideal (all fast)"}
     for variant, run in report["runs"].items():
         row = [labels[variant], _fmt(run["p50_ms"]), _fmt(run["p99_ms"]), _fmt(run["p999_ms"]),
                _fmt(run["p99_ms"] / ideal if ideal else None, 2), f"{run['forwarded_share']:.1%}"]

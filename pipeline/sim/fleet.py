@@ -43,7 +43,7 @@ from pipeline.engine.fleet import (
     recent_batch_ms,
 )
 from pipeline.sim.families import DEFAULT_DEVICE_CAP, LaneContext, build_engine
-from pipeline.sim.fleetspec import FleetSpec, range_assignment
+from pipeline.sim.fleetspec import FleetSpec
 from pipeline.sim.scenario import Arrivals, Scenario
 from pipeline.sim.simulator import SimulationError
 
@@ -70,13 +70,19 @@ class FleetOutcome:
 
 
 def fleet_variant(scenario: Scenario, variant: str) -> Scenario:
-    """The scenario as the `off` (equal partitions, no forwarding: today), `on` (forwarding)
-    or `ideal` (every device fast, keys even, no forwarding) run."""
+    """The scenario as the `off` (equal partitions, no forwarding: today), `on` (forwarding),
+    `weighted` (partitions in proportion to speed, no forwarding), `weighted+on` (both) or
+    `ideal` (every device fast, keys even, no forwarding) run."""
     fleet = scenario.fleet
     if fleet is None:
         raise ValueError(f"scenario {scenario.name} has no [fleet] table")
-    spec = {"off": replace(fleet, forwarding=False), "on": replace(fleet, forwarding=True),
-            "ideal": fleet.ideal()}[variant]
+    spec = {
+        "off": replace(fleet, forwarding=False),
+        "on": replace(fleet, forwarding=True),
+        "weighted": replace(fleet, forwarding=False, assignment="capacity"),
+        "weighted+on": replace(fleet, forwarding=True, assignment="capacity"),
+        "ideal": fleet.ideal(),
+    }[variant]
     return replace(scenario, fleet=spec)
 
 
@@ -105,7 +111,7 @@ def simulate_fleet(scenario: Scenario, arrivals: Arrivals) -> FleetOutcome:
     token_cost = cost.unit == "tokens"
     deadline = scenario.deadline_ms
     engines = _engines(scenario, fleet)
-    owned = range_assignment(fleet.partitions, consumers)
+    owned = fleet.owned(consumers)
     rule = ForwardRule(hop_ms=fleet.hop_ms)
     forwarding = fleet.forwarding and consumers > 1
 

@@ -56,6 +56,15 @@ class FleetSpec:
     beacon_interval_ms: float = DEFAULT_BEACON_INTERVAL_MS
     hop_ms: float = DEFAULT_HOP_MS
     scan_interval_ms: float = DEFAULT_SCAN_INTERVAL_MS
+    assignment: str = "range"
+    """range: Kafka's range assignor (equal counts); capacity: counts in proportion to each device's
+    steady speed, as a capacity-weighted assignor would reach once it knew every device."""
+
+    def owned(self, consumers: int) -> list[tuple[int, ...]]:
+        """Partitions of each consumer under this spec's assignment."""
+        if self.assignment == "capacity":
+            return weighted_assignment(self.partitions, [1.0 / self.steady_factor(c) for c in range(consumers)])
+        return range_assignment(self.partitions, consumers)
 
     def steady_factor(self, consumer: int) -> float:
         """The consumer's device speed outside any slowdown (what its profile measured)."""
@@ -83,7 +92,7 @@ class FleetSpec:
 
     def ideal(self) -> FleetSpec:
         """The group as it should be: every device fast, keys spread evenly, no forwarding."""
-        return replace(self, slow=(), slowdowns=(), hot_share=0.0, forwarding=False)
+        return replace(self, slow=(), slowdowns=(), hot_share=0.0, forwarding=False, assignment="range")
 
 
 def range_assignment(partitions: int, consumers: int) -> list[tuple[int, ...]]:
@@ -99,10 +108,29 @@ def range_assignment(partitions: int, consumers: int) -> list[tuple[int, ...]]:
     return out
 
 
-def partition_owner(partitions: int, consumers: int) -> np.ndarray:
-    """Consumer index owning each partition under `range_assignment`."""
-    owner = np.zeros(partitions, dtype=np.int64)
-    for consumer, block in enumerate(range_assignment(partitions, consumers)):
+def weighted_assignment(partitions: int, weights: list[float]) -> list[tuple[int, ...]]:
+    """Contiguous blocks sized in proportion to `weights` (largest remainder), at least one each."""
+    total = sum(weights)
+    exact = [partitions * w / total for w in weights]
+    counts = [max(1, int(e)) for e in exact]
+    by_remainder = sorted(range(len(weights)), key=lambda i: exact[i] - int(exact[i]), reverse=True)
+    for i in by_remainder:
+        if sum(counts) >= partitions:
+            break
+        counts[i] += 1
+    while sum(counts) > partitions:
+        counts[max(range(len(counts)), key=lambda i: counts[i] - exact[i])] -= 1
+    out, start = [], 0
+    for count in counts:
+        out.append(tuple(range(start, start + count)))
+        start += count
+    return out
+
+
+def partition_owner(fleet: FleetSpec, consumers: int) -> np.ndarray:
+    """Consumer index owning each partition under the spec's assignment."""
+    owner = np.zeros(fleet.partitions, dtype=np.int64)
+    for consumer, block in enumerate(fleet.owned(consumers)):
         owner[list(block)] = consumer
     return owner
 
@@ -122,8 +150,9 @@ def parse_fleet(raw: Any, where: str, consumers: int, duration_ms: float, error:
         raise error(f"{where}.partitions: {partitions} partitions for {consumers} consumers: the range "
                     f"assignor would leave {consumers - partitions} consumer(s) without work")
     assignment = raw.get("assignment", "range")
-    if assignment != "range":
-        raise error(f"{where}.assignment: {assignment!r} is not one of ['range'] (Kafka's range assignor)")
+    if assignment not in ("range", "capacity"):
+        raise error(f"{where}.assignment: {assignment!r} is not one of ['range', 'capacity'] (Kafka's range "
+                    "assignor, or partition counts in proportion to each device's speed)")
 
     def consumer_index(w: str, value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < consumers:
@@ -175,7 +204,7 @@ def parse_fleet(raw: Any, where: str, consumers: int, duration_ms: float, error:
     hop = _nonneg(where, raw, "hop_ms", error, DEFAULT_HOP_MS)
     scan = _positive(where, raw, "scan_interval_ms", error, DEFAULT_SCAN_INTERVAL_MS)
     return FleetSpec(partitions, tuple(slow), tuple(slowdowns), hot_partition, hot_share, forwarding,
-                     beacon, hop, scan)
+                     beacon, hop, scan, assignment)
 
 
 def _table(where: str, t: Any, known: set[str], error: type[Exception]) -> None:

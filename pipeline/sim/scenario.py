@@ -249,7 +249,7 @@ def make_arrivals(scenario: Scenario, multiplier: float = 1.0) -> Arrivals:
     if scenario.fleet is not None:
         fleet = scenario.fleet
         partition = _categorical(seed, LANE_STREAM, n, fleet.partition_weights())
-        lane = partition_owner(fleet.partitions, topo.consumers)[partition]
+        lane = partition_owner(fleet, topo.consumers)[partition]
     elif lanes == 1:
         lane = np.zeros(n, dtype=np.int64)
     elif topo.mode == "shared-device":

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from pipeline.commands import bench
 from pipeline.sim.fleet import fleet_variant, simulate_fleet
 from pipeline.sim.fleetmetrics import measure_fleet
-from pipeline.sim.fleetspec import range_assignment
+from pipeline.sim.fleetspec import range_assignment, weighted_assignment
 from pipeline.sim.scenario import ScenarioError, make_arrivals, parse_scenario
 
 
@@ -37,6 +37,9 @@ def run(scenario, variant):
 def test_range_assignor_gives_contiguous_blocks_of_equal_count():
     assert range_assignment(5, 2) == [(0, 1, 2), (3, 4)]
     assert range_assignment(8, 4) == [(0, 1), (2, 3), (4, 5), (6, 7)]
+    assert weighted_assignment(4, [1.0, 1 / 3]) == [(0, 1, 2), (3,)]
+    assert weighted_assignment(16, [1.0, 1.0, 1.0, 1 / 3]) == [tuple(range(0, 5)), tuple(range(5, 10)), tuple(range(10, 15)), (15,)]
+    assert [len(b) for b in weighted_assignment(4, [1.0, 1.0, 1.0, 1 / 3])] == [1, 1, 1, 1], "at least one each"
     s = fleet_scenario(consumers=2, fleet={"partitions": 4})
     lanes = make_arrivals(s).lane
     assert set(np.unique(lanes)) == {0, 1}
@@ -109,7 +112,7 @@ def test_slowdown_applies_only_inside_its_window():
 
 @pytest.mark.parametrize("fleet, topology, message", [
     ({"partitions": 1}, {}, "range assignor would leave 1 consumer(s) without work"),
-    ({"partitions": 4, "assignment": "sticky"}, {}, "not one of ['range']"),
+    ({"partitions": 4, "assignment": "sticky"}, {}, "not one of ['range', 'capacity']"),
     ({"partitions": 4, "slow": {"consumers": [2], "factor": 3.0}}, {}, "not a consumer index 0..1"),
     ({"partitions": 4, "slow": {"consumers": [1], "factor": 0}}, {}, "factor: must be > 0"),
     ({"partitions": 4, "slowdown": {"consumer": 0, "from_s": 5, "to_s": 5, "factor": 3.0}}, {},
@@ -151,7 +154,7 @@ slow = { consumers = [1], factor = 3.0 }
 """
 
 
-def test_bench_fleet_cli_prints_the_three_runs_and_writes_json(tmp_path):
+def test_bench_fleet_cli_prints_every_run_and_writes_json(tmp_path):
     app = typer.Typer()
     bench.register(app)
     path = tmp_path / "tiny-fleet.toml"
@@ -161,7 +164,7 @@ def test_bench_fleet_cli_prints_the_three_runs_and_writes_json(tmp_path):
     assert result.exit_code == 0, result.output
     assert "balance off" in result.output and "balance on" in result.output and "ideal" in result.output
     [report] = json.loads(out.read_text())
-    assert set(report["runs"]) == {"off", "on", "ideal"}
+    assert set(report["runs"]) == {"off", "on", "weighted", "weighted+on", "ideal"}
     assert report["stragglers"] == [1]
     runs = report["runs"]
     assert report["ratios"]["on_p99_vs_ideal"] == pytest.approx(runs["on"]["p99_ms"] / runs["ideal"]["p99_ms"])
