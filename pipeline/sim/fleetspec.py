@@ -113,7 +113,7 @@ def weighted_assignment(partitions: int, weights: list[float]) -> list[tuple[int
     total = sum(weights)
     exact = [partitions * w / total for w in weights]
     counts = [max(1, int(e)) for e in exact]
-    by_remainder = sorted(range(len(weights)), key=lambda i: exact[i] - int(exact[i]), reverse=True)
+    by_remainder = sorted(range(len(weights)), key=lambda i: exact[i] - counts[i], reverse=True)
     for i in by_remainder:
         if sum(counts) >= partitions:
             break
