@@ -55,6 +55,9 @@ class Message:
     """The same answer rebuilt to take at most this many bytes (dead letters cut the original)."""
     reroute: Callable[[str], Message] | None = None
     """For a client's reply topic: the answer on the model's results topic, saying why."""
+    revise: Callable[[], Message] | None = None
+    """A record that describes other records of the same publish (a request's latency event, which
+    says what its answer became): the record as it stands now. Sent after the others are accepted."""
 
     @property
     def size(self) -> int:
