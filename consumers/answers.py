@@ -12,9 +12,20 @@ can stop the consumer (`consumers.delivery` applies them):
 - a dead letter that would exceed the dead-letter topic's `max.message.bytes`
   keeps as much of the original as fits and says `truncated`; the size and
   SHA-256 of the whole original are always there;
-- a result too large for its topic becomes an `error` answer saying so;
+- a result too large for its topic becomes an `error` answer saying so, and
+  its latency event says `error` (reason `oversize`) too: an answer and its
+  event share one `Verdict`, and the event is rebuilt from it when sent;
 - a result for a client's `reply_topic` that cannot take it goes to the
   model's results topic with the reason in `reply_error`.
+
+Every request that gets an answer gets one latency event, whatever its
+outcome, with `reason` saying why it was not `ok`: `deadline` (expired),
+`runner_error` (the runner failed on it alone), `oversize` (its answer did
+not fit), or the rejection's reason (`schema`, `input_too_long`, ...). A
+record refused before its id could be read is counted under the id
+`record:<topic>/<partition>/<offset>`, the same on every re-delivery, so the
+sink's dedup keeps counts exact. Duplicates get no event: the request they
+repeat already has its one.
 """
 
 from __future__ import annotations
@@ -35,6 +46,25 @@ from pipeline.engine.decisions import Batch
 from schemas.messages import BatchEvent, DeadLetter, LatencyEvent, Outcome, Request, Result
 
 _encode = msgspec.json.Encoder().encode
+
+OVERSIZE = "oversize"
+"""Reason of an answer shrunk to `error` because it did not fit its topic."""
+DEADLINE = "deadline"
+RUNNER_ERROR = "runner_error"
+
+
+@dataclass(slots=True)
+class Verdict:
+    """A request's outcome as its answer finally went out: shared by the answer and its latency
+    event, so an answer rebuilt as `error` on its way to the broker takes its event along."""
+
+    outcome: Outcome
+    reason: str = ""
+
+
+def record_id(topic: str, partition: int, offset: int) -> str:
+    """The id a record refused before its request id could be read is counted under."""
+    return f"record:{topic}/{partition}/{offset}"
 
 
 @dataclass(slots=True, eq=False)
@@ -96,7 +126,9 @@ class Answers:
         batch_id: int | None = None,
         output: Output | None = None,
         error: str | None = None,
+        verdict: Verdict | None = None,
     ) -> Message:
+        """The answer; `verdict` learns if it is rebuilt as an `error` (too large for its topic)."""
         result = Result(
             id=request_id,
             model=self.model,
@@ -110,14 +142,17 @@ class Answers:
             enqueue_ms=enqueue_ms,
             done_ms=done_ms,
         )
-        return self._result_message(result, reply_topic)
+        return self._result_message(result, reply_topic, verdict or Verdict(outcome))
 
-    def answered(self, held: Held, outcome: Outcome, done_ms: int, **fields: object) -> Message:
+    def answered(self, held: Held, verdict: Verdict, done_ms: int, **fields: object) -> Message:
         """The Result of a request that was admitted (ran, failed or expired)."""
         request = held.request
-        return self.result(request.id, request.reply_topic, outcome, enqueue_ms=held.enqueue_ms, done_ms=done_ms, **fields)  # type: ignore[arg-type]
+        return self.result(
+            request.id, request.reply_topic, verdict.outcome, enqueue_ms=held.enqueue_ms, done_ms=done_ms,
+            verdict=verdict, **fields,  # type: ignore[arg-type]
+        )
 
-    def _result_message(self, result: Result, reply_topic: str | None) -> Message:
+    def _result_message(self, result: Result, reply_topic: str | None, verdict: Verdict) -> Message:
         topic = reply_topic or self.results_topic
         elsewhere = topic != self.results_topic
 
@@ -125,11 +160,13 @@ class Answers:
             size = len(_encode(result))
             error = f"the answer ({size} bytes) is larger than max.message.bytes ({limit}) of topic {topic}"
             smaller = msgspec.structs.replace(result, outcome="error", embedding=None, text=None, token_ids=None, error=error)
-            return self._result_message(smaller, reply_topic)
+            if result.outcome != "error":
+                verdict.outcome, verdict.reason = "error", OVERSIZE
+            return self._result_message(smaller, reply_topic, verdict)
 
         def reroute(why: str) -> Message:
             moved = msgspec.structs.replace(result, reply_error=bounded(f"reply_topic {topic!r}: {why}"))
-            return self._result_message(moved, None)
+            return self._result_message(moved, None, verdict)
 
         return Message(topic, result.id.encode(), _encode(result), fit=fit, reroute=reroute if elsewhere else None)
 
@@ -191,7 +228,7 @@ class Answers:
     def latency(
         self,
         held: Held,
-        outcome: Outcome,
+        verdict: Verdict,
         timing: BatchTiming,
         *,
         batch_id: int,
@@ -200,12 +237,13 @@ class Answers:
         priority: int,
         output: Output | None = None,
     ) -> Message:
+        """The request's event, as its answer's `verdict` stands when it is sent."""
         first_ms, last_ms = _token_times(output)  # a row stopped by its deadline generated too
         event = LatencyEvent(
             request_id=held.request.id,
             model=self.model,
             consumer_id=self.consumer_id,
-            outcome=outcome,
+            outcome=verdict.outcome,
             enqueue_ms=held.enqueue_ms,
             fetch_ms=held.fetch_ms,
             dispatch_ms=timing.dispatch_ms,
@@ -229,8 +267,63 @@ class Answers:
             warmup=held.request.warmup,
             first_token_ms=first_ms,
             last_token_ms=last_ms,
+            reason=verdict.reason,
         )
-        return Message(self.topics.latency_events, held.request.id.encode(), _encode(event))
+        return self._event_message(event, verdict)
+
+    def refused(
+        self,
+        reason: str,
+        *,
+        request_id: str | None,
+        source: TopicPartition,
+        offset: int,
+        timestamp_ms: int,
+        fetch_ms: int,
+        done_ms: int,
+        warmup: bool = False,
+        verdict: Verdict | None = None,
+    ) -> Message:
+        """The latency event of a refused record (outcome `rejected`, the rejection's reason): under
+        its request id, or `record_id` when it had none."""
+        enqueue = timestamp_ms if timestamp_ms > 0 else fetch_ms
+        event = LatencyEvent(
+            request_id=request_id or record_id(source.topic, source.partition, offset),
+            model=self.model,
+            consumer_id=self.consumer_id,
+            outcome="rejected",
+            enqueue_ms=enqueue,
+            fetch_ms=fetch_ms,
+            dispatch_ms=fetch_ms,
+            compute_start_ms=done_ms,
+            compute_end_ms=done_ms,
+            produce_ms=done_ms,
+            wait_ms=float(max(0, fetch_ms - enqueue)),
+            compute_ms=0.0,
+            e2e_ms=float(max(0, done_ms - enqueue)),
+            batch_id=-1,
+            batch_size=0,
+            tail_marked=False,
+            priority=0,
+            tokens_in=0,
+            tokens_out=0,
+            device_mem_bytes=0,
+            device_mem_kind="none",
+            partition=source.partition,
+            offset=offset,
+            warmup=warmup,
+            reason=reason,
+        )
+        return self._event_message(event, verdict or Verdict("rejected", reason))
+
+    def _event_message(self, event: LatencyEvent, verdict: Verdict) -> Message:
+        """The event, rebuilt from `verdict` whenever it is sent (`Message.revise`)."""
+
+        def revise() -> Message:
+            now = msgspec.structs.replace(event, outcome=verdict.outcome, reason=verdict.reason)
+            return Message(self.topics.latency_events, event.request_id.encode(), _encode(now), revise=revise)
+
+        return revise()
 
     def batch(self, batch: Batch, timing: BatchTiming, *, compute_ms: float, tokens_in: int, tokens_out: int) -> Message:
         event = BatchEvent(

@@ -14,6 +14,11 @@ refuses is handled per record:
   the same record again, with exponential backoff, for as long as it takes.
   Its offset is not committed meanwhile, so a restart loses nothing either.
 
+Records that describe the others (`Message.revise`: a request's latency
+event, which must say what its answer became, `error` if it had to shrink)
+are rebuilt when prepared, and go out once the rest is accepted; inside a
+transaction they go in the same attempt and are rebuilt on each retry.
+
 Nothing here raises a produce error to the caller; the caller marks the
 offsets answered once `deliver` returns.
 """
@@ -63,8 +68,12 @@ class Delivery:
         """Records rebuilt smaller or rerouted to the results topic."""
 
     async def deliver(self, messages: Sequence[Message]) -> None:
-        """Return once every message (or its fallback) is on the broker."""
-        await self.until_accepted(messages, self._outbox.publish)
+        """Return once every message (or its fallback) is on the broker; records that describe
+        the others (`revise`) once those are, so they say what the others became."""
+        first = [m for m in messages if m.revise is None]
+        then = [m for m in messages if m.revise is not None]
+        await self.until_accepted(first, self._outbox.publish)
+        await self.until_accepted(then, self._outbox.publish)
 
     async def until_accepted(
         self,
@@ -89,6 +98,7 @@ class Delivery:
                 replacements[id(message)] = replacement
             if all_or_nothing:
                 pending = [replacements.get(id(m), m) for m in pending]
+                pending = [await self.prepared(m) if m.revise is not None else m for m in pending]
             else:
                 pending = list(replacements.values())
             if stuck:
@@ -97,7 +107,10 @@ class Delivery:
                 delay = min(delay * 2, RETRY_MAX_S)
 
     async def prepared(self, message: Message) -> Message:
-        """Routed to an existing topic and fitted under its limit, before the broker is asked."""
+        """Rebuilt as it stands now, routed to an existing topic and fitted under its limit, before
+        the broker is asked."""
+        if message.revise is not None:
+            message = message.revise()
         if message.reroute is not None and message.topic not in self._own:
             why = await self._reply_topic_problem(message.topic)
             if why is not None:

@@ -68,12 +68,15 @@ _FIELD_PREVIEW: Final = 40
 
 @dataclass(frozen=True)
 class Rejection:
-    """Why a record was not served; the loop turns it into a DeadLetter (+ error Result)."""
+    """Why a record was not served; the loop turns it into a DeadLetter, a `rejected` Result (when it
+    has an id) and a `rejected` latency event with this reason."""
 
     reason: str
     detail: str
     request_id: str | None = None
     reply_topic: str | None = None
+    warmup: bool = False
+    """The request said it is warm-up traffic: its refusal is stored but counted apart, like its answer would be."""
 
 
 _decoder: Final = msgspec.json.Decoder(Request)
@@ -156,7 +159,8 @@ def decode_request(value: bytes | None, *, model: str, max_bytes: int) -> Reques
     except msgspec.ValidationError as e:
         doc = _parsed(value)
         request_id, reply = _address(doc)
-        return Rejection("schema", _schema_detail(e, doc), request_id, reply)
+        warmup = isinstance(doc, dict) and doc.get("warmup") is True
+        return Rejection("schema", _schema_detail(e, doc), request_id, reply, warmup)
     except msgspec.DecodeError as e:
         return _undecodable(value, e)
     except UnicodeDecodeError as e:
@@ -171,6 +175,7 @@ def decode_request(value: bytes | None, *, model: str, max_bytes: int) -> Reques
             "schema",
             f"reply_topic: must be letters, digits, '.', '_' or '-' only, got {_preview(req.reply_topic)}",
             req.id,
+            warmup=req.warmup,
         )
     if req.model != model:
         return Rejection(
@@ -178,6 +183,7 @@ def decode_request(value: bytes | None, *, model: str, max_bytes: int) -> Reques
             f"request is for model {_preview(req.model)} but this topic serves {model!r}",
             req.id,
             req.reply_topic,
+            req.warmup,
         )
     return req
 

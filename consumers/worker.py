@@ -39,7 +39,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPa
 from aiokafka.abc import ConsumerRebalanceListener
 
 from consumers.admit import Admission
-from consumers.answers import Answers, BatchTiming, Held
+from consumers.answers import DEADLINE, RUNNER_ERROR, Answers, BatchTiming, Held, Verdict
 from consumers.delivery import Delivery
 from consumers.fetcher import Fetcher
 from consumers.fleet import Fleet
@@ -66,7 +66,7 @@ from pipeline.engine.fleet import (
     plan_forwards,
     recent_batch_ms,
 )
-from schemas.messages import FleetBeacon, Outcome, Request
+from schemas.messages import FleetBeacon, Request
 
 log = logging.getLogger("batchtide.consumer")
 
@@ -100,6 +100,13 @@ def build_consumer(
     # the runner refuses what could never fit a batch, so it needs the cap as the engine resolved it
     # (hard_cap = "auto" becomes the device's limit)
     resolved = dataclasses.replace(model, profile=model.profile.replace(hard_cap=engine.ceiling))
+    longest = profile_file.longest_request(model)
+    if model.profile.cost_unit == "tokens" and engine.ceiling < longest:
+        log.warning(
+            "model %s: hard_cap %d tokens is under the longest request it admits (max_input_tokens %d + max_new_tokens "
+            "%d = %d): longer requests are refused (input_too_long); raise hard_cap or lower max_input_tokens",
+            model.name, engine.ceiling, model.max_input_tokens, model.max_new_tokens, longest,
+        )
     return Consumer(
         model,
         config.kafka,
@@ -347,7 +354,7 @@ class Consumer:
         if queued > self.stats.max_queue_seen:
             self.stats.max_queue_seen = queued
         if rejected:
-            self._dead_letter(rejected)
+            self._dead_letter(rejected, fetch_ms)
 
     @property
     def _tracker(self) -> OffsetTracker[TopicPartition]:
@@ -446,25 +453,25 @@ class Consumer:
             output = outputs.get(index)
             if output is None:
                 error = failures.get(index, "runner returned no output")
-                messages.append(answers.dead_letter_of(held, "runner_error", error))
+                messages.append(answers.dead_letter_of(held, RUNNER_ERROR, error))
                 self.stats.dead_letters += 1
-                messages.append(answers.answered(held, "error", done, batch_id=batch.batch_id, error=error))
-                outcome: Outcome = "error"
+                verdict = Verdict("error", RUNNER_ERROR)
+                messages.append(answers.answered(held, verdict, done, batch_id=batch.batch_id, error=error))
             else:
                 held.tokens_out = output.tokens_out
                 tokens_in += held.tokens_in
                 tokens_out += output.tokens_out
-                outcome = "expired" if output.expired else "ok"
+                verdict = Verdict("expired", DEADLINE) if output.expired else Verdict("ok")
                 error = f"deadline passed after {output.tokens_out} generated tokens (the text so far)" if output.expired else None
-                messages.append(answers.answered(held, outcome, done, batch_id=batch.batch_id, output=output, error=error))
+                messages.append(answers.answered(held, verdict, done, batch_id=batch.batch_id, output=output, error=error))
             messages.append(
                 answers.latency(
-                    held, outcome, timing, batch_id=batch.batch_id, batch_size=batch.size, marked=pr.marked,
+                    held, verdict, timing, batch_id=batch.batch_id, batch_size=batch.size, marked=pr.marked,
                     priority=pr.priority, output=output,
                 )
             )
             answered.append(held)
-            self.stats.answered[outcome] += 1
+            self.stats.answered[verdict.outcome] += 1
         messages.append(answers.batch(batch, timing, compute_ms=end - start, tokens_in=tokens_in, tokens_out=tokens_out))
         try:
             await self._publish(messages, answered)
@@ -484,19 +491,23 @@ class Consumer:
         for pr in expired:
             held: Held = pr.payload
             self._unwait(held)
-            messages.append(answers.answered(held, "expired", stamp, error="deadline passed before the request could run"))
-            messages.append(answers.latency(held, "expired", timing, batch_id=-1, batch_size=0, marked=pr.marked, priority=pr.priority))
+            verdict = Verdict("expired", DEADLINE)
+            messages.append(answers.answered(held, verdict, stamp, error="deadline passed before the request could run"))
+            messages.append(answers.latency(held, verdict, timing, batch_id=-1, batch_size=0, marked=pr.marked, priority=pr.priority))
             answered.append(held)
             self.stats.answered["expired"] += 1
         if messages:
             self._track(self._publishing, self._publish(messages, answered))
 
-    def _dead_letter(self, rejected: list[tuple[ConsumerRecord, Rejection]]) -> None:
-        """A dead letter for each refused record, and a `rejected` answer when it has an id
-        (except duplicates: the first answer stands)."""
+    def _dead_letter(self, rejected: list[tuple[ConsumerRecord, Rejection]], fetch_ms: int) -> None:
+        """A dead letter for each refused record, a `rejected` answer when it has an id, and a
+        `rejected` latency event with the reason, so refusals count wherever outcomes do (a record
+        without an id under its place in the topic). Duplicates get neither answer nor event: the
+        first answer stands, and its request is counted once."""
         answers = self._answers
         messages: list[Message] = []
         offsets: list[tuple[TopicPartition, int]] = []
+        done = int(now_ms())
         for record, rejection in rejected:
             tp = TopicPartition(record.topic, record.partition)
             messages.append(
@@ -511,19 +522,30 @@ class Consumer:
                 )
             )
             self.stats.dead_letters += 1
-            if rejection.request_id is not None and rejection.reason != "duplicate":
+            offsets.append((tp, record.offset))
+            if rejection.reason == "duplicate":
+                continue
+            verdict = Verdict("rejected", rejection.reason)
+            if rejection.request_id is not None:
                 messages.append(
                     answers.result(
                         rejection.request_id,
                         rejection.reply_topic,
                         "rejected",
                         enqueue_ms=record.timestamp,
-                        done_ms=int(now_ms()),
+                        done_ms=done,
                         error=f"{rejection.reason}: {rejection.detail}",
+                        verdict=verdict,
                     )
                 )
                 self.stats.answered["rejected"] += 1
-            offsets.append((tp, record.offset))
+            messages.append(
+                answers.refused(
+                    rejection.reason, request_id=rejection.request_id, source=tp, offset=record.offset,
+                    timestamp_ms=record.timestamp, fetch_ms=fetch_ms, done_ms=done, warmup=rejection.warmup,
+                    verdict=verdict,
+                )
+            )
         self._track(self._publishing, self._publish(messages, [], offsets))
 
     # ---- balancing the group ---------------------------------------------

@@ -65,9 +65,11 @@ class BatchProfile:
     """Lower clamp of the adaptive window (0: dispatch at once when waiting does not pay)."""
     hard_cap: int | Auto = "auto"
     """Largest batch ever dispatched, in cost units (requests, or tokens); `auto`: the
-    device's memory limit from its measured profile (`batchtide profile`), else the
-    learned cap climbs from the target to 128 requests / 16384 tokens. A number is a
-    ceiling the learned cap never passes (the field report's was 48)."""
+    device's memory limit from its measured profile (`batchtide profile`; for iteration-level
+    generation at least the longest admissible request, max_input_tokens + max_new_tokens), else
+    the learned cap climbs from the target to 128 requests / 16384 tokens. A number is a
+    ceiling the learned cap never passes (the field report's was 48); in tokens, a request
+    over it is refused (`input_too_long`)."""
     tail_mark_ratio: float = 1.5
     """Mark a request whose wait exceeds this x the `tail_mark_quantile` of recent
     waits; 0 turns marking off. The field report's rule, 2.0 x the p50, is
@@ -233,8 +235,8 @@ class ModelConfig:
     """Upper bound on generated tokens per request (requests may ask for fewer; more is rejected)."""
     batching: Literal["static", "iteration"] = "static"
     """Generation: `static` runs each dispatched batch to its end; `iteration` lets batches join
-    the running decode set between steps (use the profile's layout: one request per batch, max_inflight_batches
-    = the running rows + 8; see docs/runners.md)."""
+    the running decode set between steps (use the profile's layout: hard_cap = the longest admissible
+    request, target_size = one profiled request, max_inflight_batches = the running rows + 8; see docs/runners.md)."""
     cost_points: tuple[tuple[int, float], ...] = ()
     """cost-model runner: measured (batch size, ms) points, interpolated."""
     cost_a_ms: float = 5.0

@@ -18,7 +18,8 @@ bounded). Two bounds keep the running set what the device can hold:
 
 - memory: a joiner is admitted only if every admitted row's prompt plus the
   tokens it may generate still fits the token cap, so the KV cache never
-  outgrows what the profile measured;
+  outgrows what the profile measured (the cap holds at least one longest
+  admissible request: a long joiner waits for room, it is never refused);
 - time per output token: while the last decode step took longer than the
   step budget (the per-token objective) and the queue is short (fewer than
   `JOIN_GROUP` waiting), nobody joins: a latency budget shapes the set only
@@ -56,9 +57,13 @@ JOIN_SLOTS = 2 * JOIN_GROUP
 rows leaving at the token cap are replaced in groups rather than one prefill at a time."""
 
 
-def running_token_cap(batch_cap: int | None, slots: int) -> int | None:
-    """Tokens the running set may reserve: every in-flight batch but the joiners' slots."""
-    return None if batch_cap is None else batch_cap * max(1, slots - JOIN_SLOTS)
+def running_token_cap(batch_cap: int | None, slots: int, target: int | None = None) -> int | None:
+    """Tokens the running set may reserve: every in-flight batch but the joiners' slots, each at
+    the target size (the request the running set was sized for; the cap when none is set), and
+    never less than one batch at the cap, so the longest request a batch may hold can join."""
+    if batch_cap is None:
+        return None
+    return max(batch_cap, (target or batch_cap) * max(1, slots - JOIN_SLOTS))
 
 
 @dataclass(eq=False)

@@ -4,7 +4,10 @@ Embedding models (and simulated runners): whole batches of ~`tokens`-token
 texts at b = 1, 2, 4, ... Generation: per batch size, one prefill of
 `tokens`-token prompts (the prefill curve, over prompt tokens in the batch)
 and `decode_steps` decode steps on the running set it leaves (the
-decode-step curve, per batch size and cache length). Doubling stops when
+decode-step curve, per batch size and cache length); then one request at
+the longest prompt the model admits (its `max_input_tokens`, lowered to its
+position table), so the profile knows what the longest admissible request
+costs and whether the device holds it. Doubling stops when
 the next size would not fit the memory limit (the device's memory less
 headroom), when the device runs out of memory (caught), when a batch (a
 decode step, for generation) takes longer than the compute budget, or at
@@ -75,6 +78,11 @@ class Measurement:
     """Why doubling stopped: memory, oom, budget or max_size."""
     prompt_tokens: int = 0
     decode_steps: int = 0
+    max_prompt_tokens: int = 0
+    """Generation: the longest prompt the model admits (what `check()` lets through)."""
+    longest: list[Point] = field(default_factory=list)
+    """Generation: one request at `max_prompt_tokens`, its prefill and its decode step; empty
+    when the device ran out of memory on it (the config admits a request the device cannot hold)."""
 
 
 def texts_of_about(runner: Runner, tokens: int, count: int, new_tokens: int) -> list[Request]:
@@ -255,7 +263,42 @@ def measure_generation(
             on_point(f"b={b}: prefill {prefill.median_ms:.0f} ms, step {step.median_ms:.1f} ms")
             if _stops(found, step, memory):
                 break
+        found.max_prompt_tokens = runner.max_input_tokens
+        found.longest = _longest_request(runner, found.max_prompt_tokens, decode_steps, repeats, memory)
     return found
+
+
+def _longest_request(runner: Any, prompt_tokens: int, decode_steps: int, repeats: int, memory: DeviceMemory) -> list[Point]:
+    """Prefill and decode step of one request at the longest admissible prompt; [] on OOM."""
+    from .decoding import Sequence
+
+    words = " ".join(WORDS[k % len(WORDS)] for k in range(prompt_tokens))
+    ids = runner._tokenize([words])[0]
+    prompt = (ids * (prompt_tokens // max(len(ids), 1) + 1))[:prompt_tokens]
+    memory.reset()
+    prefill_ms: list[float] = []
+    step_ms: list[float] = []
+    try:
+        for _ in range(repeats + 1):
+            running = runner._running_set()
+            running.stop_ids = frozenset()
+            start = time.perf_counter()
+            running.join([Sequence(prompt, 1 << 30)])
+            prefill_ms.append((time.perf_counter() - start) * 1000.0)
+            for _ in range(decode_steps):
+                start = time.perf_counter()
+                running.step()
+                step_ms.append((time.perf_counter() - start) * 1000.0)
+            del running
+    except Exception as e:
+        if is_oom(e):
+            return []
+        raise
+    peak = memory.peak()
+    return [
+        _point(1, prompt_tokens, prefill_ms[1:], prompt_tokens, peak),
+        _point(1, prompt_tokens + decode_steps // 2, step_ms[decode_steps:], 1, peak),
+    ]
 
 
 def _point(size: int, tokens: int, times: list[float], per_run: int, peak: int) -> Point:

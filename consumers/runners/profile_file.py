@@ -25,9 +25,11 @@ from .iteration import JOIN_SLOTS
 from .profile import Measurement, Point, bytes_per_unit, knee, memory_limit_units
 
 FORMAT = "batchtide-profile/1"
-REVISION = 2
-"""Of the `recommended` section: 2 sizes a generation running set by the decode knee (one request
-per batch). A cache of profiles (the demo's) measures again when its revision is older."""
+REVISION = 3
+"""Of the `recommended` section: 3 makes `hard_cap` the longest request the model admits
+(max_input_tokens + max_new_tokens), so no admissible request is refused by the cap, and sizes
+the running set by `target_size` (one request at the profiled prompt length). A cache of profiles
+(the demo's) measures again when its revision is older."""
 log = logging.getLogger("batchtide.profile")
 
 
@@ -47,6 +49,13 @@ def engine_points(found: Measurement, new_tokens: int) -> list[tuple[int, float]
     return out
 
 
+def longest_request(model: ModelConfig, max_prompt_tokens: int = 0) -> int:
+    """Tokens of the longest request the model admits: its longest prompt (`max_input_tokens`,
+    or what the runner lowered it to for the position table) plus `max_new_tokens`."""
+    prompt = min(max_prompt_tokens, model.max_input_tokens) if max_prompt_tokens else model.max_input_tokens
+    return prompt + (model.max_new_tokens if model.task != "embed" else 0)
+
+
 def build(found: Measurement, model: ModelConfig, *, simulated: bool) -> dict[str, Any]:
     """The profile file's content for a measurement of `model`."""
     generate = found.task == "generate"
@@ -55,18 +64,21 @@ def build(found: Measurement, model: ModelConfig, *, simulated: bool) -> dict[st
     within_budget = max((p.size for p in found.points if p.median_ms <= found.budget_ms), default=1)
     memory_units = memory_limit_units(found)
     if generate:
-        # iteration-level: the running set holds the decode knee's rows (throughput; the step budget
-        # only shapes a short queue), within memory. A batch is one longest request, so answers go
-        # out as each request ends; JOIN_SLOTS more batches wait to join in groups.
-        per_request = found.prompt_tokens + model.max_new_tokens
-        rows = knee_size if not memory_units else max(1, min(knee_size, memory_units // per_request))
+        # iteration-level: a batch is one request at the profiled prompt length (target_size), so
+        # answers go out as each request ends; the cap is the longest request the model admits, so
+        # none is refused by it. The running set holds the decode knee's rows of target-size
+        # requests (throughput; the step budget only shapes a short queue), within memory;
+        # JOIN_SLOTS more batches wait to join in groups.
+        typical = found.prompt_tokens + model.max_new_tokens
+        longest = longest_request(model, found.max_prompt_tokens)
+        rows = knee_size if not memory_units else max(1, min(knee_size, memory_units // typical))
         recommended = {
             "cost_unit": "tokens",
-            "hard_cap": per_request,
-            "target_size": per_request,
+            "hard_cap": longest,
+            "target_size": min(typical, longest),
             "batching": "iteration",
             "max_inflight_batches": rows + JOIN_SLOTS,
-            "running_tokens": rows * per_request,
+            "running_tokens": max(longest, rows * typical),
         }
     else:
         hard_cap = min(within_budget, memory_units) if memory_units else within_budget
@@ -97,8 +109,20 @@ def build(found: Measurement, model: ModelConfig, *, simulated: bool) -> dict[st
         "prefill": [asdict(p) for p in found.prefill],
         "prompt_tokens": found.prompt_tokens,
         "decode_steps": found.decode_steps,
+        "longest": _longest_of(found) if generate else None,
         "cost_points": engine_points(found, model.max_new_tokens),
         "recommended": recommended,
+    }
+
+
+def _longest_of(found: Measurement) -> dict[str, Any]:
+    """The longest admissible request as measured: prompt tokens, its prefill and decode step
+    (null on OOM: the device cannot hold a request the config admits)."""
+    prefill, step = found.longest if found.longest else (None, None)
+    return {
+        "prompt_tokens": found.max_prompt_tokens,
+        "prefill": asdict(prefill) if prefill else None,
+        "step": asdict(step) if step else None,
     }
 
 
@@ -161,8 +185,13 @@ def apply(model: ModelConfig, path: Path | None = None) -> dict[str, Any]:
         log.warning("profile %s is in %s, the model batches in %s: cap and curve not used", path, measured.unit, model.profile.cost_unit)
         return {}
     recommended = raw["recommended"]
-    # an iteration-level batch is one of several in the running set; a static batch may fill the device
-    limit = int(recommended["hard_cap"]) if model.batching == "iteration" else measured.memory_limit
+    # an iteration-level batch is one of several in the running set, and holds at least the longest
+    # request the model admits (a profile measured with a shorter max_input_tokens, or of an older
+    # revision, never makes the consumer refuse one); a static batch may fill the device
+    if model.batching == "iteration":
+        limit = max(int(recommended["hard_cap"]), longest_request(model))
+    else:
+        limit = measured.memory_limit
     points = [(size, ms) for size, ms in measured.cost_points() if size <= limit]
     log.info("profile %s: device limit %d %s, %d measured points seed the cost curve", path, limit, measured.unit, len(points))
     return {"device_cap": limit, "prior_costs": points}

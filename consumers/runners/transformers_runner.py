@@ -141,8 +141,10 @@ class TransformersRunner:
         self._stop_ids: frozenset[int] = frozenset()
         self._positions: int | None = None
         self._token_cap = model.profile.hard_cap if model.profile.cost_unit == "tokens" else None
-        """In the tokens unit no batch may exceed hard_cap tokens: a request over it never runs.
-        The iteration-level running set holds at most max_inflight_batches of them."""
+        """In the tokens unit no batch may exceed hard_cap tokens: a request over it never runs
+        (the recommended and `auto` caps hold the longest request the model admits). The
+        iteration-level running set holds max_inflight_batches less the joiners' slots of
+        target_size, and at least one of hard_cap."""
         self.iteration: Any = None
         """The iteration-level scheduler (`batching = "iteration"`), started by load()."""
         self._encoded = EncodingCache()
@@ -205,8 +207,9 @@ class TransformersRunner:
         if model is not None and task == "generate" and self.config.batching == "iteration":
             from .iteration import IterationScheduler, running_token_cap
 
-            running_cap = running_token_cap(self._token_cap, self.config.profile.max_inflight_batches)
             profile = self.config.profile
+            target = profile.target_size if isinstance(profile.target_size, int) else None
+            running_cap = running_token_cap(self._token_cap, profile.max_inflight_batches, target)
             budget = profile.slo_ms_per_new_token or profile.compute_budget_ms or profile.slo_p99_ms / 2.0
             self.iteration = IterationScheduler(
                 self._running_set, self._to_output, token_cap=running_cap, step_budget_ms=budget

@@ -538,12 +538,13 @@ class Deployment:
         return msgspec.json.decode(done.stdout.strip().splitlines()[-1])
 
     def event_accounting(self, rows: dict[str, Any]) -> tuple[int, int, dict[str, Any]]:
-        """(events lost, events double-counted, details) against every request that was answered.
+        """(events lost, events double-counted, details) against every request that was answered
+        (refused ones too: a `rejected` answer has its event).
 
         Double-counted is judged on the raw table, not FINAL: the per-minute
         rollups see every inserted row, so the sink must not insert one twice."""
         per_id: dict[str, int] = rows["raw_per_id"]
-        expected = {i for i, answers in self.ledger.results.items() if answers[0].outcome != "rejected"}
+        expected = set(self.ledger.results)
         missing = [i for i in expected if i not in per_id]
         double = sum(n - 1 for n in per_id.values() if n > 1)
         details = {

@@ -8,6 +8,8 @@ consumer starts from that profile; each scenario's load is sized to the
 measured capacity (pipeline/devtools/demo_plan.py). Once every request is
 answered and every event is in ClickHouse, one report covering both models
 is printed with a verdict on the demo's goals, and the local board is written.
+A request of the demo's own load that is refused, fails or is never answered
+fails the verdict; refusals are printed by reason.
 """
 
 from __future__ import annotations
@@ -125,9 +127,9 @@ async def _send_warmup(config_path: Path, model: str) -> None:
 
 
 async def _read_results(
-    config_path: Path, model: str, enough: Callable[[dict[str, str]], bool], timeout_s: float
-) -> dict[str, str]:
-    """Outcome per request id on the model's result topic, read until `enough` says so."""
+    config_path: Path, model: str, enough: Callable[[dict[str, tuple[str, str | None]]], bool], timeout_s: float
+) -> dict[str, tuple[str, str | None]]:
+    """(outcome, error) per request id on the model's result topic, read until `enough` says so."""
     import msgspec
 
     from pipeline.config import load_config
@@ -136,12 +138,12 @@ async def _read_results(
     from schemas.messages import Result
 
     cfg = load_config(config_path)
-    outcomes: dict[str, str] = {}
+    outcomes: dict[str, tuple[str, str | None]] = {}
     decode = msgspec.json.Decoder(Result).decode
 
     def add(record: Any) -> None:
         result = decode(record.value)
-        outcomes.setdefault(result.id, result.outcome)
+        outcomes.setdefault(result.id, (result.outcome, result.error))
 
     async with TopicReader(cfg.kafka, Topics(cfg.kafka.topic_prefix).results(model)) as reader:
         await reader.read(add, until=lambda: enough(outcomes), timeout_s=timeout_s)
@@ -206,8 +208,9 @@ def demo(
     llm_caps = measured[SMOLLM.name]["recommended"]
     sized = {
         MINILM.name: {"slo_p99_ms": slo_ms[MINILM.name]},
-        # the profile's recommended running set (batches in flight x their token cap): the generation
-        # runner bounds its KV cache by a numeric token cap
+        # the profile's recommended layout: a cap holding the longest request the model admits (none is
+        # refused by it), a target of one profiled request, and the running set (batches in flight x
+        # the target) the generation runner bounds its KV cache by
         SMOLLM.name: {"slo_p99_ms": slo_ms[SMOLLM.name], **{k: llm_caps[k] for k in ("hard_cap", "target_size", "max_inflight_batches")}},
     }
 
@@ -262,12 +265,17 @@ def demo(
         for name, report in sent.items():
             typer.echo(f"    {name}: sent {report.sent} in {report.elapsed_s:.1f} s (p99 send lateness {report.late_ms_p99:.0f} ms)")
         answered: dict[str, tuple[int, int]] = {}
+        not_ok: dict[str, dict[str, int]] = {}
         for model in MODELS:
             expected = len(loads[model.name]) + 1  # the load, and the warm-up request
             outcomes = asyncio.run(_read_results(config, model.name, lambda seen, n=expected: len(seen) >= n or _exited(procs), 300))
-            answered[model.name] = (len(outcomes) - (WARMUP_ID in outcomes), len(loads[model.name]))
-            tally = {o: list(outcomes.values()).count(o) for o in set(outcomes.values())}
-            typer.echo(f"    {model.name}: answered {answered[model.name][0]} of {len(loads[model.name])} (outcomes incl. warm-up: {tally})")
+            outcomes.pop(WARMUP_ID, None)
+            answered[model.name] = (len(outcomes), len(loads[model.name]))
+            not_ok[model.name] = plan.not_ok_by_reason(outcomes)
+            ok = sum(outcome == "ok" for outcome, _ in outcomes.values())
+            refused = ", ".join(f"{n} {reason}" for reason, n in not_ok[model.name].items()) or "none"
+            typer.echo(f"    {model.name}: answered {len(outcomes)} of {len(loads[model.name])}: {ok} ok; "
+                       f"refused or failed by reason: {refused}")
 
         for name, proc in procs:
             if name != "sink":
@@ -291,7 +299,7 @@ def demo(
             if seen is not None:
                 typer.echo(f"==> {model.name}'s batches ran at {seen[0]:.2f}x their profiled speed here "
                            f"({seen[1]} batches at profiled sizes; the load assumed {derate}x capacity, overheads included)")
-        checks = plan.verdict(summary, slo_ms, answered)
+        checks = plan.verdict(summary, slo_ms, answered, not_ok)
         typer.echo(f"==> verdict ({time.time() - started:.0f} s in all; a shared machine makes these figures noisy)")
         for check in checks:
             typer.echo(f"    {'PASS' if check.passed else 'FAIL'}  {check.name}: {check.detail}")

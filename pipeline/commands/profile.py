@@ -13,7 +13,7 @@ def profile(
     model: str = typer.Option(..., "--model", help="A model name of the config (its \\[models.NAME] table), or a model_path (directory or wheel) without --config."),
     config: Optional[Path] = typer.Option(None, "--config", help="TOML config file to take the model from."),
     out: Optional[Path] = typer.Option(None, "--out", help="Profile file to write (default var/profiles/<model>.json, what `consume` loads)."),
-    tokens: int = typer.Option(32, "--tokens", help="Input (prompt) tokens per request."),
+    tokens: int = typer.Option(32, "--tokens", help="Input (prompt) tokens per request (generation: besides, one request at the longest prompt the model admits is measured)."),
     max_size: int = typer.Option(256, "--max-size", help="Largest batch size tried (requests)."),
     budget_ms: Optional[float] = typer.Option(None, "--budget-ms", help="Stop past this batch time (a decode step, for generation); default: the profile's compute budget, else slo_p99_ms / 2."),
     headroom: float = typer.Option(0.2, "--headroom", help="Share of device memory kept free (CPU: of the memory available at start)."),
@@ -79,11 +79,28 @@ def profile(
         f"memory limit {memory['limit_bytes'] / 2**20:,.0f} MiB ({memory['kind']}), "
         + (f"~{limit_units:,} {unit} at {memory['bytes_per_unit']:,.0f} B each" if limit_units else "per-unit growth not measurable")
     )
+    if generate:
+        console.print(_longest_line(data, spec.max_new_tokens))
     rec = data["recommended"]
     console.print("recommended profile: " + ", ".join(f"{k} = {v!r}" if isinstance(v, str) else f"{k} = {v}" for k, v in rec.items()))
     target = out or profile_file.profile_path(spec.name)
     profile_file.write(data, target)
     console.print(f"wrote {target} (`batchtide consume --model {spec.name}` loads it at start)")
+
+
+def _longest_line(data: dict, max_new_tokens: int) -> str:
+    """What the longest request the model admits costs, or why the device cannot hold it."""
+    longest = data["longest"]
+    tokens = longest["prompt_tokens"] + max_new_tokens
+    if longest["prefill"] is None:
+        return (f"[red]the longest request the model admits ({longest['prompt_tokens']} + {max_new_tokens} tokens) ran out of "
+                "memory: lower max_input_tokens or max_new_tokens[/red]")
+    line = (f"longest admissible request: prompt {longest['prompt_tokens']} + max_new_tokens {max_new_tokens} = {tokens} tokens; "
+            f"prefill {longest['prefill']['median_ms']:.0f} ms, decode step {longest['step']['median_ms']:.1f} ms")
+    limit = data["memory"]["limit_units"]
+    if limit and tokens > limit:
+        line += f" [red](over the memory limit of ~{limit:,} tokens: lower max_input_tokens or max_new_tokens)[/red]"
+    return line
 
 
 def _table(table_cls: type, title: str, points: list, generate: bool, kind: str):  # type: ignore[no-untyped-def]

@@ -1,8 +1,9 @@
 """The demo's plan: load sized to the measured capacity, the profile cache key, and the verdict.
 
 Pure functions over a profile file's content (what `batchtide profile` writes),
-a scenario and the report's summary rows, so the sizing and the verdict are
-tested without running the demo.
+a scenario, the report's summary rows and the answers the load got, so the
+sizing and the verdict are tested without running the demo. A request of the
+demo's own load that is refused, fails or is never answered fails the verdict.
 
 Capacity: the profile's throughput at the knee (items/s for an encoder; for
 generation, requests/s of a running set of knee rows, each paying its share
@@ -159,15 +160,50 @@ class Check:
     detail: str
 
 
+OVERSIZE_TEXT = "is larger than max.message.bytes"
+"""What an answer shrunk to `error` for its topic says (consumers.answers)."""
+
+
+def not_ok_reason(outcome: str, error: str | None) -> str:
+    """Why an answer the client got is not `ok`, as `outcome: reason`: a refusal's reason code
+    (its error reads `reason: detail`), `oversize` or `runner_error` for an error, `deadline`."""
+    text = error or ""
+    if outcome == "rejected":
+        reason = text.split(":", 1)[0].strip() or "unknown"
+    elif outcome == "error":
+        reason = "oversize" if OVERSIZE_TEXT in text else "runner_error"
+    else:
+        reason = "deadline"
+    return f"{outcome}: {reason}"
+
+
+def not_ok_by_reason(answers: dict[str, tuple[str, str | None]]) -> dict[str, int]:
+    """Answers (request id -> outcome, error) that are not `ok`, counted by `not_ok_reason`."""
+    counts: dict[str, int] = {}
+    for outcome, error in answers.values():
+        if outcome != "ok":
+            key = not_ok_reason(outcome, error)
+            counts[key] = counts.get(key, 0) + 1
+    return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+
+
 def verdict(
-    summary: list[dict[str, Any]], slo_ms: dict[str, float], answered: dict[str, tuple[int, int]]
+    summary: list[dict[str, Any]],
+    slo_ms: dict[str, float],
+    answered: dict[str, tuple[int, int]],
+    not_ok: dict[str, dict[str, int]] | None = None,
 ) -> list[Check]:
-    """The demo's success criteria from the report's per-model summary rows: every request
-    answered, p99 within each model's SLO, waited > 1 s under 2%, tail-marked under 10%."""
+    """The demo's success criteria from the report's per-model summary rows and the answers its
+    load got: every request answered (none lost), none refused or failed (`not_ok`: model ->
+    counts by `outcome: reason`, from `not_ok_by_reason`), p99 within each model's SLO, waited
+    > 1 s under 2%, tail-marked under 10%."""
     rows = {row["model"]: row for row in summary}
     checks = []
     for model, (got, sent) in sorted(answered.items()):
         checks.append(Check(f"{model}: every request answered", got >= sent, f"{got} of {sent}"))
+        refused = (not_ok or {}).get(model, {})
+        detail = ", ".join(f"{count} {reason}" for reason, count in refused.items()) or "none"
+        checks.append(Check(f"{model}: none refused or failed", not refused, detail))
     for model, slo in sorted(slo_ms.items()):
         row = rows.get(model)
         if row is None:

@@ -57,6 +57,9 @@ class Message:
     """For a client's reply topic: the answer on the model's results topic, saying why."""
     partition: int | None = None
     """Where it must go (a forward to the partition a chosen peer owns); None: by key, or spread."""
+    revise: Callable[[], Message] | None = None
+    """A record that describes other records of the same publish (a request's latency event, which
+    says what its answer became): the record as it stands now. Sent after the others are accepted."""
 
     @property
     def size(self) -> int:

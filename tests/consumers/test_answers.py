@@ -98,11 +98,20 @@ def test_requests_past_their_deadline_are_answered_expired(kafka_settings: Kafka
         now = int(time.time() * 1000)
         late = [request(i, "late", deadline_ms=now - 1000) for i in range(5)]
         short = [request(i, "short", timeout_ms=50) for i in range(12)]
+        warm = dict(request(0, "warm-refused"), warmup=True, priority=99)  # refused, and warm-up all the same
         ids = {r["id"] for r in late + short}
         async with serving(model, kafka_settings) as consumer:
-            await send(kafka_settings, topics(kafka_settings).requests(MODEL), late + short)
-            results = await collect(kafka_settings, topics(kafka_settings).results(MODEL), ids)
+            await send(kafka_settings, topics(kafka_settings).requests(MODEL), [warm] + late + short)
+            results = await collect(kafka_settings, topics(kafka_settings).results(MODEL), ids | {warm["id"]})
+            events = await collect(kafka_settings, topics(kafka_settings).latency_events, ids | {warm["id"]},
+                                   key_field="request_id")
         outcomes = {k: v[0]["outcome"] for k, v in results.by_id.items()}
+        assert outcomes.pop(warm["id"]) == "rejected"
+        (refused,) = events.by_id[warm["id"]]
+        assert (refused["outcome"], refused["reason"], refused["warmup"]) == ("rejected", "schema", True)
+        for rid, outcome in outcomes.items():
+            (event,) = events.by_id[rid]
+            assert (event["outcome"], event["reason"]) == (outcome, "deadline" if outcome == "expired" else "")
         assert set(outcomes) == ids and not results.duplicates
         assert all(outcomes[r["id"]] == "expired" for r in late)
         # 12 requests, batches of 4 taking 200 ms each, 50 ms timeout: most expire while waiting

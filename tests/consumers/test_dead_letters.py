@@ -9,6 +9,7 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
 
+from consumers.answers import record_id
 from pipeline.kafka.client import client_options, create_topics as create_topics_named
 from pipeline.config import ConsumerSettings, KafkaSettings, ModelConfig
 from tests.consumers.harness import collect, create_topics, make_consumer, request, running, send, topics
@@ -60,13 +61,21 @@ def test_each_bad_input_reaches_the_dead_letter_topic_with_its_reason(kafka_sett
             replies = await collect(kafka_settings, REPLIES, replied, timeout_s=30)
             bad = [c for c in cases if c["expect"] != "ok"]
             dlq = await _dead_letters(kafka_settings, len(bad))
+            by_offset = {letter["offset"]: letter for letter in dlq}
+            counted = {
+                by_offset[offsets[c["name"]]]["request_id"] or record_id(requests, 0, offsets[c["name"]]): c["expect"]
+                for c in bad
+                if c["expect"] != "duplicate"
+            }
+            repeated = {json.loads((CORPUS / c["file"]).read_bytes())["id"] for c in bad if c["expect"] == "duplicate"}
+            events = await collect(kafka_settings, topics(kafka_settings).latency_events, set(counted) | repeated,
+                                   key_field="request_id", grace_s=1.0, timeout_s=30)
         assert wanted - replied <= set(results.by_id)
         for rid in wanted - replied:
             assert results.by_id[rid][0]["outcome"] == "ok", rid
         assert replies.by_id["fz-ok-text"][0]["outcome"] == "ok"
         assert replies.by_id["fz-prio-high"][0]["outcome"] == "rejected"
         assert replies.by_id["fz-other-model"][0]["outcome"] == "rejected"
-        by_offset = {letter["offset"]: letter for letter in dlq}
         for case in bad:
             letter = by_offset.get(offsets[case["name"]])
             assert letter is not None, f"{case['name']}: no dead letter"
@@ -78,6 +87,16 @@ def test_each_bad_input_reaches_the_dead_letter_topic_with_its_reason(kafka_sett
         poison_id = json.loads((CORPUS / poison["file"]).read_bytes())["id"]
         assert results.by_id[poison_id][0]["outcome"] == "error"
         assert consumer.stats.dead_letters == len(bad)
+        # every refusal is counted once, with its reason, whether or not its id could be read
+        assert len(counted) == len(bad) - len(repeated) and any(rid.startswith("record:") for rid in counted)
+        for rid, reason in counted.items():
+            (event,) = events.by_id[rid]
+            outcome = "error" if reason == "runner_error" else "rejected"
+            assert (event["outcome"], event["reason"]) == (outcome, reason), (rid, event)
+            assert event["model"] == name and event["warmup"] is False
+        for rid in repeated:  # a duplicate repeats a request already counted: its one event stands
+            (event,) = events.by_id[rid]
+            assert (event["outcome"], event["reason"]) == ("ok", "")
 
     asyncio.run(scenario())
 

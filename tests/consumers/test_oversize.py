@@ -15,7 +15,7 @@ import pytest
 
 from pipeline.kafka.topic_limits import KAFKA_DEFAULT_MAX_MESSAGE_BYTES
 from consumers.worker import Consumer
-from pipeline.config import ConsumerSettings, KafkaSettings
+from pipeline.config import ConsumerSettings, KafkaSettings, ModelConfig
 from tests.consumers.harness import (
     MODEL,
     collect,
@@ -159,5 +159,48 @@ def test_a_dead_letter_topic_shrunk_under_a_running_consumer(kafka_settings: Kaf
         assert len(kept) < limit
         assert consumer.stats.rebuilt >= 2, "built for ~1 MB, refused, rebuilt smaller"
         assert committed == 1 + len(after)
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("lowered", "transactional"),
+    [(False, False), (True, False), (False, True)],
+    ids=["limit-known", "limit-lowered", "limit-known-transactions"],
+)
+def test_an_answer_shrunk_to_an_error_gets_an_error_event(
+    kafka_settings: KafkaSettings, tiny_bert_dir: Path, lowered: bool, transactional: bool
+) -> None:
+    """An embedding too large for the results topic is answered `error`, and its latency event says so
+    (reason `oversize`): whether the consumer knew the limit before sending or the broker refused first."""
+    kafka = dataclasses.replace(kafka_settings, transactional=transactional)
+    model = ModelConfig(
+        name=MODEL, runner="transformers", model_path=str(tiny_bert_dir), task="embed", device="cpu",
+        isolation="thread", torch_threads=1, partitions=1,
+    )
+    limit = 700  # a 32-float embedding answer is ~900 bytes; the error answer saying why is ~400
+    asks = [request(i, "big") for i in range(4)]
+    ids = {r["id"] for r in asks}
+
+    async def scenario() -> None:
+        names = topics(kafka)
+        if not lowered:
+            await configure_topic(kafka, names.results(MODEL), {"max.message.bytes": str(limit)})
+        async with serving(model, kafka) as consumer:
+            if lowered:
+                await configure_topic(kafka, names.results(MODEL), {"max.message.bytes": str(limit)})
+                await asyncio.sleep(1.0)  # the broker applies topic configs asynchronously
+            await send(kafka, names.requests(MODEL), asks)
+            results = await collect(kafka, names.results(MODEL), ids, grace_s=0.5)
+            events = await collect(kafka, names.latency_events, ids, key_field="request_id", grace_s=0.5)
+        assert consumer._failure is None
+        for rid in ids:
+            (answer,) = results.by_id[rid]
+            assert answer["outcome"] == "error" and "is larger than max.message.bytes" in answer["error"], answer
+            assert answer.get("embedding") is None
+            (event,) = events.by_id[rid]
+            assert (event["outcome"], event["reason"]) == ("error", "oversize"), event
+        if lowered:
+            assert consumer.stats.rebuilt >= len(ids), "built for the old limit, refused, rebuilt as errors"
 
     asyncio.run(scenario())

@@ -194,8 +194,11 @@ def test_nobody_joins_while_a_step_takes_longer_than_the_step_budget(static: Tra
     assert max(sizes) <= 2 and scheduler.joins == 2  # the second batch waited for the set to empty
 
 
-def test_auto_token_cap_is_the_engines_resolved_ceiling(tiny_gpt2_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """hard_cap = "auto" in tokens: the runner refuses by the cap the engine resolved from the device profile."""
+def test_auto_token_cap_is_the_engines_resolved_ceiling(
+    tiny_gpt2_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """hard_cap = "auto" in tokens: the runner refuses by the cap the engine resolved from the device profile
+    (a static batch's device memory limit), and the consumer says at start that it will."""
     import json
 
     from consumers.worker import build_consumer
@@ -214,8 +217,10 @@ def test_auto_token_cap_is_the_engines_resolved_ceiling(tiny_gpt2_dir: Path, tmp
         f'[models.g]\nmodel_path = "{tiny_gpt2_dir}"\ntask = "generate"\ntorch_threads = 1\nisolation = "thread"\n'
         'max_new_tokens = 16\ncost_unit = "tokens"\nhard_cap = "auto"\n'
     )
-    consumer = build_consumer(load_config(config), "g")
+    with caplog.at_level("WARNING", logger="batchtide.consumer"):
+        consumer = build_consumer(load_config(config), "g")
     assert consumer.engine.ceiling == 40
+    assert "hard_cap 40 tokens is under the longest request it admits" in caplog.text
     consumer.runner.load()
     assert consumer.runner.check(Request(id="ok", model="g", token_ids=[5] * 24, params=GenerationParams(max_new_tokens=16))) is None
     why = consumer.runner.check(Request(id="no", model="g", token_ids=[5] * 25, params=GenerationParams(max_new_tokens=16)))

@@ -184,4 +184,67 @@ def test_a_deadline_stops_generation_mid_answer_through_the_broker(
     assert late["outcome"] == "expired" and "deadline passed after" in late["error"]
     assert 0 < len(late["token_ids"]) < 60 and late["done_ms"] - late["enqueue_ms"] < 600 + 1000
     assert latency["late"]["outcome"] == "expired" and latency["late"]["tokens_out"] == len(late["token_ids"])
+    assert latency["late"]["reason"] == "deadline" and latency["free"]["reason"] == ""
     assert free["outcome"] == "ok" and len(free["token_ids"]) == 20
+
+
+def test_the_longest_request_the_config_admits_is_answered_with_the_profiles_caps(
+    tiny_gpt2_dir: Path, tmp_path: Path, kafka_settings: KafkaSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`batchtide profile` recommends a token cap that holds a prompt of max_input_tokens asking for
+    max_new_tokens; a consumer configured as the profile says (the demo's way) answers it `ok`,
+    along with short requests, none refused."""
+    from typer.testing import CliRunner
+
+    from consumers.worker import build_consumer
+    from pipeline.cli import app
+    from pipeline.config import load_config
+
+    longest_prompt, new = 40, 16
+    profiles = tmp_path / "profiles"
+    section = (
+        f'[models.{NAME}]\nmodel_path = "{tiny_gpt2_dir}"\ntask = "generate"\ntorch_threads = 1\nisolation = "thread"\n'
+        f'max_input_tokens = {longest_prompt}\nmax_new_tokens = {new}\nbatching = "iteration"\ncost_unit = "tokens"\npartitions = 2\n'
+    )
+    config = tmp_path / "c.toml"
+    config.write_text(section)
+    out = profiles / f"{NAME}.json"
+    done = CliRunner().invoke(app, ["profile", "--config", str(config), "--model", NAME, "--max-size", "2", "--tokens", "8",
+                                    "--decode-steps", "2", "--out", str(out)])
+    assert done.exit_code == 0, done.output
+    profile = json.loads(out.read_text())
+    recommended = profile["recommended"]
+    assert recommended["hard_cap"] == longest_prompt + new, recommended
+    assert recommended["target_size"] == 8 + new and profile["longest"]["prompt_tokens"] == longest_prompt
+    assert profile["longest"]["prefill"]["tokens"] == longest_prompt and profile["longest"]["step"]["median_ms"] > 0
+    sized = "".join(f"{k} = {recommended[k]}\n" for k in ("hard_cap", "target_size", "max_inflight_batches"))
+    config.write_text(section + sized + "[kafka]\n" + f'bootstrap_servers = "{kafka_settings.bootstrap_servers}"\n'
+                      + f'topic_prefix = "{kafka_settings.topic_prefix}"\n')
+    monkeypatch.setenv("BATCHTIDE_PROFILE_DIR", str(profiles))
+    consumer = build_consumer(load_config(config), NAME, consumer_id="gen-longest")
+    assert consumer.engine.ceiling == longest_prompt + new
+    requests = [_ask("longest", None, new, token_ids=[5 + i % 50 for i in range(longest_prompt)])]
+    requests += [_ask(f"short{i}", p, new) for i, p in enumerate(PROMPTS)]
+
+    async def scenario() -> tuple[Any, Any]:
+        await create_topics(kafka_settings, consumer.model)
+        topics = Topics(kafka_settings.topic_prefix)
+        ids = {r["id"] for r in requests}
+        try:
+            async with running(consumer):
+                await send(kafka_settings, topics.requests(NAME), requests)
+                answers = await collect(kafka_settings, topics.results(NAME), ids, timeout_s=120)
+                events = await collect(kafka_settings, topics.latency_events, ids, timeout_s=30, key_field="request_id")
+        finally:
+            await asyncio.to_thread(consumer.runner.close)
+        return answers, events
+
+    answers, events = asyncio.run(scenario())
+    for r in requests:
+        (answer,) = answers.by_id[r["id"]]
+        assert answer["outcome"] == "ok", answer
+        assert events.by_id[r["id"]][0]["outcome"] == "ok"
+    # prompts longer than the profiled 8 tokens, which a cap of one profiled request refused
+    assert max(events.by_id[f"short{i}"][0]["tokens_in"] for i in range(len(PROMPTS))) > 8
+    assert len(answers.by_id["longest"][0]["token_ids"]) == new  # the tiny model's EOS is rare
+    assert events.by_id["longest"][0]["tokens_in"] == longest_prompt

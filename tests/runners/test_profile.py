@@ -44,6 +44,10 @@ def test_generation_profile_has_prefill_and_decode_curves_in_tokens(tiny_gpt2_di
     per_request = data["prompt_tokens"] + 32  # the model's default max_new_tokens
     assert [s for s, _ in data["cost_points"]] == [b * per_request for b in (1, 2, 4)]
     assert data["recommended"]["batching"] == "iteration" and data["recommended"]["cost_unit"] == "tokens"
+    # the cap holds the longest request the model admits: its 128 positions less max_new_tokens, plus those
+    assert data["longest"]["prompt_tokens"] == 128 - 32 and data["recommended"]["hard_cap"] == 128
+    assert data["recommended"]["target_size"] == per_request and data["longest"]["prefill"]["tokens"] == 96
+    assert "longest admissible request: prompt 96 + max_new_tokens 32 = 128 tokens" in output
     assert "decode step" in output and "prefill" in output
 
 

@@ -100,8 +100,8 @@ def test_the_cache_key_changes_with_what_the_measurement_depends_on() -> None:
 
 def test_the_verdict_checks_each_goal_per_model() -> None:
     row = {"model": "minilm", "e2e_p99_ms": 400.0, "share_wait_over_1s": 0.001, "marked_share": 0.02}
-    checks = plan.verdict([row], {"minilm": 1000.0}, {"minilm": (100, 100)})
-    assert [c.passed for c in checks] == [True, True, True, True]
+    checks = plan.verdict([row], {"minilm": 1000.0}, {"minilm": (100, 100)}, {"minilm": {}})
+    assert [c.passed for c in checks] == [True, True, True, True, True]
     slow = {**row, "e2e_p99_ms": 1500.0, "marked_share": 0.2}
     failed = [c.name for c in plan.verdict([slow], {"minilm": 1000.0}, {"minilm": (99, 100)}) if not c.passed]
     assert failed == ["minilm: every request answered", "minilm: e2e p99 within the SLO", "minilm: tail-marked under 10%"]
@@ -109,6 +109,24 @@ def test_the_verdict_checks_each_goal_per_model() -> None:
     assert all(c.passed for c in plan.verdict([nothing_waited], {"minilm": 1000.0}, {}))
     missing = plan.verdict([], {"smollm": 4000.0}, {})
     assert [c.passed for c in missing] == [False]
+
+
+def test_a_refused_request_of_the_load_fails_the_verdict_and_is_named_by_reason() -> None:
+    """The issue's demo: 49 of 49 answered, 5 of them refused, and every other goal met."""
+    row = {"model": "smollm", "e2e_p99_ms": 400.0, "share_wait_over_1s": 0.0, "marked_share": 0.0}
+    answers = {f"r{i}": ("ok", None) for i in range(44)}
+    answers |= {f"x{i}": ("rejected", f"input_too_long: request needs {60 + i} tokens") for i in range(5)}
+    not_ok = plan.not_ok_by_reason(answers)
+    assert not_ok == {"rejected: input_too_long": 5}
+    checks = plan.verdict([row], {"smollm": 4000.0}, {"smollm": (49, 49)}, {"smollm": not_ok})
+    assert [c.name for c in checks if not c.passed] == ["smollm: none refused or failed"]
+    (refused,) = [c for c in checks if not c.passed]
+    assert refused.detail == "5 rejected: input_too_long"
+    failed = {"a": ("error", "the answer (900 bytes) is larger than max.message.bytes (700) of topic t"),
+              "b": ("error", "CUDA error"), "c": ("expired", "deadline passed"), "d": ("rejected", "schema: id"),
+              "e": ("ok", None)}
+    assert plan.not_ok_by_reason(failed) == {
+        "error: oversize": 1, "error: runner_error": 1, "expired: deadline": 1, "rejected: schema": 1}
 
 
 def test_the_speed_seen_weighs_each_profiled_size_by_its_batches() -> None:
