@@ -344,7 +344,7 @@ class ConsumerSettings:
     forward_gain_share: float = 0.35
     """...and this share of the consumer's own time for a batch of one, so equal consumers keep their own work
     through the noise of their predictions while a much slower device hands on what it cannot start at once."""
-    fleet_beacon_ms: float = 200.0
+    fleet_beacon_ms: float = 100.0
     """How often each consumer tells its group (topic `<prefix>.fleet`) how soon it could start a request, its recent batch
     time and capacity; its peers forward by it. 0 turns beacons, and so forwarding to this consumer, off."""
     max_message_bytes: int = 1_048_576

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-DEFAULT_BEACON_INTERVAL_MS = 200.0
-"""How often a consumer publishes its beacon (MemberView)."""
+DEFAULT_BEACON_INTERVAL_MS = 100.0
+"""How often a consumer publishes its beacon (MemberView): `[consumer] fleet_beacon_ms`."""
 DEFAULT_HOP_MS = 10.0
 """One Kafka hop: produce, then the peer's fetch (ForwardRule.hop_ms's default)."""
 DEFAULT_SCAN_INTERVAL_MS = 20.0
