@@ -120,7 +120,7 @@ class LatencyEvent(msgspec.Struct, omit_defaults=False):
 
 
 class BatchEvent(msgspec.Struct, omit_defaults=False):
-    """One per dispatched batch: the row of ClickHouse `batches` (DESIGN §4.7)."""
+    """One per dispatched batch: the row of ClickHouse `batches` (the dispatch record of docs/engine.md)."""
 
     batch_id: int
     model: str

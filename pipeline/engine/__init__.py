@@ -1,4 +1,4 @@
-"""The pure batching policy (DESIGN §4): no clock, no I/O, no asyncio."""
+"""The pure batching policy (docs/engine.md): no clock, no I/O, no asyncio."""
 
 from pipeline.engine.decisions import (
     Batch,

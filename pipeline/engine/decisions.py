@@ -38,7 +38,7 @@ class PendingRequest:
 
 @dataclass(slots=True)
 class DispatchRecord:
-    """Why a batch left the queue when it did (DESIGN §4.7); one per batch."""
+    """Why a batch left the queue when it did; one per batch (a BatchEvent on the wire)."""
 
     batch_id: int
     size: int

@@ -1,4 +1,4 @@
-"""batchtide's batching policy: offer / poll / completed in, decisions out (DESIGN §4).
+"""batchtide's batching policy: offer / poll / completed in, decisions out (docs/engine.md).
 
 Pure and deterministic: every time is passed in by the driver (the live
 consumer's clock or the simulator's virtual one); nothing here reads a clock,

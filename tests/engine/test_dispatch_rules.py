@@ -1,4 +1,4 @@
-"""DESIGN §4 rules 1-3, 5, 6: cap, target, window, expiry, collecting while busy."""
+"""The dispatch rules (docs/engine.md): cap, target, window, expiry, collecting while busy."""
 
 from __future__ import annotations
 
