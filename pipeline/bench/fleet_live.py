@@ -100,7 +100,8 @@ async def run_fleet(
     names: tuple[str, ...] = (),
     duration_scale: float = 1.0,
 ) -> dict[str, Any]:
-    """Every case (or those named), balance off then on; the table's rows as JSON-ready figures."""
+    """Every case (or those named, and their baselines), balance off then on; the table's rows as
+    JSON-ready figures."""
     cases = [c for c in CASES if not names or c.name in names]
     needed = {c.baseline for c in cases}
     ordered = [c for c in CASES if c.name in needed and c not in cases] + cases
@@ -112,7 +113,7 @@ async def run_fleet(
             say(describe(trial))
             trials[(case.name, balance)] = trial
     rows = []
-    for case in cases:
+    for case in ordered:
         # a baseline case is held against its own balance-off run: balancing equal devices must cost nothing
         reference = trials[(case.baseline, case.baseline != case.name)].p99_ms
         for balance in (False, True):
