@@ -1,10 +1,17 @@
-"""`bench pipeline` on the session broker: a short real run answers everything and accounts for its time."""
+"""`bench pipeline` on the session broker: a short real run answers everything and accounts for its time;
+a straggler run reports each consumer; the slowdown hook and the fleet bench's recovery measure."""
 
 from __future__ import annotations
 
 import asyncio
+import math
+import time
+from dataclasses import replace
+from pathlib import Path
 
-from pipeline.bench.pipeline import STAGES, BenchOptions, run_bench
+from consumers.runners.cost_model import Slowdown
+from pipeline.bench.fleet_live import CASES, recovered_after_s
+from pipeline.bench.pipeline import STAGES, WINDOW_S, BenchOptions, Trial, run_bench
 from pipeline.config import KafkaSettings
 
 
@@ -31,3 +38,39 @@ def test_a_short_run_answers_every_request_and_breaks_its_latency_down(kafka_set
     assert sum(trial["stages_p50_ms"].values()) <= trial["max_ms"] + len(STAGES)
     assert trial["consumer_cpu_ms_per_request"] > 0
     assert any("stage p50/p99 ms: kafka_in" in line for line in lines)
+
+
+def test_a_straggler_run_reports_each_consumer_and_the_forwards(kafka_settings: KafkaSettings) -> None:
+    """`--straggler`: consumer 0's device is 4x slower; with the group's balance on it hands work to
+    consumer 1, and the trial says so per consumer."""
+    options = BenchOptions(
+        runner="cost-model", rates=(150.0,), duration_s=6.0, cost_a_ms=10.0, cost_c_ms=1.0, consumers=2,
+        bootstrap=kafka_settings.bootstrap_servers, partitions=4, tokens=10, straggler=4.0,
+    )
+    figures = asyncio.run(run_bench(options, find_max_mode=False, rates_mode=True, say=lambda _: None))
+    (trial,) = figures["model_trials"]
+    assert trial["answered"] == trial["sent"] > 600
+    assert set(trial["by_consumer"]) == {"bench-0", "bench-1"}
+    assert sum(c["requests"] for c in trial["by_consumer"].values()) == trial["answered"]
+    assert trial["forwarded"] > 0
+    assert trial["by_consumer"]["bench-1"]["share"] > 0.5, "the fast consumer serves most of it"
+    assert len(trial["p99_by_window_ms"]) == 2
+
+
+def test_the_slowdown_hook_and_the_recovery_measure(tmp_path: Path) -> None:
+    hook = tmp_path / "slowdown"
+    slowdown = Slowdown(str(hook))
+    assert slowdown.factor() == 1.0, "no file: full speed"
+    now = time.time() * 1000.0
+    hook.write_text(f"{now - 1000} {now + 60_000} 3\n")
+    assert Slowdown(str(hook)).factor() == 3.0
+    hook.write_text(f"{now + 60_000} {now + 120_000} 3\n")
+    assert Slowdown(str(hook)).factor() == 1.0, "not yet"
+    case = next(c for c in CASES if c.slowdown is not None)
+    end = case.slowdown[1]
+    first_after = int(end // WINDOW_S)
+    windows = [80.0] * first_after + [400.0, 300.0, 90.0, 500.0, 85.0, 80.0] + [80.0] * 4
+    trial = Trial(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, p99_by_window_ms=windows)
+    assert recovered_after_s(trial, case, 80.0, 1.0) == 4 * WINDOW_S, "one good window between spikes is not recovery"
+    assert recovered_after_s(replace(trial, p99_by_window_ms=[80.0] * len(windows)), case, 80.0, 1.0) == 0.0
+    assert recovered_after_s(replace(trial, p99_by_window_ms=[400.0] * len(windows)), case, 80.0, 1.0) == math.inf
