@@ -19,7 +19,7 @@ from typing import Any, Literal
 import numpy as np
 
 from pipeline.config import read_toml
-from pipeline.sim.costmodel import CostCurve, CostModel
+from pipeline.sim.device import CostModel, DeviceCurve
 from pipeline.sim.fleetspec import FleetSpec, parse_fleet, partition_owner
 
 TopologyMode = Literal["own-queues", "shared-queue", "shared-device"]
@@ -296,7 +296,7 @@ def _check_keys(where: str, table: dict[str, Any], known: set[str]) -> None:
             raise ScenarioError(f"{where}: unknown key {key!r} (known: {', '.join(sorted(known))})")
 
 
-def _curve(where: str, table: dict[str, Any]) -> CostCurve:
+def _curve(where: str, table: dict[str, Any]) -> DeviceCurve:
     if "points" in table:
         raw = table["points"]
         try:
@@ -311,12 +311,12 @@ def _curve(where: str, table: dict[str, Any]) -> CostCurve:
             raise ScenarioError(f"{where}.points: a batch size is listed twice")
         if "a_ms" in table or "c_ms" in table:
             raise ScenarioError(f"{where}: give either points or a_ms/c_ms, not both")
-        return CostCurve(points=pts)
+        return DeviceCurve(points=pts)
     a = _number(where, table, "a_ms", minimum=0.0)
     c = _number(where, table, "c_ms", minimum=0.0)
     if a + c <= 0:
         raise ScenarioError(f"{where}: a_ms + c_ms must be > 0 (a batch cannot be free)")
-    return CostCurve(a_ms=a, c_ms=c)
+    return DeviceCurve(a_ms=a, c_ms=c)
 
 
 def _dist(where: str, table: dict[str, Any]) -> LengthDist:
