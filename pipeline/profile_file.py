@@ -112,8 +112,9 @@ def _positive(where: str, value: Any, kind: type) -> Any:
 
 def _from_measurement(data: dict[str, Any]) -> dict[str, Any]:
     """The file `batchtide profile` writes (raw sweeps plus `cost_points` in the engine's unit)
-    in the compact layout above: the engine's curve is `cost_points`, the device limit is the
-    measured memory limit (or the largest size measured when memory never ran out)."""
+    in the compact layout (`points`, `memory_limit`): the engine's curve is `cost_points`, the
+    device limit is the measured memory limit (or the largest size measured when memory never
+    ran out)."""
     points = [{"size": int(size), "median_ms": float(ms)} for size, ms in data["cost_points"]]
     memory = data.get("memory") or {}
     limit = memory.get("limit_units") or max((p["size"] for p in points), default=None)
