@@ -19,8 +19,6 @@ the cap may only go down, and the reason on every dispatch record is `shift`.
 
 from __future__ import annotations
 
-import math
-
 from pipeline.engine.buckets import Bucket, bucket_key, interpolate, monotone
 from pipeline.engine.knee import KneeScore, budget_cap, knee_cap
 from pipeline.engine.probes import Probes
