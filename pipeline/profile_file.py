@@ -20,7 +20,7 @@ import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from pipeline.config import CostUnit, ModelConfig
 
@@ -147,8 +147,8 @@ def parse_profile(data: Any, source: str = "<profile>") -> DeviceProfile:
         if key not in data:
             raise ProfileError(f"{source}: missing key {key!r}")
     unit = data["unit"]
-    if unit not in ("requests", "tokens"):
-        raise ProfileError(f"{source}.unit: {unit!r} is not one of ['requests', 'tokens']")
+    if unit not in get_args(CostUnit):
+        raise ProfileError(f"{source}.unit: {unit!r} is not one of {list(get_args(CostUnit))}")
     raw_points = data["points"]
     if not isinstance(raw_points, list) or not raw_points:
         raise ProfileError(f"{source}.points: expected a non-empty list of measured sizes")

@@ -14,11 +14,11 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 
-from pipeline.config import read_toml
+from pipeline.config import CostUnit, read_toml
 from pipeline.sim.device import CostModel, DeviceCurve
 from pipeline.sim.fleetspec import FleetSpec, parse_fleet, partition_owner
 
@@ -341,8 +341,8 @@ def parse_cost(cost_raw: dict[str, Any], cw: str) -> CostModel:
     """A `[cost]` table: t(b) affine or from points, unit, optional shift and memory limit."""
     _check_keys(cw, cost_raw, {"unit", "a_ms", "c_ms", "points", "shift_at_s", "shifted", "max_batch"})
     unit = cost_raw.get("unit", "requests")
-    if unit not in ("requests", "tokens"):
-        raise ScenarioError(f"{cw}.unit: {unit!r} is not one of ['requests', 'tokens']")
+    if unit not in get_args(CostUnit):
+        raise ScenarioError(f"{cw}.unit: {unit!r} is not one of {list(get_args(CostUnit))}")
     base = _curve(cw, {k: v for k, v in cost_raw.items() if k in ("a_ms", "c_ms", "points")})
     shifted = None
     shift_at_ms = None
