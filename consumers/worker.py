@@ -50,7 +50,8 @@ from consumers.publish import Publisher
 from pipeline.kafka.client import CLIENT_STOP_S, Topics, client_options, stop_client
 from pipeline.kafka.offsets import OffsetTracker
 from pipeline.kafka.outbox import BATCH_BYTES, Message, Outbox
-from consumers.runners import profile_file, serving_runner
+from consumers.runners import serving_runner
+from pipeline import profile_file
 from consumers.runners.base import Output, Runner, run_isolating
 from consumers.stats import ConsumerStats
 from pipeline.kafka.topic_limits import TopicLimits

@@ -1,30 +1,36 @@
 """The device profile file: a model's measured cost curve and memory limit on one device.
 
-`batchtide profile` writes it; `batchtide consume` loads it at start (the
-engine's `device_cap` and `prior_costs`: the cap starts at the knee instead of
-probing cold, and `hard_cap = "auto"` means this memory limit);
+The one module that reads and writes the format (`batchtide-profile/1`, JSON;
+every field in docs/runners.md, "The profile file"). `batchtide profile`
+writes it (consumers/runners/measured_profile.py builds the content from a
+measurement); `batchtide consume` loads it at start (`apply`: the engine's
+`device_cap` and `prior_costs`, so the cap starts at the knee instead of
+probing cold and `hard_cap = "auto"` means this memory limit);
 `batchtide bench policies --profile FILE` turns it into a scenario's `[cost]`.
-One JSON object (format in docs/benchmarks.md)::
-
-    {"format": "batchtide-profile/1", "model": "minilm", "device": "cpu",
-     "unit": "requests", "memory_limit": 256, "knee": 16,
-     "points": [{"size": 1, "median_ms": 17.0, "p90_ms": 19.5,
-                 "peak_memory_bytes": 61000000}, ...]}
-
-It is validated on load and every error names the file and the key.
+It is validated on load and every error names the file and the key; a file
+measured for another set-up is ignored by a consumer, with a warning: a curve
+from another device would mislead the engine.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
-from pipeline.config import CostUnit
+from pipeline.config import CostUnit, ModelConfig
 
 FORMAT = "batchtide-profile/1"
+REVISION = 3
+"""Of the `recommended` section: 3 makes `hard_cap` the longest request the model admits
+(max_input_tokens + max_new_tokens), so no admissible request is refused by the cap, and sizes
+the running set by `target_size` (one request at the profiled prompt length). A cache of profiles
+(the demo's) measures again when its revision is older."""
+log = logging.getLogger("batchtide.profile")
 
 
 class ProfileError(ValueError):
@@ -90,8 +96,8 @@ class DeviceProfile:
         out["points"] = [{k: v for k, v in asdict(p).items() if v is not None} for p in self.points]
         return {"format": FORMAT, **out}
 
-    def write(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_json(), indent=2) + "\n")
+    def write(self, path: str | Path) -> Path:
+        return write(self.to_json(), Path(path))
 
 
 def _positive(where: str, value: Any, kind: type) -> Any:
@@ -106,8 +112,9 @@ def _positive(where: str, value: Any, kind: type) -> Any:
 
 def _from_measurement(data: dict[str, Any]) -> dict[str, Any]:
     """The file `batchtide profile` writes (raw sweeps plus `cost_points` in the engine's unit)
-    in the compact layout above: the engine's curve is `cost_points`, the device limit is the
-    measured memory limit (or the largest size measured when memory never ran out)."""
+    in the compact layout (`points`, `memory_limit`): the engine's curve is `cost_points`, the
+    device limit is the measured memory limit (or the largest size measured when memory never
+    ran out)."""
     points = [{"size": int(size), "median_ms": float(ms)} for size, ms in data["cost_points"]]
     memory = data.get("memory") or {}
     limit = memory.get("limit_units") or max((p["size"] for p in points), default=None)
@@ -140,8 +147,8 @@ def parse_profile(data: Any, source: str = "<profile>") -> DeviceProfile:
         if key not in data:
             raise ProfileError(f"{source}: missing key {key!r}")
     unit = data["unit"]
-    if unit not in ("requests", "tokens"):
-        raise ProfileError(f"{source}.unit: {unit!r} is not one of ['requests', 'tokens']")
+    if unit not in get_args(CostUnit):
+        raise ProfileError(f"{source}.unit: {unit!r} is not one of {list(get_args(CostUnit))}")
     raw_points = data["points"]
     if not isinstance(raw_points, list) or not raw_points:
         raise ProfileError(f"{source}.points: expected a non-empty list of measured sizes")
@@ -188,3 +195,84 @@ def load_profile(path: str | Path) -> DeviceProfile:
     except json.JSONDecodeError as e:
         raise ProfileError(f"{p}: not valid JSON: {e}") from None
     return parse_profile(data, str(p))
+
+
+def profile_path(model: str) -> Path:
+    """Where a consumer of `model` looks for its profile: `<BATCHTIDE_PROFILE_DIR or var/profiles>/<model>.json`."""
+    return Path(os.environ.get("BATCHTIDE_PROFILE_DIR", "var/profiles")) / f"{model}.json"
+
+
+def write(profile: dict[str, Any], path: Path) -> Path:
+    """Write a profile atomically: a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    scratch = path.with_name(path.name + ".tmp")
+    scratch.write_text(json.dumps(profile, indent=1) + "\n")
+    scratch.replace(path)
+    return path
+
+
+def read(path: Path) -> dict[str, Any]:
+    """The raw JSON of a profile (either layout), checked only for its format."""
+    data = json.loads(path.read_text())
+    if data.get("format") != FORMAT:
+        raise ValueError(f"{path}: not a {FORMAT} file (format {data.get('format')!r})")
+    return data
+
+
+def longest_request(model: ModelConfig, max_prompt_tokens: int = 0) -> int:
+    """Tokens of the longest request the model admits: its longest prompt (`max_input_tokens`,
+    or what the runner lowered it to for the position table) plus `max_new_tokens`."""
+    prompt = min(max_prompt_tokens, model.max_input_tokens) if max_prompt_tokens else model.max_input_tokens
+    return prompt + (model.max_new_tokens if model.task != "embed" else 0)
+
+
+def matches(profile: dict[str, Any], model: ModelConfig) -> str | None:
+    """Why this profile does not describe `model` as configured, or None."""
+    device = model.device if model.device != "auto" else None
+    checks = [
+        ("model_path", profile.get("model_path"), model.model_path),
+        ("runner", profile.get("runner"), model.runner),
+        ("torch_threads", profile.get("torch_threads"), model.torch_threads),
+    ]
+    if device is not None:
+        checks.append(("device", str(profile.get("device", "")).split(":")[0], device.split(":")[0]))
+    if model.task != "auto":
+        checks.append(("task", profile.get("task"), model.task))
+    for name, theirs, ours in checks:
+        if theirs != ours:
+            return f"measured with {name} {theirs!r}, the model has {ours!r}"
+    return None
+
+
+def apply(model: ModelConfig, path: Path | None = None) -> dict[str, Any]:
+    """BatchingEngine keyword arguments from the model's profile file: the device limit as
+    `device_cap` (the ceiling of hard_cap = "auto", and a bound on an explicit one) and the
+    measured curve as `prior_costs`. No file, or one for another set-up: no arguments.
+    """
+    path = path or profile_path(model.name)
+    if not path.is_file():
+        return {}
+    try:
+        raw = read(path)
+        measured = parse_profile(raw, str(path))
+    except (OSError, ValueError) as e:
+        log.warning("profile %s ignored: %s", path, e)
+        return {}
+    why = matches(raw, model)
+    if why is not None:
+        log.warning("profile %s ignored: %s", path, why)
+        return {}
+    if measured.unit != model.profile.cost_unit:
+        log.warning("profile %s is in %s, the model batches in %s: cap and curve not used", path, measured.unit, model.profile.cost_unit)
+        return {}
+    recommended = raw["recommended"]
+    # an iteration-level batch is one of several in the running set, and holds at least the longest
+    # request the model admits (a profile measured with a shorter max_input_tokens, or of an older
+    # revision, never makes the consumer refuse one); a static batch may fill the device
+    if model.batching == "iteration":
+        limit = max(int(recommended["hard_cap"]), longest_request(model))
+    else:
+        limit = measured.memory_limit
+    points = [(size, ms) for size, ms in measured.cost_points() if size <= limit]
+    log.info("profile %s: device limit %d %s, %d measured points seed the cost curve", path, limit, measured.unit, len(points))
+    return {"device_cap": limit, "prior_costs": points}

@@ -18,7 +18,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_committed_json_schemas_are_up_to_date() -> None:
-    for path, text in render().items():
+    rendered = render()
+    assert rendered, "render() produced no schema: nothing would be checked"
+    for path, text in rendered.items():
         assert path.exists(), f"{path.name} missing: run python -m schemas.jsonschema"
         assert path.read_text() == text, f"{path.name} is stale: run python -m schemas.jsonschema"
 

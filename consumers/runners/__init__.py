@@ -1,7 +1,7 @@
 """Runners: what computes a batch. `make_runner` picks one from a model's config.
 
 - `transformers`: a real model (see `transformers_runner`).
-- `cost-model`: sleeps t(b) from the config's cost curve; simulated.
+- `cost-model`: sleeps t(b) of the simulated device (pipeline/sim/device.py); simulated.
 - `zero-cost`: returns at once, to measure the pipeline itself; simulated.
 """
 
@@ -11,23 +11,7 @@ from pipeline.config import ModelConfig
 
 from .base import Output, Runner, run_isolating
 from .cost_model import CostModelRunner, ZeroCostRunner
-
-
-def make_runner(model: ModelConfig, *, weights: bool = True) -> Runner:
-    """The runner `model.runner` names, in this process, not yet loaded (call `load()`).
-
-    `weights=False` gives a transformers runner that loads only its tokenizer
-    and limits: the front a `ProcessRunner` validates with.
-    """
-    if model.runner == "transformers":
-        from .transformers_runner import TransformersRunner
-
-        return TransformersRunner(model, weights=weights)
-    if model.runner == "cost-model":
-        return CostModelRunner(model, poison_marker=model.poison_marker)
-    if model.runner == "zero-cost":
-        return ZeroCostRunner(model, poison_marker=model.poison_marker)
-    raise ValueError(f"model {model.name!r}: unknown runner {model.runner!r}")
+from .in_process import make_runner
 
 
 def serving_runner(model: ModelConfig) -> Runner:
@@ -35,6 +19,8 @@ def serving_runner(model: ModelConfig) -> Runner:
     isolated = model.isolation == "process" or (model.isolation == "auto" and model.runner == "transformers")
     if not isolated:
         return make_runner(model)
+    # imported here: a device process runs device_process.py as __main__, and importing this
+    # package must not load a second copy of it there
     from .device_process import ProcessRunner
 
     return ProcessRunner(model, make_runner(model, weights=False), slots=model.profile.max_inflight_batches)

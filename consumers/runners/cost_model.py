@@ -1,8 +1,9 @@
 """Simulated runners for load tests: a device that costs t(b), and one that costs nothing.
 
-`CostModelRunner` sleeps the batch's compute time taken from the model's
-`cost_points` (measured (batch size, ms) pairs, linearly interpolated and
-extrapolated from the last two points) or from `cost_a_ms + cost_c_ms * b`.
+`CostModelRunner` sleeps the batch's compute time t(b) of the simulated device
+(pipeline/sim/device.py, the curve the simulator charges): the model's
+`cost_points` (measured (batch size, ms) pairs, interpolated, extended along
+the end segments) or `cost_a_ms + cost_c_ms * b`.
 `ZeroCostRunner` returns at once, so a pipeline run with it measures the
 pipeline's own overhead. Both are `simulated=True`; their outputs are
 deterministic placeholders (an empty embedding, `text` = ``"[simulated]"``)
@@ -19,13 +20,13 @@ window cost FACTOR times more: a device that throttles mid-run
 
 from __future__ import annotations
 
-import bisect
 import os
 import time
 from pathlib import Path
 from typing import Final
 
 from pipeline.config import ModelConfig
+from pipeline.sim.device import DeviceCurve
 from schemas.messages import Request
 
 from .base import MemoryKind, Output, process_rss
@@ -50,32 +51,6 @@ def estimate_tokens(req: Request) -> int:
 
 def _requested_new_tokens(req: Request, cap: int) -> int:
     return min(req.params.max_new_tokens, cap) if req.params is not None else 0
-
-
-class CostCurve:
-    """t(b) in ms: interpolated measured points, or the linear fallback a + c*b."""
-
-    def __init__(self, points: tuple[tuple[int, float], ...], a_ms: float, c_ms: float) -> None:
-        clean = sorted((int(b), float(ms)) for b, ms in points)
-        if any(b < 1 or ms < 0 for b, ms in clean):
-            raise ValueError(f"cost_points need batch >= 1 and ms >= 0 (got {points})")
-        if len({b for b, _ in clean}) != len(clean):
-            raise ValueError(f"cost_points have repeated batch sizes (got {points})")
-        self._sizes = [b for b, _ in clean]
-        self._ms = [ms for _, ms in clean]
-        self._a_ms = a_ms
-        self._c_ms = c_ms
-
-    def ms(self, size: float) -> float:
-        sizes, ms = self._sizes, self._ms
-        if not sizes:
-            return max(0.0, self._a_ms + self._c_ms * size)
-        if len(sizes) == 1:
-            return ms[0] * size / sizes[0]
-        i = bisect.bisect_left(sizes, size)
-        lo = min(max(i - 1, 0), len(sizes) - 2)
-        b0, b1, t0, t1 = sizes[lo], sizes[lo + 1], ms[lo], ms[lo + 1]
-        return max(0.0, t0 + (t1 - t0) * (size - b0) / (b1 - b0))
 
 
 class Slowdown:
@@ -151,7 +126,7 @@ class CostModelRunner(ZeroCostRunner):
 
     def __init__(self, model: ModelConfig, *, poison_marker: str | None = None) -> None:
         super().__init__(model, poison_marker=poison_marker)
-        self.curve = CostCurve(model.cost_points, model.cost_a_ms, model.cost_c_ms)
+        self.curve = DeviceCurve(a_ms=model.cost_a_ms, c_ms=model.cost_c_ms, points=model.cost_points)
         self._tokens = model.profile.cost_unit == "tokens"
         self._slowdown = Slowdown(os.environ.get(SLOWDOWN_FILE_ENV))
 

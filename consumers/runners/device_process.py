@@ -34,6 +34,7 @@ from pipeline.config import ModelConfig
 from schemas.messages import Request
 
 from .base import MemoryKind, Output, Runner, describe_error
+from .in_process import make_runner
 
 log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,8 +50,6 @@ class BatchFailed(RuntimeError):
 
 def serve_batches(conn: Connection) -> None:
     """The child: load the in-process runner the first message names, then answer one batch per message until EOF."""
-    from . import make_runner
-
     try:
         model: ModelConfig = conn.recv()
         runner = make_runner(model)

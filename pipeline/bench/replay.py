@@ -22,7 +22,7 @@ import numpy as np
 
 from pipeline.config import BatchProfile
 from pipeline.engine import BatchingEngine
-from pipeline.sim.costmodel import CostCurve, CostModel
+from pipeline.sim.device import CostModel, DeviceCurve
 from pipeline.sim.metrics import RunMetrics, measure
 from pipeline.sim.scenario import Arrivals, LengthDist, Phase, Scenario, Topology
 from pipeline.sim.simulator import simulate
@@ -140,7 +140,7 @@ def traffic_scenario(traffic: RecordedTraffic, profile: BatchProfile,
     levels = int(traffic.priority.max()) + 1
     mix = tuple(float((traffic.priority == level).sum()) for level in range(levels))
     pts = cost_points(traffic, profile.cost_unit)
-    curve = CostCurve(points=pts) if len(pts) > 1 else CostCurve(a_ms=0.0, c_ms=pts[0][1] / pts[0][0])
+    curve = DeviceCurve(points=pts) if len(pts) > 1 else DeviceCurve(a_ms=0.0, c_ms=pts[0][1] / pts[0][0])
     unit = profile.cost_unit
     x = traffic.batch_cost if unit == "tokens" else traffic.batch_size
     timed = traffic.batch_compute_ms > 0

@@ -86,7 +86,7 @@ data_dir = "{data_dir / 'clickhouse'}"
 
 def _profile(model: DemoModel, config: Path, cache: Path, fresh: bool, env: dict[str, str], log: Path) -> tuple[Path, bool]:
     """This machine's profile of `model`: from the cache, else measured now (a quick sweep) and cached."""
-    from consumers.runners import profile_file
+    from pipeline import profile_file
     from pipeline.config import load_config
     from pipeline.devtools.demo_plan import cache_key, machine_fingerprint
 

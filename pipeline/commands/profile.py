@@ -28,7 +28,8 @@ def profile(
 
     from consumers.runners import make_runner
     from consumers.runners import profile as measure
-    from consumers.runners import profile_file
+    from consumers.runners import measured_profile
+    from pipeline import profile_file
     from pipeline.config import ConfigError, ModelConfig, load_config
 
     console = Console()
@@ -62,7 +63,7 @@ def profile(
             found = measure.measure_batches(runner, seconds=seconds, **common)  # type: ignore[arg-type]
         progress.update(task, completed=steps)
     runner.close()
-    data = profile_file.build(found, spec, simulated=runner.simulated)
+    data = measured_profile.build(found, spec, simulated=runner.simulated)
     machine = measure.machine_info()
     kind = "SIMULATED runner" if runner.simulated else "real model"
     console.print(f"{spec.name} ({spec.model_path}, {kind}) on {device}; {machine['cpus']} CPUs, load average {machine['load_avg']}")

@@ -14,12 +14,12 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 
-from pipeline.config import read_toml
-from pipeline.sim.costmodel import CostCurve, CostModel
+from pipeline.config import CostUnit, read_toml
+from pipeline.sim.device import CostModel, DeviceCurve
 from pipeline.sim.fleetspec import FleetSpec, parse_fleet, partition_owner
 
 TopologyMode = Literal["own-queues", "shared-queue", "shared-device"]
@@ -296,7 +296,7 @@ def _check_keys(where: str, table: dict[str, Any], known: set[str]) -> None:
             raise ScenarioError(f"{where}: unknown key {key!r} (known: {', '.join(sorted(known))})")
 
 
-def _curve(where: str, table: dict[str, Any]) -> CostCurve:
+def _curve(where: str, table: dict[str, Any]) -> DeviceCurve:
     if "points" in table:
         raw = table["points"]
         try:
@@ -311,12 +311,12 @@ def _curve(where: str, table: dict[str, Any]) -> CostCurve:
             raise ScenarioError(f"{where}.points: a batch size is listed twice")
         if "a_ms" in table or "c_ms" in table:
             raise ScenarioError(f"{where}: give either points or a_ms/c_ms, not both")
-        return CostCurve(points=pts)
+        return DeviceCurve(points=pts)
     a = _number(where, table, "a_ms", minimum=0.0)
     c = _number(where, table, "c_ms", minimum=0.0)
     if a + c <= 0:
         raise ScenarioError(f"{where}: a_ms + c_ms must be > 0 (a batch cannot be free)")
-    return CostCurve(a_ms=a, c_ms=c)
+    return DeviceCurve(a_ms=a, c_ms=c)
 
 
 def _dist(where: str, table: dict[str, Any]) -> LengthDist:
@@ -341,8 +341,8 @@ def parse_cost(cost_raw: dict[str, Any], cw: str) -> CostModel:
     """A `[cost]` table: t(b) affine or from points, unit, optional shift and memory limit."""
     _check_keys(cw, cost_raw, {"unit", "a_ms", "c_ms", "points", "shift_at_s", "shifted", "max_batch"})
     unit = cost_raw.get("unit", "requests")
-    if unit not in ("requests", "tokens"):
-        raise ScenarioError(f"{cw}.unit: {unit!r} is not one of ['requests', 'tokens']")
+    if unit not in get_args(CostUnit):
+        raise ScenarioError(f"{cw}.unit: {unit!r} is not one of {list(get_args(CostUnit))}")
     base = _curve(cw, {k: v for k, v in cost_raw.items() if k in ("a_ms", "c_ms", "points")})
     shifted = None
     shift_at_ms = None

@@ -22,19 +22,11 @@ from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ProgrammingError
 
 from pipeline.config import ClickHouseSettings
-
-IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
-
+from pipeline.store.identifiers import checked_identifier
+from pipeline.store.live import connect_live, find
 
 class ClickHouseUnavailable(RuntimeError):
     """The configured ClickHouse could not be reached or opened; the message says which."""
-
-
-def checked_identifier(name: str, what: str = "database") -> str:
-    """Database and cluster names are spliced into DDL, so only plain identifiers pass."""
-    if not IDENTIFIER.match(name):
-        raise ValueError(f"{what} name {name!r} must match {IDENTIFIER.pattern}")
-    return name
 
 
 def describe(settings: ClickHouseSettings) -> str:
@@ -69,8 +61,6 @@ def connect_reader(settings: ClickHouseSettings, *, database: str | None = None)
     """A client for reading (report, board): while a sink holds the embedded store, its read-only
     HTTP server (pipeline/store/live.py); otherwise the same as `connect`."""
     if not settings.url:
-        from pipeline.store.live import connect_live, find
-
         endpoint = find(settings)
         if endpoint is not None:
             if database is not None:

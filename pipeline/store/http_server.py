@@ -38,7 +38,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import chdb
 
-from pipeline.store.client import checked_identifier
+from pipeline.store.identifiers import checked_identifier
 
 READING = re.compile(r"^(SELECT|WITH|SHOW|DESCRIBE|DESC|EXISTS|EXPLAIN)\b", re.IGNORECASE)
 OUTFILE = re.compile(r"\bINTO\s+OUTFILE\b", re.IGNORECASE)

@@ -16,10 +16,12 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
+import clickhouse_connect
 import psutil
 from clickhouse_connect.driver.client import Client
 
 from pipeline.config import ClickHouseSettings
+from pipeline.store.http_server import Credentials, LiveServer, wait_until_up
 
 LIVE_FILE = "batchtide-live.json"
 PASSWORD_ENV = "BATCHTIDE_CLICKHOUSE_READ_PASSWORD"
@@ -40,8 +42,6 @@ def live_file(settings: ClickHouseSettings) -> Path:
 
 def find(settings: ClickHouseSettings) -> Endpoint | None:
     """The live server of a running sink on this embedded store, or None (no sink, or a stale file)."""
-    from pipeline.store.http_server import wait_until_up
-
     path = live_file(settings)
     try:
         data = json.loads(path.read_text())
@@ -55,8 +55,6 @@ def find(settings: ClickHouseSettings) -> Endpoint | None:
 
 
 def connect_live(endpoint: Endpoint, database: str | None) -> Client:
-    import clickhouse_connect
-
     return clickhouse_connect.get_client(
         dsn=endpoint.url, username=endpoint.user, password=endpoint.password, database=database
     )
@@ -66,8 +64,6 @@ class Published:
     """A sink's running server and its live file; `close()` withdraws both."""
 
     def __init__(self, settings: ClickHouseSettings) -> None:
-        from pipeline.store.http_server import Credentials, LiveServer
-
         password = os.environ.get(PASSWORD_ENV) or secrets.token_urlsafe(18)
         self.path = live_file(settings)
         self.server = LiveServer(

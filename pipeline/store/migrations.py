@@ -24,7 +24,7 @@ from pathlib import Path
 
 from clickhouse_connect.driver.client import Client
 
-from pipeline.store.client import checked_identifier
+from pipeline.store.identifiers import checked_identifier
 
 SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schemas" / "clickhouse"
 FILE_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")

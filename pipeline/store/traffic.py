@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 from clickhouse_connect.driver.client import Client
 
-from pipeline.store.client import checked_identifier
+from pipeline.store.identifiers import checked_identifier
 
 REQUESTS_SQL = """
 SELECT

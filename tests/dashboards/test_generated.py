@@ -37,7 +37,9 @@ def board() -> dict[str, Any]:
 
 
 def test_committed_json_is_up_to_date() -> None:
-    for path, text in build.generated_files().items():
+    generated = build.generated_files()
+    assert generated, "generated_files() is empty: nothing would be checked"
+    for path, text in generated.items():
         assert path.exists(), f"{path} missing: run `batchtide dashboards generate`"
         assert path.read_text() == text, f"{path} is stale: run `batchtide dashboards generate`"
 

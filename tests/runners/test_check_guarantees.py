@@ -40,6 +40,7 @@ def tiny_runners(tiny_bert_dir: Path, tiny_gpt2_dir: Path) -> list[TransformersR
 @PROPERTY
 @given(st.lists(inputs, min_size=1, max_size=4))
 def test_accepted_requests_always_run(tiny_runners: list[TransformersRunner], batch: list[dict[str, object]]) -> None:
+    assert tiny_runners
     for runner in tiny_runners:
         reqs = [
             Request(id=f"h{i}", model="m", params=GenerationParams(max_new_tokens=2), **fields)  # type: ignore[arg-type]

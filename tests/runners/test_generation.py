@@ -67,6 +67,7 @@ def test_each_row_stops_at_its_own_max_new_tokens(static: TransformersRunner) ->
     limits = [1, 5, 12, 3, 7, 2]
     outs = static.run([_gen(i, p, n) for i, (p, n) in enumerate(zip(PROMPTS, limits))])
     full = static.run([_gen(20 + i, p, 12) for i, p in enumerate(PROMPTS)])
+    assert len(outs) == len(full) == len(limits)
     for out, whole, n in zip(outs, full, limits):
         assert out.tokens_out == n and out.token_ids == (whole.token_ids or [])[:n]
 

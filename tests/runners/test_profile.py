@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from consumers.runners import profile_file
+from pipeline import profile_file
 from consumers.worker import build_consumer
 from pipeline.cli import app
 from pipeline.config import load_config

@@ -167,7 +167,7 @@ def test_a_cached_profile_for_this_set_up_is_reused(tmp_path: Path) -> None:
     key = plan.cache_key(load_config(config).model("minilm"), plan.machine_fingerprint())
     cached = tmp_path / "cache" / f"{key}.json"
     cached.parent.mkdir()
-    from consumers.runners.profile_file import REVISION
+    from pipeline.profile_file import REVISION
 
     profile = {"format": "batchtide-profile/1", **_encoder()}
     profile["recommended"] = {**profile.get("recommended", {}), "revision": REVISION}

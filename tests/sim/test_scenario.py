@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from pipeline.sim.costmodel import CostCurve
+from pipeline.sim.device import DeviceCurve
 from pipeline.sim.scenario import ScenarioError, make_arrivals, parse_scenario
 
 BASE = {
@@ -49,13 +49,13 @@ def test_validation_errors_name_the_key(data, message):
 
 
 def test_interpolated_curve_between_and_beyond_points():
-    curve = CostCurve(points=((1.0, 10.0), (8.0, 24.0), (16.0, 72.0)))
+    curve = DeviceCurve(points=((1.0, 10.0), (8.0, 24.0), (16.0, 72.0)))
     assert curve.ms(8) == 24.0
     assert curve.ms(4) == pytest.approx(10.0 + 14.0 * 3 / 7)
     assert curve.ms(12) == pytest.approx(48.0)
     assert curve.ms(32) == pytest.approx(72.0 + 6.0 * 16)
     assert curve.ms(0.5) > 0
-    assert CostCurve(a_ms=5.0, c_ms=0.5).ms(10) == 10.0
+    assert DeviceCurve(a_ms=5.0, c_ms=0.5).ms(10) == 10.0
 
 
 def test_shift_switches_curve_and_limit_uses_the_heavier_curve():

@@ -82,6 +82,7 @@ def test_compute_time_comes_from_the_cost_model():
     s = scenario(cost={"a_ms": 3.0, "c_ms": 0.25, "shift_at_s": 1,
                        "shifted": {"points": [[1, 10.0], [16, 40.0], [64, 400.0]]}})
     out = simulate(s, make_arrivals(s), [FixedWindow(2.0, 32)])
+    assert len(out.batches.size) > 0 and max(out.batches.dispatch_ms) >= 1000.0, "batches on both curves"
     for t, size, ms in zip(out.batches.dispatch_ms, out.batches.size, out.batches.compute_ms):
         assert ms == pytest.approx(s.cost.curve_at(t).ms(size))
 

@@ -47,6 +47,7 @@ def _batches(fleet: FleetStore, model: str) -> dict[str, np.ndarray]:
 
 def test_refusals_count_in_not_ok_and_in_no_latency_figure(fleet: FleetStore, report: Report) -> None:
     summary = {r["model"]: r for r in report.sections["summary"]}
+    assert summary, "the report has no summary row: nothing would be checked"
     for model, row in summary.items():
         rows = _rows(fleet, model)
         refused = rows["outcome"] == "rejected"

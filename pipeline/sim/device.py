@@ -1,39 +1,53 @@
-"""Device compute time t(b) of a scenario: affine or interpolated from measured points.
+"""The simulated device, modelled once: what a batch costs, t(b), on a device that computes nothing.
 
 The simulator charges every dispatched batch t(size) (cost unit `requests`) or
 t(total tokens) (cost unit `tokens`), optionally switching to a second, heavier
-curve at `shift_at_ms` ("a heavier model shipped").
+curve at `shift_at_ms` ("a heavier model shipped"). The cost-model runner
+(consumers/runners/cost_model.py) sleeps the same `DeviceCurve`, so a live
+run and its simulation charge a batch the same time. Not to be confused with
+the engine's `CostCurve` (pipeline/engine/costcurve.py), which learns t(b)
+from what a device did.
 """
 
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
 
-CostUnit = Literal["requests", "tokens"]
+from pipeline.config import CostUnit
 
 
 @dataclass(frozen=True)
-class CostCurve:
-    """One t(x) curve: `a_ms + c_ms * x`, or linear interpolation of `points`.
+class DeviceCurve:
+    """One t(x) curve: `a_ms + c_ms * x` (never below 0), or linear interpolation of `points`.
 
     Beyond the last measured point the last segment's slope continues; below
-    the first point the first segment's slope is used (never below 1% of t at
-    the first point, so t stays positive).
+    the first point the first segment's slope is used, never below 1% of t at
+    the first point: a device never computes a batch for free.
     """
 
     a_ms: float = 0.0
     c_ms: float = 0.0
     points: tuple[tuple[float, float], ...] = ()
+    """Measured (x, ms) pairs; given in any order, kept sorted by x."""
+    _xs: tuple[float, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        pts = tuple(sorted((b, ms) for b, ms in self.points))
+        if any(b <= 0 or ms < 0 for b, ms in pts):
+            raise ValueError(f"cost points need batch > 0 and ms >= 0 (got {self.points})")
+        if len({b for b, _ in pts}) != len(pts):
+            raise ValueError(f"cost points have repeated batch sizes (got {self.points})")
+        object.__setattr__(self, "points", pts)
+        object.__setattr__(self, "_xs", tuple(b for b, _ in pts))
 
     def ms(self, x: float) -> float:
-        if not self.points:
-            return self.a_ms + self.c_ms * x
-        xs = [p[0] for p in self.points]
         pts = self.points
+        if not pts:
+            return max(0.0, self.a_ms + self.c_ms * x)
         if len(pts) == 1:
             return pts[0][1] * x / pts[0][0]
+        xs = self._xs
         i = bisect.bisect_left(xs, x)
         if i < len(pts) and xs[i] == x:
             return pts[i][1]
@@ -48,13 +62,13 @@ class CostModel:
     """What a batch costs on the device, in the scenario's cost unit."""
 
     unit: CostUnit
-    base: CostCurve
-    shifted: CostCurve | None = None
+    base: DeviceCurve
+    shifted: DeviceCurve | None = None
     shift_at_ms: float | None = None
     max_batch: int | None = None
     """Device memory limit in requests: larger batches do not fit (applies to every policy)."""
 
-    def curve_at(self, now_ms: float) -> CostCurve:
+    def curve_at(self, now_ms: float) -> DeviceCurve:
         if self.shifted is not None and self.shift_at_ms is not None and now_ms >= self.shift_at_ms:
             return self.shifted
         return self.base
