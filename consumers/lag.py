@@ -32,7 +32,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
 from aiokafka.errors import CoordinatorLoadInProgressError, GroupCoordinatorNotAvailableError, NotCoordinatorError
 
-from pipeline.kafka.client import Topics, client_options, stop_client
+from pipeline.kafka.client import Topics, client_options, durable_producer, stop_client
 from pipeline.config import KafkaSettings
 from schemas.messages import LagEvent, PartitionLag
 
@@ -202,7 +202,7 @@ class LagRecorder:
                 await asyncio.sleep(self.interval_s)
 
     async def _session(self) -> None:
-        producer = AIOKafkaProducer(**client_options(self.settings), linger_ms=0)
+        producer = AIOKafkaProducer(**client_options(self.settings), **durable_producer(), linger_ms=0)
         await producer.start()
         try:
             async with LagProbe(self.settings) as probe:

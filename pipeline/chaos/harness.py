@@ -40,7 +40,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from pipeline.chaos.ledger import EventTally, Ledger
 from pipeline.config import KafkaSettings
 from pipeline.devtools.localkafka import LocalKafka
-from pipeline.kafka.client import Topics, client_options, ensure_topics, stable_group_size
+from pipeline.kafka.client import Topics, client_options, durable_producer, ensure_topics, stable_group_size
 from pipeline.kafka.reader import Record, TopicReader
 from schemas.messages import DeadLetter, LatencyEvent, Request, Result
 
@@ -120,8 +120,7 @@ class Traffic:
         self._run_id = run_id
         self._next = 0
         self._producer = AIOKafkaProducer(
-            acks="all",
-            enable_idempotence=True,
+            **durable_producer(),
             linger_ms=5,
             request_timeout_ms=120_000,
             **client_options(settings),

@@ -9,6 +9,7 @@ environment only and is masked wherever the options are printed.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import ssl
 from collections.abc import Awaitable, Callable, Iterable
@@ -186,6 +187,47 @@ def topic_partitions(settings: KafkaSettings, models: dict[str, int]) -> dict[st
     return wanted
 
 
+CLUSTER_REPLICATION = 3
+CLUSTER_MIN_INSYNC = 2
+
+
+def replication(settings: KafkaSettings, brokers: int) -> tuple[int, int]:
+    """(replication factor, min.insync.replicas) for new topics on a cluster of `brokers` live brokers.
+
+    "auto" gives 3 and 2 on three or more brokers (one broker may be lost without losing
+    or refusing an acks=all write), and one replica per broker below that, with
+    min.insync.replicas 1 (on one broker: today's single-broker settings).
+    """
+    rf = settings.replication_factor
+    factor = min(CLUSTER_REPLICATION, brokers) if rf == "auto" else rf
+    if factor > brokers:
+        raise ConfigError(f"kafka.replication_factor = {factor} but the cluster has {brokers} live broker(s)")
+    isr = settings.min_insync_replicas
+    insync = (CLUSTER_MIN_INSYNC if factor >= CLUSTER_REPLICATION else 1) if isr == "auto" else isr
+    if insync > factor:
+        raise ConfigError(f"kafka.min_insync_replicas = {insync} exceeds the replication factor {factor}")
+    return factor, insync
+
+
+def durable_producer() -> dict[str, Any]:
+    """Producer options of every batchtide producer: a write is answered once every in-sync replica
+    has it (acks=all, so a leader's death cannot take an acknowledged answer with it), and retries
+    after a lost acknowledgement cannot write it twice (idempotence)."""
+    return {"acks": "all", "enable_idempotence": True}
+
+
+async def resolve_replication(settings: KafkaSettings) -> KafkaSettings:
+    """`settings` with "auto" replication replaced by numbers, counting the cluster's live brokers
+    (for clients that create topics of their own, such as faust in the sink)."""
+    admin = AIOKafkaAdminClient(**client_options(settings))
+    await admin.start()
+    try:
+        factor, insync = replication(settings, len((await admin.describe_cluster())["brokers"]))
+    finally:
+        await admin.close()
+    return dataclasses.replace(settings, replication_factor=factor, min_insync_replicas=insync)
+
+
 async def ensure_topics(settings: KafkaSettings, models: dict[str, int]) -> dict[str, int]:
     """Create every topic of `models` ({name: partitions}) plus the shared event/DLQ topics.
 
@@ -203,9 +245,9 @@ async def create_topics(settings: KafkaSettings, wanted: dict[str, int]) -> dict
     admin = AIOKafkaAdminClient(**client_options(settings))
     await admin.start()
     try:
-        response = await admin.create_topics(
-            [NewTopic(name, count, settings.replication_factor) for name, count in wanted.items()]
-        )
+        factor, insync = replication(settings, len((await admin.describe_cluster())["brokers"]))
+        configs = {"min.insync.replicas": str(insync)}
+        response = await admin.create_topics([NewTopic(name, count, factor, topic_configs=configs) for name, count in wanted.items()])
         for topic, code, message in _topic_errors(response):
             if code and for_code(code) is not TopicAlreadyExistsError:
                 raise for_code(code)(f"could not create topic {topic}: {message}")
