@@ -16,9 +16,11 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaClient, AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
+from aiokafka.cluster import ClusterMetadata
 from aiokafka.errors import TopicAlreadyExistsError, for_code
+from aiokafka.protocol.metadata import MetadataRequest
 from aiokafka.helpers import create_ssl_context
 
 from pipeline.config import ConfigError, KafkaSettings
@@ -256,9 +258,38 @@ async def create_topics(settings: KafkaSettings, wanted: dict[str, int]) -> dict
         if grow:
             await admin.create_partitions(grow)
             existing = await _settled_partition_counts(admin, wanted)
-        return existing
     finally:
         await admin.close()
+    await _known_to_every_broker(settings, wanted)
+    return existing
+
+
+async def _known_to_every_broker(settings: KafkaSettings, wanted: dict[str, int], timeout_s: float = 15.0) -> None:
+    """Wait until every live broker's metadata lists each topic with its partitions.
+
+    On a cluster each broker learns of a new topic from the controller in its
+    own time; a client that asks another broker a moment after the create gets
+    UNKNOWN_TOPIC_OR_PARTITION (aiokafka's consumer start() then fails). On
+    one broker this returns at once.
+    """
+    client = AIOKafkaClient(request_timeout_ms=10_000, **client_options(settings))
+    await client.bootstrap()
+    try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        for broker in sorted(client.cluster.brokers(), key=lambda b: b.nodeId):
+            while loop.time() < deadline:
+                try:
+                    response = await client.send(broker.nodeId, MetadataRequest(sorted(wanted)))
+                except Exception:  # noqa: BLE001 - a broker that does not answer cannot be waited for
+                    break
+                view = ClusterMetadata()
+                view.update_metadata(response)
+                if all(len(view.partitions_for_topic(name) or ()) >= count for name, count in wanted.items()):
+                    break
+                await asyncio.sleep(0.05)
+    finally:
+        await client.close()
 
 
 async def list_topics(settings: KafkaSettings) -> dict[str, int]:

@@ -14,11 +14,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from aiokafka import AIOKafkaClient
+from aiokafka import AIOKafkaClient, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.cluster import ClusterMetadata
 from aiokafka.errors import for_code
 from aiokafka.protocol.api import Request, RequestStruct, Response
 from aiokafka.protocol.coordination import FindCoordinatorRequest
+from aiokafka.protocol.metadata import MetadataRequest
 from aiokafka.protocol.types import CompactArray, CompactString, Int16, Int32, Int64, Schema, TaggedFields
 
 from pipeline.config import KafkaSettings
@@ -194,6 +196,21 @@ async def partition_states(settings: KafkaSettings, topics: list[str] | None = N
     return sorted(states, key=lambda s: (s.topic, s.partition))
 
 
+async def metadata_leaders(settings: KafkaSettings, topic: str, avoid: int) -> dict[int, int]:
+    """{partition: leader} of `topic` as a broker other than `avoid` sees it (the admin client may
+    ask any broker, and a frozen one never answers)."""
+    client = await _client(settings)
+    try:
+        node = next(b.nodeId for b in sorted(client.cluster.brokers(), key=lambda b: b.nodeId) if b.nodeId != avoid)
+        response = await client.send(node, MetadataRequest([topic]))
+        view = ClusterMetadata()
+        view.update_metadata(response)
+        partitions = view.partitions_for_topic(topic) or set()
+        return {p: view.leader_for_partition(TopicPartition(topic, p)) for p in sorted(partitions)}
+    finally:
+        await client.close()
+
+
 def leader_counts(states: list[PartitionState]) -> dict[int, int]:
     """Partitions led by each broker."""
     counts: dict[int, int] = {}
@@ -201,3 +218,30 @@ def leader_counts(states: list[PartitionState]) -> dict[int, int]:
         if state.leader >= 0:
             counts[state.leader] = counts.get(state.leader, 0) + 1
     return counts
+
+
+def java_string_hash(text: str) -> int:
+    """Java's String.hashCode (over UTF-16 code units, 32-bit overflow), which Kafka partitions ids by."""
+    h = 0
+    data = text.encode("utf-16-be")
+    for i in range(0, len(data), 2):
+        h = (31 * h + int.from_bytes(data[i : i + 2], "big")) & 0xFFFFFFFF
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
+def transaction_partition(transactional_id: str, partitions: int) -> int:
+    """The `__transaction_state` partition that holds `transactional_id`: its leader is the id's
+    coordinator (Kafka: Utils.abs(id.hashCode) % transaction.state.log.num.partitions)."""
+    return (java_string_hash(transactional_id) & 0x7FFFFFFF) % partitions
+
+
+async def under_replicated(settings: KafkaSettings) -> list[PartitionState]:
+    """Partitions of every topic, internal ones included, that lack a leader or a full ISR."""
+    admin = AIOKafkaAdminClient(request_timeout_ms=10_000, **client_options(settings))
+    await admin.start()
+    try:
+        names = list(await admin.list_topics())
+    finally:
+        await admin.close()
+    states = await partition_states(settings, [n for n in names if n != METADATA_TOPIC])
+    return [s for s in states if s.leader < 0 or s.under_replicated]
