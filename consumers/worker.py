@@ -170,7 +170,9 @@ class Consumer:
         model is ready holds partitions it cannot serve)."""
         options = client_options(self.kafka)
         await asyncio.get_running_loop().run_in_executor(self._device, self._warm_up)
-        producer_options: dict[str, Any] = dict(linger_ms=0, max_batch_size=BATCH_BYTES, **durable_producer())
+        producer_options: dict[str, Any] = dict(
+            linger_ms=0, max_batch_size=BATCH_BYTES, request_timeout_ms=self.kafka.request_timeout_ms, **durable_producer()
+        )
         if self.kafka.transactional:
             producer_options["transactional_id"] = f"{self.group_id}.{self.consumer_id}"
         self._producer = AIOKafkaProducer(**options, **producer_options)
@@ -189,6 +191,7 @@ class Consumer:
             auto_offset_reset="earliest",
             isolation_level="read_committed" if self.kafka.transactional else "read_uncommitted",
             max_partition_fetch_bytes=1024 * 1024,
+            request_timeout_ms=self.kafka.request_timeout_ms,
         )
         await self._consumer.start()
         self._publisher = Publisher(

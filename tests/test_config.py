@@ -196,6 +196,7 @@ def test_a_stop_budget_must_be_positive() -> None:
         ("replication_factor = 'three'", 'replication_factor: expected a whole number or "auto"'),
         ("min_insync_replicas = -1", 'min_insync_replicas: expected a whole number >= 1 or "auto", got -1'),
         ("replication_factor = 2\nmin_insync_replicas = 3", "min_insync_replicas (3) exceeds replication_factor (2)"),
+        ("request_timeout_ms = 50", "request_timeout_ms: expected at least 1000, got 50"),
     ],
 )
 def test_bad_replication_settings_name_the_file_and_the_value(tmp_path: Path, line: str, expected: str) -> None:
