@@ -25,7 +25,7 @@ SIZES = ChaosSizes.quick()
 
 
 def _exactly_once(report: FaultReport) -> dict:
-    assert report.failures == []
+    assert report.failures == [], report.details
     assert report.lost == 0 and report.duplicated == 0
     assert report.results_out == report.requests_in > 0
     d = report.details
@@ -50,7 +50,7 @@ def test_killing_the_leader_and_transaction_coordinator_loses_and_doubles_nothin
 def test_a_frozen_leader_comes_back_as_a_follower_and_loses_nothing(cluster_stage: Stage) -> None:
     report = asyncio.run(broker_freeze(cluster_stage, SIZES))
     d = _exactly_once(report)
-    assert d["frozen_s"] >= SIZES.freeze_s
+    assert d["frozen_s"] >= SIZES.freeze_s, d
     assert d["victim_led_request_partitions"] >= 1
     assert d["leaders_moved_s"] is not None, "the frozen leader's partitions got no new leader while it was frozen"
     assert d["victim_leads_after"] == 0, "the zombie must rejoin as a follower"
