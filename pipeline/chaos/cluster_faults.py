@@ -277,6 +277,8 @@ async def leader_kill(stage: Stage, sizes: ChaosSizes) -> FaultReport:
     chosen: dict[str, Any] = {}
 
     async def choose(d: Deployment) -> str:
+        await _transaction_state(d)
+        await _replication_settled(d.settings)  # the new transaction state topic's leaders settle first
         requests = await _request_leaders(d, d.settings)
         coordinators = {s.leader for s in await _transaction_state(d)}
         fitting = [node for node in coordinators if _leads_the_most(requests, node)]
