@@ -23,7 +23,7 @@ import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from pipeline.config import KafkaSettings
-from pipeline.kafka.client import Topics, client_options, stop_client
+from pipeline.kafka.client import Topics, client_options, durable_producer, stop_client
 from pipeline.kafka.lag_probe import PROBE_TIMEOUT_MS, GroupView, LagProbe, Member
 from schemas.messages import LagEvent, PartitionLag
 
@@ -87,7 +87,7 @@ class LagRecorder:
                 await asyncio.sleep(self.interval_s)
 
     async def _session(self) -> None:
-        producer = AIOKafkaProducer(**client_options(self.settings), linger_ms=0)
+        producer = AIOKafkaProducer(**client_options(self.settings), **durable_producer(), linger_ms=0)
         await producer.start()
         try:
             async with LagProbe(self.settings) as probe:

@@ -8,6 +8,14 @@ unanswered record (`pipeline.kafka.offsets`): at-least-once. With
 one Kafka transaction: exactly-once answers. A record refused inside a
 transaction aborts it; the refused records are replaced and the whole
 transaction runs again.
+
+Transactions run one at a time, and each costs several round trips to the
+brokers (add partitions, produce, add offsets, commit offsets, end), each
+acknowledged by every in-sync replica on a cluster. One transaction per batch
+caps a consumer at a few dozen batches a second: on a three-broker cluster the
+answers of small batches queued behind each other for 15-20 s. So batches that
+finish while a transaction is in flight wait for it together and go out in
+the next one (group commit): one transaction carries every answer ready by then.
 """
 
 from __future__ import annotations
@@ -61,6 +69,8 @@ class Publisher:
         self._delivery = delivery
         self._stats = stats
         self._txn_lock = asyncio.Lock()
+        self._txn_queue: list[tuple[Sequence[Message], Sequence[Place], asyncio.Future[None]]] = []
+        """Batches waiting for the next transaction (see the module's note on group commit)."""
 
     async def publish(self, messages: Sequence[Message], done: Sequence[Place]) -> None:
         """Produce `messages` (or what `Delivery` makes of them); then `done` counts as answered."""
@@ -76,6 +86,28 @@ class Publisher:
             self._stats.rebuilt, self._stats.delivery_retries = delivery.rebuilt, delivery.retries
 
     async def _publish_transaction(self, messages: Sequence[Message], done: Sequence[Place]) -> None:
+        """Queue the batch; whoever gets the lock next publishes everything queued in one transaction."""
+        mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._txn_queue.append((messages, done, mine))
+        async with self._txn_lock:
+            if not mine.done():
+                queued, self._txn_queue = self._txn_queue, []
+                try:
+                    await self._transaction([m for q in queued for m in q[0]], [p for q in queued for p in q[1]])
+                except BaseException as e:
+                    for _, _, waiting in queued:
+                        if waiting is not mine and not waiting.done():
+                            if isinstance(e, asyncio.CancelledError):
+                                waiting.cancel()
+                            else:
+                                waiting.set_exception(e)
+                    raise
+                for _, _, waiting in queued:
+                    if not waiting.done():
+                        waiting.set_result(None)
+        await mine
+
+    async def _transaction(self, messages: Sequence[Message], done: Sequence[Place]) -> None:
         producer, outbox = self._producer, self._outbox
 
         async def attempt(batch: Sequence[Message]) -> list[Failure]:
@@ -96,8 +128,7 @@ class Publisher:
             self._stats.commits += 1 if offsets else 0
             return []
 
-        async with self._txn_lock:
-            await self._delivery.until_accepted(messages, attempt, all_or_nothing=True)
+        await self._delivery.until_accepted(messages, attempt, all_or_nothing=True)
 
     def _owned(self, offsets: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
         assigned = self._consumer.assignment()

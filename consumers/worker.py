@@ -47,7 +47,7 @@ from consumers.forwarding import forward_headers
 from consumers.heap import freeze_heap
 from consumers.intake import Rejection
 from consumers.publish import Publisher
-from pipeline.kafka.client import CLIENT_STOP_S, Topics, client_options, stop_client
+from pipeline.kafka.client import CLIENT_STOP_S, Topics, client_options, durable_producer, stop_client
 from pipeline.kafka.offsets import OffsetTracker
 from pipeline.kafka.outbox import BATCH_BYTES, Message, Outbox
 from consumers.runners import serving_runner
@@ -193,7 +193,9 @@ class Consumer:
         model is ready holds partitions it cannot serve)."""
         options = client_options(self.kafka)
         await asyncio.get_running_loop().run_in_executor(self._device, self._warm_up)
-        producer_options: dict[str, Any] = dict(linger_ms=0, max_batch_size=BATCH_BYTES)
+        producer_options: dict[str, Any] = dict(
+            linger_ms=0, max_batch_size=BATCH_BYTES, request_timeout_ms=self.kafka.request_timeout_ms, **durable_producer()
+        )
         if self.kafka.transactional:
             producer_options["transactional_id"] = f"{self.group_id}.{self.consumer_id}"
         self._producer = AIOKafkaProducer(**options, **producer_options)
@@ -212,6 +214,7 @@ class Consumer:
             auto_offset_reset="earliest",
             isolation_level="read_committed" if self.kafka.transactional else "read_uncommitted",
             max_partition_fetch_bytes=1024 * 1024,
+            request_timeout_ms=self.kafka.request_timeout_ms,
         )
         await self._consumer.start()
         self._publisher = Publisher(

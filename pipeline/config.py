@@ -265,8 +265,14 @@ class KafkaSettings:
     """Comma-separated host:port list. Env BATCHTIDE_KAFKA_BOOTSTRAP overrides."""
     topic_prefix: str = "batchtide"
     """Every topic name starts with `<prefix>.`."""
-    replication_factor: int = 1
-    """Replication of the topics `batchtide topics create` makes (3 on a real cluster)."""
+    replication_factor: int | Auto = "auto"
+    """Replicas of every topic batchtide creates (`topics create`, the consumers, the sink). "auto": 3 on a
+    cluster of 3 or more brokers, else one per broker (1 on the local single broker). A factor above the
+    live brokers is an error at creation."""
+    min_insync_replicas: int | Auto = "auto"
+    """Topic `min.insync.replicas`: replicas that must hold a write before an acks=all producer (every
+    batchtide producer) is answered. "auto": 2 when the replication factor is 3 or more, else 1. With
+    replication 3 and 2, one broker may be lost without losing or refusing a write."""
     events_partitions: int = 4
     """Partitions of the events and dead-letter topics (sink parallelism)."""
     security_protocol: SecurityProtocol = "PLAINTEXT"
@@ -284,6 +290,23 @@ class KafkaSettings:
     """Key of the client certificate."""
     transactional: bool = False
     """Produce results and commit offsets in one Kafka transaction (exactly-once)."""
+    request_timeout_ms: int = 40000
+    """Consumers: longest wait for one broker's answer (aiokafka's default). A frozen broker (long GC
+    pause, network partition) holds every request sent to it this long: 10 s cut the answer gap of a
+    30 s freeze from 27 s to 19 s. But a produce batch that cannot be sent within it expires, and at
+    10 s the single-broker restart row (10 s down) lost answers: keep it above the longest outage to ride out."""
+
+    def __post_init__(self) -> None:
+        rf, isr = self.replication_factor, self.min_insync_replicas
+        for name, value in (("replication_factor", rf), ("min_insync_replicas", isr)):
+            if value != "auto" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ConfigError(f'[kafka] {name}: expected a whole number >= 1 or "auto", got {value!r}')
+        if self.request_timeout_ms < 1000:
+            raise ConfigError(f"[kafka] request_timeout_ms: expected at least 1000, got {self.request_timeout_ms!r}")
+        if isinstance(rf, int) and isinstance(isr, int) and isr > rf:
+            raise ConfigError(
+                f"[kafka] min_insync_replicas ({isr}) exceeds replication_factor ({rf}): no write could ever succeed"
+            )
 
     @property
     def sasl_password(self) -> str | None:
@@ -445,7 +468,12 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
                 raise ConfigError(f"{where}.cost_points: expected [[batch, ms], ...]") from None
         fields = _coerce(where, ModelConfig, {"name": name, **rest})
         models[name] = ModelConfig(**fields, profile=_profile(where, prof, defaults))
-    kafka = KafkaSettings(**_coerce(f"{source} [kafka]", KafkaSettings, data.get("kafka", {})))
+    try:
+        kafka = KafkaSettings(**_coerce(f"{source} [kafka]", KafkaSettings, data.get("kafka", {})))
+    except ConfigError as e:
+        if str(e).startswith(source):
+            raise
+        raise ConfigError(f"{source} {e}") from None
     env_bootstrap = os.environ.get("BATCHTIDE_KAFKA_BOOTSTRAP")
     env_user = os.environ.get("BATCHTIDE_KAFKA_USERNAME")
     if env_bootstrap or env_user:

@@ -187,3 +187,36 @@ def test_generation_slo_grows_with_max_new_tokens_and_so_does_the_derived_budget
 def test_a_stop_budget_must_be_positive() -> None:
     with pytest.raises(ConfigError, match=r"\[consumer\]: stop_timeout_s must be > 0 \(got 0\)"):
         parse_config({"consumer": {"stop_timeout_s": 0}})
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ("replication_factor = 0", 'replication_factor: expected a whole number >= 1 or "auto", got 0'),
+        ("replication_factor = 'three'", 'replication_factor: expected a whole number or "auto"'),
+        ("min_insync_replicas = -1", 'min_insync_replicas: expected a whole number >= 1 or "auto", got -1'),
+        ("replication_factor = 2\nmin_insync_replicas = 3", "min_insync_replicas (3) exceeds replication_factor (2)"),
+        ("request_timeout_ms = 50", "request_timeout_ms: expected at least 1000, got 50"),
+    ],
+)
+def test_bad_replication_settings_name_the_file_and_the_value(tmp_path: Path, line: str, expected: str) -> None:
+    path = _write(tmp_path, f"[kafka]\n{line}\n")
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    assert str(error.value).startswith(str(path))
+    assert expected in str(error.value)
+
+
+def test_replication_is_automatic_by_default_and_settable(tmp_path: Path) -> None:
+    from pipeline.kafka.client import replication
+
+    defaults = load_config(None).kafka
+    assert (defaults.replication_factor, defaults.min_insync_replicas) == ("auto", "auto")
+    assert replication(defaults, brokers=1) == (1, 1)
+    assert replication(defaults, brokers=2) == (2, 1)
+    assert replication(defaults, brokers=3) == (3, 2)
+    assert replication(defaults, brokers=5) == (3, 2)
+    chosen = load_config(_write(tmp_path, "[kafka]\nreplication_factor = 5\nmin_insync_replicas = 3\n")).kafka
+    assert replication(chosen, brokers=5) == (5, 3)
+    with pytest.raises(ConfigError, match="replication_factor = 5 but the cluster has 3 live broker"):
+        replication(chosen, brokers=3)

@@ -66,12 +66,12 @@ async def bench_sink(config: Config, *, events: int, echo: Echo) -> None:
     import msgspec
     from aiokafka import AIOKafkaProducer
 
-    from pipeline.kafka.client import Topics, client_options, create_topics
+    from pipeline.kafka.client import Topics, client_options, create_topics, durable_producer, resolve_replication
     from pipeline.store.sink import build_sink
     from pipeline.store.seed import batch_events, generate, latency_events
 
     prefix = f"bench-sink-{uuid.uuid4().hex[:8]}"
-    kafka = dataclasses.replace(config.kafka, topic_prefix=prefix)
+    kafka = await resolve_replication(dataclasses.replace(config.kafka, topic_prefix=prefix))
     database = f"bench_sink_{uuid.uuid4().hex[:8]}"
     ch = dataclasses.replace(config.clickhouse, database=database)
     topics = Topics(prefix)
@@ -79,7 +79,7 @@ async def bench_sink(config: Config, *, events: int, echo: Echo) -> None:
     client = connect(ch)
     migrate(client, Layout(database))
     encoder = msgspec.json.Encoder()
-    producer = AIOKafkaProducer(**client_options(kafka), linger_ms=20, max_batch_size=1 << 20)
+    producer = AIOKafkaProducer(**client_options(kafka), **durable_producer(), linger_ms=20, max_batch_size=1 << 20)
     await producer.start()
     produced = batches = 0
     try:

@@ -6,16 +6,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from pipeline.chaos.harness import ChaosError, ChaosSizes, Deployment, Device, Stage, drain_events
+from pipeline.chaos.harness import ChaosError, ChaosSizes, Deployment, Device, Stage, drain_events, port_released
 from pipeline.chaos.ledger import FaultReport
-from pipeline.devtools.localkafka import port_is_free
-
-
-async def _port_released(port: int, timeout_s: float = 30.0) -> None:
-    """The stopped broker's listener port may linger a moment; the restart needs it free."""
-    deadline = time.monotonic() + timeout_s
-    while not port_is_free(port) and time.monotonic() < deadline:
-        await asyncio.sleep(0.1)
 
 
 async def broker_restart(stage: Stage, sizes: ChaosSizes) -> FaultReport:
@@ -43,7 +35,7 @@ async def broker_restart(stage: Stage, sizes: ChaosSizes) -> FaultReport:
             await asyncio.to_thread(broker.stop)
             await asyncio.sleep(max(0.0, sizes.outage_s - (time.time() - fault_start)))
         finally:
-            await _port_released(broker.port)
+            await port_released(broker.port)
             await asyncio.to_thread(broker.start, 120.0)
         fault_end = time.time()
         await sending
@@ -58,6 +50,7 @@ async def broker_restart(stage: Stage, sizes: ChaosSizes) -> FaultReport:
             details={
                 "outage_s": round(fault_end - fault_start, 1),
                 "events_recovery_s": None if events.caught_up is None else round(events.caught_up - fault_end, 1),
+                **d.ledger.p99_by_phase(fault_start, fault_end),
             },
         )
         return report

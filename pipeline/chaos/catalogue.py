@@ -1,6 +1,7 @@
 """The catalogue of faults and the runner behind `batchtide chaos`.
 
 Adding a fault: one module with `async def my_fault(stage, sizes) -> FaultReport`, and one line in SCENARIOS.
+The cluster rows (CLUSTER) run on a three-broker cluster of their own, started once for all of them.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 from pipeline.chaos.broker_restart import broker_restart
 from pipeline.chaos.clickhouse_outage import clickhouse_outage
+from pipeline.chaos.cluster_faults import broker_freeze, controller_kill, leader_kill, rolling_restart
 from pipeline.chaos.consumer_kill import consumer_kill, consumer_kill_transactional
 from pipeline.chaos.harness import ChaosSizes, Stage
 from pipeline.chaos.hostile_input import hostile_input
@@ -23,7 +25,10 @@ from pipeline.chaos.poison import poison_request
 from pipeline.chaos.rebalance_storm import rebalance_storm
 from pipeline.chaos.sink_kill import sink_kill
 from pipeline.config import KafkaSettings
+from pipeline.devtools.localcluster import LocalCluster
 from pipeline.devtools.localkafka import LocalKafka
+
+CLUSTER_BROKERS = 3
 
 
 @dataclass(frozen=True)
@@ -32,6 +37,8 @@ class Scenario:
     run: Callable[[Stage, ChaosSizes], Awaitable[FaultReport]]
     restarts_broker: bool = False
     """Stops the broker: must run on a broker nobody else uses."""
+    cluster: bool = False
+    """Runs on a three-broker cluster (whose brokers it kills, freezes or restarts)."""
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -46,32 +53,49 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("overload", overload),
         Scenario("rebalance-storm", rebalance_storm),
         Scenario("hostile-input", hostile_input),
+        Scenario("leader-kill", leader_kill, cluster=True),
+        Scenario("broker-freeze", broker_freeze, cluster=True),
+        Scenario("rolling-restart", rolling_restart, cluster=True),
+        Scenario("controller-kill", controller_kill, cluster=True),
     )
 }
+SINGLE_BROKER = [name for name, s in SCENARIOS.items() if not s.cluster]
+"""`batchtide chaos all`."""
+CLUSTER = [name for name, s in SCENARIOS.items() if s.cluster]
+"""`batchtide chaos cluster`."""
 
 
 async def run_scenarios(names: list[str], sizes: ChaosSizes, workdir: Path) -> list[FaultReport]:
-    """Run scenarios one after another on a private broker started in `workdir`."""
+    """Run scenarios one after another: the single-broker ones on a private broker, the cluster
+    ones on a private three-broker cluster, each started in `workdir` only if a scenario needs it."""
     broker = LocalKafka(workdir / "kafka")
-    await asyncio.to_thread(broker.start, 120.0)
+    cluster = LocalCluster(workdir / "cluster", brokers=CLUSTER_BROKERS)
     reports: list[FaultReport] = []
     try:
         for name in names:
             scenario = SCENARIOS[name]
+            if scenario.cluster:
+                if broker.is_running:
+                    await asyncio.to_thread(broker.stop)
+                await asyncio.to_thread(cluster.start, 180.0)
+                bootstrap = cluster.bootstrap
+            else:
+                await asyncio.to_thread(broker.start, 120.0)
+                bootstrap = broker.bootstrap
             stage = Stage(
                 workdir=workdir / name,
-                kafka=KafkaSettings(bootstrap_servers=broker.bootstrap, topic_prefix=f"chaos-{name}-{uuid.uuid4().hex[:6]}"),
+                kafka=KafkaSettings(bootstrap_servers=bootstrap, topic_prefix=f"chaos-{name}-{uuid.uuid4().hex[:6]}"),
                 broker=broker if scenario.restarts_broker else None,
+                cluster=cluster if scenario.cluster else None,
             )
             stage.workdir.mkdir(parents=True, exist_ok=True)
-            if not broker.is_running:
-                await asyncio.to_thread(broker.start, 120.0)
             try:
                 reports.append(await scenario.run(stage, sizes))
             except Exception as e:  # noqa: BLE001 - one broken scenario must not hide the others' rows
                 reports.append(FaultReport.harness_error(name, e))
     finally:
         await asyncio.to_thread(broker.stop)
+        await asyncio.to_thread(cluster.stop)
     return reports
 
 

@@ -39,8 +39,9 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from pipeline.chaos.ledger import EventTally, Ledger
 from pipeline.config import KafkaSettings
-from pipeline.devtools.localkafka import LocalKafka
-from pipeline.kafka.client import Topics, client_options, ensure_topics, stable_group_size
+from pipeline.devtools.localcluster import LocalCluster
+from pipeline.devtools.localkafka import LocalKafka, port_is_free
+from pipeline.kafka.client import Topics, client_options, durable_producer, ensure_topics, stable_group_size
 from pipeline.kafka.reader import Record, TopicReader
 from schemas.messages import DeadLetter, LatencyEvent, Request, Result
 
@@ -120,8 +121,7 @@ class Traffic:
         self._run_id = run_id
         self._next = 0
         self._producer = AIOKafkaProducer(
-            acks="all",
-            enable_idempotence=True,
+            **durable_producer(),
             linger_ms=5,
             request_timeout_ms=120_000,
             **client_options(settings),
@@ -321,6 +321,8 @@ class Stage:
     kafka: KafkaSettings
     broker: LocalKafka | None = None
     """A broker owned by this stage (scenarios that restart it need one), or None."""
+    cluster: LocalCluster | None = None
+    """A cluster owned by this stage (the cluster rows kill, freeze and restart its nodes), or None."""
 
 
 def _toml_value(value: Any) -> str:
@@ -475,7 +477,8 @@ class Deployment:
     # -- events in ClickHouse --
 
     async def latency_end_offsets(self) -> dict[tuple[str, int], int]:
-        """End offsets of the latency-events topic now: what the sink must have committed to be caught up."""
+        """Offsets after the last latency event of each partition now: what the sink must have committed
+        to be caught up (below the log end when transactions wrote the events: see `end_offsets`)."""
         return await end_offsets(self.settings, self.topics.latency_events)
 
     async def events_caught_up(self, timeout_s: float, target: dict[tuple[str, int], int] | None = None) -> float | None:
@@ -579,7 +582,8 @@ async def committed_offsets(settings: KafkaSettings, group: str) -> dict[tuple[s
 
 
 async def end_offsets(settings: KafkaSettings, topic: str) -> dict[tuple[str, int], int]:
-    """{(topic, partition): end offset} of every partition of `topic`."""
+    """{(topic, partition): offset after its last data record} of every partition of `topic`
+    (the log end, unless transaction markers end the log)."""
     admin = await _admin(settings)
     try:
         described = await admin.describe_topics([topic])
@@ -591,10 +595,45 @@ async def end_offsets(settings: KafkaSettings, topic: str) -> dict[tuple[str, in
     consumer = AIOKafkaConsumer(group_id=None, request_timeout_ms=10_000, **client_options(settings))
     await consumer.start()
     try:
-        ends = await consumer.end_offsets([TopicPartition(topic, p) for p in partitions])
+        tps = [TopicPartition(topic, p) for p in partitions]
+        ends = await consumer.end_offsets(tps)
+        data_ends = await _last_data_offsets(consumer, ends)
     finally:
         await consumer.stop()
-    return {(tp.topic, tp.partition): offset for tp, offset in ends.items()}
+    return {(tp.topic, tp.partition): offset for tp, offset in data_ends.items()}
+
+
+DATA_LOOKBACK = 64
+"""How far below a partition's end `_last_data_offsets` looks for its last record."""
+
+
+async def _last_data_offsets(consumer: AIOKafkaConsumer, ends: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
+    """Offset after each partition's last data record, which is below the log end when the log
+    ends in transaction markers (a transactional producer wrote it). A consumer never sees a
+    marker, so a caught-up consumer commits this offset, not the end; waiting for the end would
+    wait forever. The last DATA_LOOKBACK offsets are read to find it (the end if none is there)."""
+    wanted = {tp: end for tp, end in ends.items() if end > 0}
+    found = dict(ends)
+    if not wanted:
+        return found
+    consumer.assign(list(wanted))
+    starts = await consumer.beginning_offsets(list(wanted))
+    last: dict[TopicPartition, int] = {}
+    for tp, end in wanted.items():
+        consumer.seek(tp, max(end - DATA_LOOKBACK, starts.get(tp, 0)))
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline:
+        batches = await consumer.getmany(timeout_ms=200)
+        for tp, records in batches.items():
+            for record in records:
+                if record.offset < wanted[tp]:
+                    last[tp] = record.offset + 1
+        positions = {tp: await consumer.position(tp) for tp in wanted}
+        if all(positions[tp] >= end for tp, end in wanted.items()):
+            break
+    for tp, end in wanted.items():
+        found[tp] = last.get(tp, end)
+    return found
 
 
 @dataclass(frozen=True)
@@ -607,6 +646,8 @@ class ChaosSizes:
     """Requests of the steady scenarios (duration = requests / rate)."""
     outage_s: float = 20.0
     """How long the broker, or ClickHouse, stays away."""
+    freeze_s: float = 30.0
+    """How long `broker-freeze` keeps a cluster's broker SIGSTOPped."""
     overload_s: float = 60.0
     overload_factor: float = 3.0
     """Arrival rate as a multiple of one consumer's capacity."""
@@ -622,7 +663,7 @@ class ChaosSizes:
 
     @classmethod
     def quick(cls) -> "ChaosSizes":
-        return cls(rate_rps=60.0, requests=600, outage_s=10.0, overload_s=15.0, sink_kills=1,
+        return cls(rate_rps=60.0, requests=600, outage_s=10.0, freeze_s=8.0, overload_s=15.0, sink_kills=1,
                    storm_s=20.0, storm_period_s=2.0, answer_timeout_s=90.0)  # fmt: skip
 
 
@@ -646,6 +687,13 @@ async def drain_events(d: Deployment, sizes: ChaosSizes, sending: asyncio.Task[A
         sink.terminate()
     lost, double, details = d.event_accounting(await d.clickhouse_rows())
     return EventTally(caught_up, lost, double, details)
+
+
+async def port_released(port: int, timeout_s: float = 30.0) -> None:
+    """A stopped broker's listener port may linger a moment; its restart needs it free."""
+    deadline = time.monotonic() + timeout_s
+    while not port_is_free(port) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
 
 
 async def stop_task(task: asyncio.Task[Any] | None) -> None:

@@ -117,6 +117,19 @@ class Ledger:
         caught_up = self.caught_up_at(fault_end)
         return None if caught_up is None else round(caught_up - fault_end, 2)
 
+    def p99_by_phase(self, start: float, end: float) -> dict[str, float]:
+        """p99 in ms of what a client waits (send until the first answer is seen; read_committed, so
+        a transactional answer counts once it is committed) for requests sent before `start`, during
+        [start, end] and after `end`. Unanswered requests are left out (they are counted as lost)."""
+        phases: dict[str, list[float]] = {"before": [], "during": [], "after": []}
+        for request_id, sent_at in self.sent.items():
+            first = self._first_answer.get(request_id)
+            if first is None:
+                continue
+            phase = "before" if sent_at < start else "during" if sent_at <= end else "after"
+            phases[phase].append((first - sent_at) * 1000.0)
+        return {f"p99_{name}_ms": round(percentile(values, 99), 1) for name, values in phases.items()}
+
     def report(
         self,
         fault: str,

@@ -23,10 +23,14 @@ if TYPE_CHECKING:
 
 
 def chaos(
-    scenario: str = typer.Argument("all", help="A scenario name, or `all`. `--list` shows the names."),
+    scenario: str = typer.Argument(
+        "all",
+        help="A scenario name, `all` (the single-broker rows) or `cluster` (the three-broker rows). `--list` shows the names.",
+    ),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the rows (with details) as JSON here."),
     quick: bool = typer.Option(False, "--quick", help="The test suite's short sizes (15 s overload, 10 s outages)."),
     outage_s: Optional[float] = typer.Option(None, help="Broker/ClickHouse outage length in seconds (default 20)."),
+    freeze_s: Optional[float] = typer.Option(None, help="How long broker-freeze SIGSTOPs a broker (default 30)."),
     overload_s: Optional[float] = typer.Option(None, help="Overload phase length in seconds (default 60)."),
     rate: Optional[float] = typer.Option(None, help="Steady arrival rate, requests/s (default 80)."),
     requests: Optional[int] = typer.Option(None, help="Requests per steady scenario (default 1600)."),
@@ -36,30 +40,32 @@ def chaos(
     """Inject faults into a real local pipeline and report lost and duplicated requests."""
     import dataclasses
 
-    from pipeline.chaos.catalogue import SCENARIOS, report_rows, run_scenarios
+    from pipeline.chaos.catalogue import CLUSTER, SCENARIOS, SINGLE_BROKER, report_rows, run_scenarios
     from pipeline.chaos.harness import ChaosSizes
 
     if list_only:
         for name, entry in SCENARIOS.items():
             doc = (entry.run.__doc__ or "").strip().splitlines()[0]
-            typer.echo(f"{name:18} {doc}")
+            where = "  (3-broker cluster)" if entry.cluster else ""
+            typer.echo(f"{name:18} {doc}{where}")
         return
-    names = list(SCENARIOS) if scenario == "all" else [scenario]
+    names = {"all": SINGLE_BROKER, "cluster": CLUSTER}.get(scenario, [scenario])
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
-        typer.echo(f"error: unknown scenario {unknown[0]!r}; known: all, {', '.join(SCENARIOS)}", err=True)
+        typer.echo(f"error: unknown scenario {unknown[0]!r}; known: all, cluster, {', '.join(SCENARIOS)}", err=True)
         raise typer.Exit(2)
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     sizes = ChaosSizes.quick() if quick else ChaosSizes()
     overrides = {
         "outage_s": outage_s,
+        "freeze_s": freeze_s,
         "overload_s": overload_s,
         "rate_rps": rate,
         "requests": requests,
     }
     given = {k: v for k, v in overrides.items() if v is not None}
     if any(v <= 0 for v in given.values()):
-        typer.echo("error: --outage-s, --overload-s, --rate and --requests must be > 0", err=True)
+        typer.echo("error: --outage-s, --freeze-s, --overload-s, --rate and --requests must be > 0", err=True)
         raise typer.Exit(2)
     sizes = dataclasses.replace(sizes, **given)
     keep = workdir is not None

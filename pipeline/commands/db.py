@@ -164,7 +164,10 @@ def sink_command(
 
     cfg = _config(config, clickhouse_url)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from pipeline.kafka.client import resolve_replication
+
     asyncio.run(wait_until_ready(cfg, _layout(cfg, None)))
+    cfg = dataclasses.replace(cfg, kafka=asyncio.run(resolve_replication(cfg.kafka)))
     sink = build_sink(cfg)
     typer.echo(f"sink: {sink.topics.latency_events}, {sink.topics.batch_events} -> {describe(cfg.clickhouse)}")
     live = publish(cfg.clickhouse)

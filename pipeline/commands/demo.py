@@ -113,11 +113,11 @@ def _profile(model: DemoModel, config: Path, cache: Path, fresh: bool, env: dict
 async def _send_warmup(config_path: Path, model: str) -> None:
     from aiokafka import AIOKafkaProducer
 
-    from pipeline.kafka.client import Topics, client_options
+    from pipeline.kafka.client import Topics, client_options, durable_producer
     from pipeline.config import load_config
 
     cfg = load_config(config_path)
-    producer = AIOKafkaProducer(**client_options(cfg.kafka))
+    producer = AIOKafkaProducer(**client_options(cfg.kafka), **durable_producer())
     await producer.start()
     try:
         value = b'{"id": "%s", "model": "%s", "text": "warm up the model", "warmup": true}' % (WARMUP_ID.encode(), model.encode())

@@ -1,4 +1,4 @@
-"""CLI commands: `batchtide local ...` (a local Kafka broker) and `batchtide topics create`."""
+"""CLI commands: `batchtide local ...` (a local Kafka broker or cluster) and `batchtide topics create`."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ DEFAULT_DATA_DIR = Path("var/kafka")
 DEFAULT_PORT = 9092
 STATE_FILE = "state.json"
 
-local_app = typer.Typer(help="Run a local single-node Kafka broker (KRaft) for development.", no_args_is_help=True)
+local_app = typer.Typer(help="Run a local Kafka broker, or a KRaft cluster of them, for development.", no_args_is_help=True)
 topics_app = typer.Typer(help="Kafka topics of the pipeline.", no_args_is_help=True)
 
 DataDirOption = Annotated[Path, typer.Option("--data-dir", help="Broker data directory (topics, offsets, logs).")]
@@ -81,13 +81,46 @@ def up(
     data_dir: DataDirOption = DEFAULT_DATA_DIR,
     port: Annotated[
         Optional[int],
-        typer.Option(help="Client port; default: the data dir's previous port, else 9092 if free, else any free port."),
+        typer.Option(
+            help="Client port (a cluster: of node 1, the others follow); default: the data dir's previous "
+            "port, else 9092 if free, else any free port."
+        ),
     ] = None,
-    timeout: Annotated[float, typer.Option(help="Seconds to wait for the broker to answer.")] = 90.0,
+    brokers: Annotated[
+        int, typer.Option("--brokers", min=1, help="Brokers: 1 (a single node) or a KRaft cluster of N nodes.")
+    ] = 1,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the broker(s) to answer.")] = 90.0,
 ) -> None:
-    """Start the broker in the background; it keeps running after this command exits."""
+    """Start the broker (or a cluster of them) in the background; it keeps running after this command exits."""
+    from pipeline.devtools.localcluster import LocalCluster, is_cluster_dir
     from pipeline.devtools.localkafka import KafkaSetupError, LocalKafka, port_is_free
 
+    if brokers > 1 or is_cluster_dir(data_dir):
+        try:
+            cluster = LocalCluster(data_dir, brokers=brokers if brokers > 1 else LocalCluster.open(data_dir).size)
+        except KafkaSetupError as e:
+            raise _fail(str(e)) from None
+        if port is None and not is_cluster_dir(data_dir) and all(
+            port_is_free(DEFAULT_PORT + i) for i in range(cluster.size)
+        ):
+            port = DEFAULT_PORT
+        cluster = LocalCluster(data_dir, brokers=cluster.size, first_port=port)
+        started = time.monotonic()
+        try:
+            cluster.start(timeout_s=timeout, detached=True)
+        except KafkaSetupError as e:
+            raise _fail(str(e)) from None
+        state = {
+            "pids": [node.pid for node in cluster.nodes],
+            "bootstrap": cluster.bootstrap,
+            "data_dir": str(cluster.data_dir),
+        }
+        (cluster.data_dir / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
+        typer.echo(f"kafka cluster of {cluster.size} up in {time.monotonic() - started:.1f} s")
+        for node in cluster.nodes:
+            typer.echo(f"  node {node.node_id}: pid {node.pid}, {node.bootstrap}, logs {node.log_file}")
+        typer.echo(f"export BATCHTIDE_KAFKA_BOOTSTRAP={cluster.bootstrap}")
+        return
     broker = LocalKafka(data_dir)
     if broker.is_running:
         typer.echo(f"already running: pid {broker.pid}, bootstrap {broker.bootstrap}")
@@ -107,25 +140,33 @@ def up(
 
 @local_app.command("down")
 def down(data_dir: DataDirOption = DEFAULT_DATA_DIR) -> None:
-    """Stop the broker cleanly (SIGTERM, wait); its data stays for the next `up`."""
+    """Stop the broker (every node of a cluster) cleanly (SIGTERM, wait); its data stays for the next `up`."""
+    from pipeline.devtools.localcluster import LocalCluster, is_cluster_dir
     from pipeline.devtools.localkafka import LocalKafka
 
-    broker = LocalKafka(data_dir)
-    if not broker.is_running:
+    nodes = LocalCluster.open(data_dir).nodes if is_cluster_dir(data_dir) else [LocalKafka(data_dir)]
+    pids = [node.pid for node in nodes if node.is_running]
+    if not pids:
         typer.echo("not running")
         return
-    pid = broker.pid
-    broker.stop()
-    (broker.data_dir / STATE_FILE).unlink(missing_ok=True)
-    typer.echo(f"stopped pid {pid}")
+    if len(nodes) > 1:
+        LocalCluster.open(data_dir).stop()
+    else:
+        nodes[0].stop()
+    (Path(data_dir) / STATE_FILE).unlink(missing_ok=True)
+    typer.echo(f"stopped pid {', '.join(str(p) for p in pids)}")
 
 
 @local_app.command("status")
 def status(data_dir: DataDirOption = DEFAULT_DATA_DIR) -> None:
-    """Is the broker running, where, and which topics does it hold."""
-    from pipeline.kafka.client import list_topics
+    """Is the broker running, where, and which topics does it hold (a cluster: controller, leaders, ISR)."""
+    from pipeline.devtools.localcluster import is_cluster_dir
     from pipeline.devtools.localkafka import LocalKafka
+    from pipeline.kafka.client import list_topics
 
+    if is_cluster_dir(data_dir):
+        _cluster_status(data_dir)
+        return
     broker = LocalKafka(data_dir)
     if not broker.is_running:
         typer.echo(f"not running (data dir {broker.data_dir})")
@@ -135,6 +176,46 @@ def status(data_dir: DataDirOption = DEFAULT_DATA_DIR) -> None:
     typer.echo(f"topics ({len(counts)}):")
     for name, partitions in sorted(counts.items()):
         typer.echo(f"  {name}  partitions={partitions}")
+
+
+def _cluster_status(data_dir: Path) -> None:
+    """Nodes, the active controller, and every partition's leader and ISR, straight from the cluster."""
+    from pipeline.devtools.localcluster import LocalCluster
+    from pipeline.kafka.cluster import PartitionState, Quorum, live_brokers, partition_states, quorum
+
+    cluster = LocalCluster.open(data_dir)
+    running = [node for node in cluster.nodes if node.is_running]
+    if not running:
+        typer.echo(f"not running (cluster of {cluster.size}, data dir {cluster.data_dir})")
+        raise typer.Exit(3)
+    settings = KafkaSettings(bootstrap_servers=",".join(node.bootstrap for node in running))
+
+    async def look() -> tuple[list[int], Quorum | str, list[PartitionState]]:
+        alive = await live_brokers(settings)
+        try:
+            leader: Quorum | str = await quorum(settings)
+        except Exception as e:  # noqa: BLE001 - shown: a quorum without a leader is what status must say
+            leader = f"unknown ({e!r})"
+        return alive, leader, await partition_states(settings)
+
+    alive, leader, states = asyncio.run(look())
+    typer.echo(f"cluster of {cluster.size}, data dir {cluster.data_dir}, bootstrap {cluster.bootstrap}")
+    for node in cluster.nodes:
+        state = "running" if node.is_running else "stopped"
+        fenced = "" if node.node_id in alive or not node.is_running else " (not in metadata: fenced?)"
+        typer.echo(f"  broker {node.node_id}: {state}, pid {node.pid}, {node.bootstrap}{fenced}")
+    if isinstance(leader, str):
+        typer.echo(f"controller leader: {leader}")
+    else:
+        typer.echo(f"controller leader: node {leader.leader} (epoch {leader.epoch}, voters {list(leader.voters)})")
+    topics = sorted({s.topic for s in states})
+    typer.echo(f"topics ({len(topics)}):")
+    for topic in topics:
+        mine = [s for s in states if s.topic == topic]
+        under = sum(1 for s in mine if s.under_replicated)
+        typer.echo(f"  {topic}  partitions={len(mine)}" + (f"  under-replicated={under}" if under else ""))
+        for s in mine:
+            typer.echo(f"    p{s.partition}  leader={s.leader}  replicas={list(s.replicas)}  isr={list(s.isr)}")
 
 
 @topics_app.command("create")

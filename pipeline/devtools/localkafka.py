@@ -39,9 +39,10 @@ POM = Path(__file__).resolve().parent / "broker" / "pom.xml"
 COMPLETE_MARKER = ".complete"
 CLUSTER_FILE = "cluster.json"
 LOG_FILE = "broker.log"
+HEAP_MB = 512
+"""Heap of a single broker; a cluster's nodes get less each (see localcluster.NODE_HEAP_MB)."""
 JVM_OPTIONS = (
     "-Xms128m",
-    "-Xmx512m",
     "-XX:+UseSerialGC",
     "-XX:TieredStopAtLevel=1",
     "-XX:-UsePerfData",
@@ -269,6 +270,7 @@ class LocalKafka:
         self._cluster: dict[str, object] | None = None
         self._archive_dump: Path | None = None
         self.last_start_s: float | None = None
+        self._launched_at: float | None = None
         """Seconds the last start() took until the broker answered a metadata request."""
 
     def __repr__(self) -> str:
@@ -342,21 +344,31 @@ class LocalKafka:
 
     # -- configuration files -------------------------------------------------
 
+    @property
+    def node_id(self) -> int:
+        """KRaft node id: 1 for a single broker, the node's number in a cluster (localcluster.py)."""
+        cluster = self._load_cluster()
+        return int(cluster.get("node_id", 1)) if cluster else 1  # type: ignore[arg-type]
+
     def _server_properties(self, cluster: dict[str, object]) -> str:
         port, cport = cluster["port"], cluster["controller_port"]
+        # A cluster node's cluster.json (written by LocalCluster) names its quorum and the
+        # replication its internal topics get; a single broker replicates nothing.
+        replicas = int(cluster.get("replicas", 1))  # type: ignore[arg-type]
+        min_isr = int(cluster.get("min_insync_replicas", 1))  # type: ignore[arg-type]
         props: dict[str, object] = {
             "process.roles": "broker,controller",
-            "node.id": 1,
-            "controller.quorum.voters": f"1@127.0.0.1:{cport}",
+            "node.id": self.node_id,
+            "controller.quorum.voters": cluster.get("voters", f"1@127.0.0.1:{cport}"),
             "controller.listener.names": "CONTROLLER",
             "log.dirs": self.data_dir / "logs",
             "num.partitions": 4,
-            "default.replication.factor": 1,
-            "min.insync.replicas": 1,
-            "offsets.topic.replication.factor": 1,
+            "default.replication.factor": replicas,
+            "min.insync.replicas": min_isr,
+            "offsets.topic.replication.factor": replicas,
             "offsets.topic.num.partitions": 8,
-            "transaction.state.log.replication.factor": 1,
-            "transaction.state.log.min.isr": 1,
+            "transaction.state.log.replication.factor": replicas,
+            "transaction.state.log.min.isr": min_isr,
             "transaction.state.log.num.partitions": 4,
             "group.initial.rebalance.delay.ms": 0,
             "auto.create.topics.enable": "false",
@@ -375,6 +387,10 @@ class LocalKafka:
             "broker.heartbeat.interval.ms": 500,
             "broker.session.timeout.ms": 3000,
         }
+        if replicas > 1:
+            # A follower that stops fetching (frozen, partitioned) leaves the ISR after 10 s
+            # rather than 30 s, so acks=all writes stall for less; a fenced broker leaves at once.
+            props["replica.lag.time.max.ms"] = 10000
         name = self.security_protocol
         props |= {
             "listeners": f"{name}://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}",
@@ -480,6 +496,7 @@ class LocalKafka:
         return [
             java,
             *JVM_OPTIONS,
+            f"-Xmx{self._heap_mb()}m",
             *(class_sharing or []),
             f"-Dlog4j.configuration=file:{self.data_dir / 'log4j.properties'}",
             f"-Dkafka.logs.dir={self.data_dir}",
@@ -488,6 +505,10 @@ class LocalKafka:
             main_class,
             *args,
         ]
+
+    def _heap_mb(self) -> int:
+        cluster = self._load_cluster()
+        return int(cluster.get("heap_mb", HEAP_MB)) if cluster else HEAP_MB  # type: ignore[arg-type]
 
     def _format_storage(self, cluster: dict[str, object], config: Path) -> None:
         """Format the KRaft log dir once; SCRAM credentials can only be seeded here."""
@@ -537,6 +558,18 @@ class LocalKafka:
         if self.is_running:
             return
         started = time.monotonic()
+        self.launch(detached=detached)
+        self.wait_ready(timeout_s, started=started)
+
+    def launch(self, *, detached: bool = False) -> None:
+        """Start the JVM and return at once; `wait_ready` waits for it to answer.
+
+        A cluster launches all its nodes before waiting for any: a node's
+        controller cannot elect a leader, so the node cannot become ready, until
+        a majority of the quorum runs.
+        """
+        if self.is_running:
+            return
         cluster = self._prepare_cluster()
         port = int(cluster["port"])  # type: ignore[arg-type]
         if not port_is_free(port):
@@ -567,6 +600,11 @@ class LocalKafka:
         self._pid_file.write_text(f"{self._process.pid}\n")
         if not detached:
             _owned_brokers.add(self)
+        self._launched_at = time.monotonic()
+
+    def wait_ready(self, timeout_s: float = 60.0, *, started: float | None = None) -> None:
+        """Return once the launched broker answers metadata listing itself; kill it on failure."""
+        started = started if started is not None else self._launched_at or time.monotonic()
         try:
             self._wait_ready(started + timeout_s)
         except BaseException:
@@ -617,8 +655,8 @@ class LocalKafka:
         client = AIOKafkaClient(**options)  # type: ignore[arg-type]
         try:
             await asyncio.wait_for(client.bootstrap(), timeout=max(budget_s, 0.5))
-            if not client.cluster.brokers():
-                raise KafkaSetupError("metadata lists no live broker yet")
+            if client.cluster.broker_metadata(self.node_id) is None:
+                raise KafkaSetupError(f"metadata does not list node {self.node_id} as a live broker yet")
         finally:
             await client.close()
 

@@ -24,7 +24,7 @@ import numpy as np
 from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import murmur2
 
-from pipeline.kafka.client import Topics, client_options
+from pipeline.kafka.client import Topics, client_options, durable_producer
 from pipeline.config import KafkaSettings
 from schemas.messages import GenerationParams, Request
 
@@ -110,7 +110,9 @@ class LoadProducer:
         return f"{self.run_id}-{tag}{index}"
 
     async def __aenter__(self) -> "LoadProducer":
-        self._producer = AIOKafkaProducer(**client_options(self.settings), linger_ms=0, max_batch_size=256 * 1024)
+        self._producer = AIOKafkaProducer(
+            **client_options(self.settings), **durable_producer(), linger_ms=0, max_batch_size=256 * 1024
+        )
         await self._producer.start()
         return self
 

@@ -9,15 +9,18 @@ environment only and is masked wherever the options are printed.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import ssl
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaClient, AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
+from aiokafka.cluster import ClusterMetadata
 from aiokafka.errors import TopicAlreadyExistsError, for_code
+from aiokafka.protocol.metadata import MetadataRequest
 from aiokafka.helpers import create_ssl_context
 
 from pipeline.config import ConfigError, KafkaSettings
@@ -192,6 +195,47 @@ def topic_partitions(settings: KafkaSettings, models: dict[str, int]) -> dict[st
     return wanted
 
 
+CLUSTER_REPLICATION = 3
+CLUSTER_MIN_INSYNC = 2
+
+
+def replication(settings: KafkaSettings, brokers: int) -> tuple[int, int]:
+    """(replication factor, min.insync.replicas) for new topics on a cluster of `brokers` live brokers.
+
+    "auto" gives 3 and 2 on three or more brokers (one broker may be lost without losing
+    or refusing an acks=all write), and one replica per broker below that, with
+    min.insync.replicas 1 (on one broker: today's single-broker settings).
+    """
+    rf = settings.replication_factor
+    factor = min(CLUSTER_REPLICATION, brokers) if rf == "auto" else rf
+    if factor > brokers:
+        raise ConfigError(f"kafka.replication_factor = {factor} but the cluster has {brokers} live broker(s)")
+    isr = settings.min_insync_replicas
+    insync = (CLUSTER_MIN_INSYNC if factor >= CLUSTER_REPLICATION else 1) if isr == "auto" else isr
+    if insync > factor:
+        raise ConfigError(f"kafka.min_insync_replicas = {insync} exceeds the replication factor {factor}")
+    return factor, insync
+
+
+def durable_producer() -> dict[str, Any]:
+    """Producer options of every batchtide producer: a write is answered once every in-sync replica
+    has it (acks=all, so a leader's death cannot take an acknowledged answer with it), and retries
+    after a lost acknowledgement cannot write it twice (idempotence)."""
+    return {"acks": "all", "enable_idempotence": True}
+
+
+async def resolve_replication(settings: KafkaSettings) -> KafkaSettings:
+    """`settings` with "auto" replication replaced by numbers, counting the cluster's live brokers
+    (for clients that create topics of their own, such as faust in the sink)."""
+    admin = AIOKafkaAdminClient(**client_options(settings))
+    await admin.start()
+    try:
+        factor, insync = replication(settings, len((await admin.describe_cluster())["brokers"]))
+    finally:
+        await admin.close()
+    return dataclasses.replace(settings, replication_factor=factor, min_insync_replicas=insync)
+
+
 async def ensure_topics(settings: KafkaSettings, models: dict[str, int]) -> dict[str, int]:
     """Create every topic of `models` ({name: partitions}) plus the shared event/DLQ topics.
 
@@ -220,9 +264,10 @@ async def create_topics(settings: KafkaSettings, wanted: dict[str, int]) -> dict
     admin = AIOKafkaAdminClient(**client_options(settings))
     await admin.start()
     try:
+        factor, insync = replication(settings, len((await admin.describe_cluster())["brokers"]))
         response = await admin.create_topics(
             [
-                NewTopic(name, count, settings.replication_factor, topic_configs=topic_configs(name))
+                NewTopic(name, count, factor, topic_configs={"min.insync.replicas": str(insync), **topic_configs(name)})
                 for name, count in wanted.items()
             ]
         )
@@ -234,9 +279,38 @@ async def create_topics(settings: KafkaSettings, wanted: dict[str, int]) -> dict
         if grow:
             await admin.create_partitions(grow)
             existing = await _settled_partition_counts(admin, wanted)
-        return existing
     finally:
         await admin.close()
+    await _known_to_every_broker(settings, wanted)
+    return existing
+
+
+async def _known_to_every_broker(settings: KafkaSettings, wanted: dict[str, int], timeout_s: float = 15.0) -> None:
+    """Wait until every live broker's metadata lists each topic with its partitions.
+
+    On a cluster each broker learns of a new topic from the controller in its
+    own time; a client that asks another broker a moment after the create gets
+    UNKNOWN_TOPIC_OR_PARTITION (aiokafka's consumer start() then fails). On
+    one broker this returns at once.
+    """
+    client = AIOKafkaClient(request_timeout_ms=10_000, **client_options(settings))
+    await client.bootstrap()
+    try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        for broker in sorted(client.cluster.brokers(), key=lambda b: b.nodeId):
+            while loop.time() < deadline:
+                try:
+                    response = await client.send(broker.nodeId, MetadataRequest(sorted(wanted)))
+                except Exception:  # noqa: BLE001 - a broker that does not answer cannot be waited for
+                    break
+                view = ClusterMetadata()
+                view.update_metadata(response)
+                if all(len(view.partitions_for_topic(name) or ()) >= count for name, count in wanted.items()):
+                    break
+                await asyncio.sleep(0.05)
+    finally:
+        await client.close()
 
 
 async def list_topics(settings: KafkaSettings) -> dict[str, int]:

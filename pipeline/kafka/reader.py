@@ -59,7 +59,13 @@ class TopicReader:
         """Records handed out so far."""
 
     async def start(self) -> None:
-        await self._consumer.start()
+        try:
+            await self._consumer.start()
+        except BaseException:
+            # A start() that fails (a topic a broker does not know yet) leaves the consumer's
+            # fetch and metadata tasks running, and asyncio.run() then waits for them forever.
+            await self._consumer.stop()
+            raise
         if self._since_ms is not None:
             partitions = list(await self._assignment(30.0))
             found = await self._consumer.offsets_for_times({tp: self._since_ms for tp in partitions})

@@ -43,7 +43,7 @@ import faust
 import msgspec
 from clickhouse_connect.driver.client import Client
 
-from pipeline.kafka.client import Topics, create_topics
+from pipeline.kafka.client import Topics, create_topics, resolve_replication
 from pipeline.config import Config, KafkaSettings
 from pipeline.store.client import connect as connect_clickhouse
 from pipeline.store.client import describe
@@ -197,6 +197,16 @@ async def _stored() -> None:
     """The ack of a broker-side sample: it came from no topic, so nothing is committed."""
 
 
+def _replication_factor(kafka: KafkaSettings) -> int:
+    """faust creates a topic of its own (its assignor's leader topic) and needs a number: "auto"
+    is resolved against the cluster here (`batchtide sink` resolves it before building)."""
+    if kafka.replication_factor != "auto":
+        return kafka.replication_factor
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        resolved = pool.submit(asyncio.run, resolve_replication(kafka)).result()
+    return int(resolved.replication_factor)
+
+
 def build_sink(
     config: Config,
     *,
@@ -219,7 +229,7 @@ def build_sink(
         autodiscover=False,
         datadir=datadir or str(Path(tempfile.gettempdir()) / f"batchtide-faust-{app_id}"),
         topic_partitions=kafka.events_partitions,
-        topic_replication_factor=kafka.replication_factor,
+        topic_replication_factor=_replication_factor(kafka),
         consumer_auto_offset_reset="earliest",
         broker_commit_interval=1.0,
         # faust's default (60 s) leaves a restarted sink's partitions unread for a

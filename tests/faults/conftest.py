@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.devtools.localcluster import LocalCluster
 from pipeline.devtools.localkafka import LocalKafka
 from pipeline.chaos.harness import Stage
 from pipeline.config import KafkaSettings
@@ -33,3 +34,15 @@ def own_broker_stage(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator
         yield Stage(workdir=tmp_path / "stage", kafka=settings, broker=broker)
     finally:
         broker.stop()
+
+
+@pytest.fixture
+def cluster_stage(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Stage]:
+    """A three-broker cluster only this test uses (the code `batchtide local up --brokers 3` runs)."""
+    cluster = LocalCluster(tmp_path / "cluster", brokers=3)
+    cluster.start(timeout_s=180)
+    try:
+        settings = KafkaSettings(bootstrap_servers=cluster.bootstrap, topic_prefix=unique_prefix(request.node.name))
+        yield Stage(workdir=tmp_path / "stage", kafka=settings, cluster=cluster)
+    finally:
+        cluster.stop()
