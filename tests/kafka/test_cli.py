@@ -124,7 +124,7 @@ def test_local_up_brokers_3_replicates_topics_and_status_shows_leaders_and_isr(t
         for node_id in (1, 2, 3):
             assert f"broker {node_id}: running" in status.output
         lines = [line for line in status.output.splitlines() if line.strip().startswith("p0 ")]
-        assert len(lines) == 7, status.output
+        assert len(lines) == 8, status.output  # the model's 3 topics, 4 event/DLQ topics, the fleet
         assert all("replicas=[" in line and line.count(",") >= 4 for line in lines), status.output
 
         down = runner.invoke(app, ["local", "down", "--data-dir", str(data_dir)])
