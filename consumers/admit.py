@@ -29,7 +29,8 @@ from consumers.intake import (
 from pipeline.kafka.client import Topics
 from consumers.runners.base import Runner
 from pipeline.config import ModelConfig
-from pipeline.engine.decisions import PendingRequest
+from pipeline.engine.decisions import BatchPolicy, PendingRequest
+from pipeline.kafka.offsets import OffsetTracker
 from schemas.messages import Request
 
 
@@ -50,6 +51,23 @@ class Admission:
         self._waiting_ids: set[str] = set()
         self._running_ids: set[str] = set()
         """Ids of dispatched requests until their answers are published (then `answered` knows them)."""
+
+    def intake(
+        self, records: dict[TopicPartition, list[ConsumerRecord]], now_ms: float, tracker: OffsetTracker[TopicPartition],
+        engine: BatchPolicy,
+    ) -> list[tuple[ConsumerRecord, Rejection]]:
+        """Admit one fetch: every record's offset is tracked (the commit must not pass it before it
+        is answered), admitted requests are offered to `engine`, refused records returned."""
+        rejected: list[tuple[ConsumerRecord, Rejection]] = []
+        for tp, batch in records.items():
+            for record in batch:
+                tracker.received(tp, record.offset)
+                admitted = self.admit(tp, record, int(now_ms))
+                if isinstance(admitted, Rejection):
+                    rejected.append((record, admitted))
+                else:
+                    engine.offer(admitted, now_ms)
+        return rejected
 
     def admit(self, tp: TopicPartition, record: ConsumerRecord, fetch_ms: int) -> PendingRequest | Rejection:
         decoded = decode_request(record.value, model=self._model, max_bytes=self._max_bytes)

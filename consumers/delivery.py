@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable, Sequence
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import InvalidTopicError, KafkaError, TopicAuthorizationFailedError, UnknownTopicOrPartitionError
 
+from consumers.clock import Clock, SystemClock
 from pipeline.kafka.outbox import Failure, Message, Outbox, too_large
 from pipeline.kafka.topic_limits import TopicLimits
 
@@ -53,8 +53,15 @@ class Delivery:
     """Routes, fits and produces records; retries or rebuilds those the broker refuses."""
 
     def __init__(
-        self, producer: AIOKafkaProducer, outbox: Outbox, limits: TopicLimits, own_topics: set[str], fallback_topic: str
+        self,
+        producer: AIOKafkaProducer,
+        outbox: Outbox,
+        limits: TopicLimits,
+        own_topics: set[str],
+        fallback_topic: str,
+        clock: Clock | None = None,
     ) -> None:
+        self._clock: Clock = clock or SystemClock()
         self._producer = producer
         self._outbox = outbox
         self._limits = limits
@@ -141,7 +148,7 @@ class Delivery:
             log.warning("%s refused a %d-byte record as too large; rebuilding it under %d bytes", message.topic, message.size, limit)
             return await self._shrunk(message, limit)
         if message.reroute is not None and isinstance(error, KafkaError):
-            self._reply_topics[message.topic] = (False, time.monotonic())
+            self._reply_topics[message.topic] = (False, self._clock.monotonic_s())
             log.warning("reply topic %s refused an answer (%r); it goes to %s", message.topic, error, self._fallback)
             self.rebuilt += 1
             return await self.prepared(message.reroute(_reason(error)))
@@ -151,7 +158,7 @@ class Delivery:
     async def _reply_topic_problem(self, topic: str) -> str | None:
         """Why answers cannot go to `topic` (None: they can), from cached metadata."""
         known = self._reply_topics.get(topic)
-        now = time.monotonic()
+        now = self._clock.monotonic_s()
         if known is not None and (known[0] or now - known[1] < REPLY_TOPIC_RECHECK_S):
             return None if known[0] else "does not exist or is not writable"
         try:

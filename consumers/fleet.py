@@ -21,13 +21,13 @@ import asyncio
 import contextlib
 import logging
 import statistics
-import time
 from collections import deque
 from collections.abc import Callable
 
 import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from consumers.clock import Clock
 from pipeline.config import KafkaSettings
 from pipeline.engine.fleet import MemberView
 from pipeline.kafka.client import Topics, client_options, stop_client
@@ -46,9 +46,16 @@ class Fleet:
     """Publishes `beacon()` every interval; `peers()` is the newest view of every other member."""
 
     def __init__(
-        self, settings: KafkaSettings, group: str, member_id: str, interval_ms: float, beacon: Callable[[], FleetBeacon]
+        self,
+        settings: KafkaSettings,
+        group: str,
+        member_id: str,
+        interval_ms: float,
+        beacon: Callable[[], FleetBeacon],
+        clock: Clock,
     ) -> None:
         self._settings = settings
+        self._clock = clock
         self._topic = Topics(settings.topic_prefix).fleet
         self._group = group
         self._member_id = member_id
@@ -133,7 +140,7 @@ class Fleet:
             await reader.seek_to_end(partition)
             while True:
                 got = await reader.getmany(timeout_ms=500)
-                now = time.time() * 1000.0
+                now = self._clock.now_ms()
                 for records in got.values():
                     for record in records:
                         with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):

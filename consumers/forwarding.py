@@ -1,24 +1,49 @@
-"""Forwards: a request handed to a faster peer through a priority partition that peer owns.
+"""Forwards: a waiting request handed to a faster peer through a priority partition it owns.
 
-Which requests go, and to whom, is `pipeline.engine.fleet.plan_forwards`
-(from the peers' beacons, `consumers.fleet`); this module is the record a
-forward travels as. The forward carries the original record time
-in a header (waiting keeps counting from the first enqueue), and the header
-doubles as the loop guard: a request that arrived as a forward is never
-forwarded again. Exactly-once answering rests on three rules: the
-original's offset is acknowledged only after the forward is on the broker,
-the forwarding consumer withdraws it from its own engine, and every
-consumer remembers the ids it answered (`consumers.intake.RecentIds`) to
-drop stray duplicates.
+Which requests go, and to whom, is `pipeline.engine.fleet.plan_forwards`,
+from the peers' beacons (`consumers.fleet` publishes this consumer's and
+reads theirs). `PeerForwarding` is this consumer's side of that balance:
+what its beacon says (how soon it could start one more request, from the
+engine's learned t(b) and the batches on its device), and, at most every
+`FORWARD_SCAN_INTERVAL_MS`, which waiting requests leave and the records
+they travel as. The loop then withdraws them from the engine and publishes.
+
+The forward carries the original record time in a header (waiting keeps
+counting from the first enqueue), and the header doubles as the loop guard:
+a request that arrived as a forward is never forwarded again. Exactly-once
+answering rests on three rules: the original's offset is acknowledged only
+after the forward is on the broker, the forwarding consumer withdraws it
+from its own engine, and every consumer remembers the ids it answered
+(`consumers.intake.RecentIds`) to drop stray duplicates.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable, Iterable
+
 from consumers.answers import Held
+from consumers.clock import Clock
+from consumers.fleet import Fleet
 from consumers.intake import ORIG_TS_HEADER
+from pipeline.config import ConsumerSettings, KafkaSettings
+from pipeline.engine.decisions import Batch, PendingRequest, ServingPolicy
+from pipeline.engine.fleet import (
+    ForwardRule,
+    beacon_view,
+    curve_view,
+    dispatch_order,
+    peers_after,
+    plan_forwards,
+    recent_batch_ms,
+)
+from pipeline.kafka.outbox import Message
+from schemas.messages import FleetBeacon
 
 FORWARDED_BY_HEADER = "batchtide-forwarded-by"
 """Which consumer forwarded the request (for tracing; not trusted for logic)."""
+FORWARD_SCAN_INTERVAL_MS = 20.0
+"""Looking for requests a peer would finish sooner scans the local queue; at most this often."""
 
 
 def forward_headers(held: Held, consumer_id: str) -> list[tuple[str, bytes]]:
@@ -26,3 +51,113 @@ def forward_headers(held: Held, consumer_id: str) -> list[tuple[str, bytes]]:
         (ORIG_TS_HEADER, str(held.enqueue_ms).encode()),
         (FORWARDED_BY_HEADER, consumer_id.encode()),
     ]
+
+
+class PeerForwarding:
+    """One consumer's beacon and its forwards to faster peers (`fleet` is None until started,
+    and stays None when `fleet_beacon_ms` is 0)."""
+
+    def __init__(
+        self, consumer_id: str, model: str, group_id: str, priority_topic: str, settings: ConsumerSettings,
+        engine: ServingPolicy, clock: Clock,
+    ) -> None:
+        self._consumer_id = consumer_id
+        self._model = model
+        self._group_id = group_id
+        self._priority_topic = priority_topic
+        self._engine = engine
+        self._clock = clock
+        self._scanning = settings.tail_forwarding
+        self._rule = ForwardRule(min_gain_ms=settings.forward_min_gain_ms, gain_share=settings.forward_gain_share)
+        self._last_scan_ms = 0.0
+        self._batch_ms = 0.0
+        """Recent batch compute time (a moving average): what the group is told a forward costs here."""
+        self._busy_until: dict[int, float] = {}
+        """Expected end (wall-clock ms, from the learned t(b)) of each batch on the device."""
+        self.fleet: Fleet | None = None
+
+    def start(self, kafka: KafkaSettings, beacon_ms: float, beacon: Callable[[], FleetBeacon]) -> None:
+        """Publish `beacon()` every `beacon_ms` and listen to the peers'."""
+        if beacon_ms <= 0:
+            return
+        self.fleet = Fleet(kafka, self._group_id, self._consumer_id, beacon_ms, beacon, self._clock)
+        self.fleet.start()
+
+    async def stop(self) -> None:
+        if self.fleet is not None:
+            await self.fleet.stop()
+
+    # ---- the device's state, as the group is told it ----------------------------
+
+    def dispatched(self, batch: Batch, now_ms: float) -> None:
+        self._busy_until[batch.batch_id] = now_ms + (self._engine.curve.estimate_ms(batch.record.cost) or 0.0)
+
+    def left_device(self, batch: Batch) -> None:
+        self._busy_until.pop(batch.batch_id, None)
+
+    def measured(self, compute_ms: float) -> None:
+        self._batch_ms = recent_batch_ms(self._batch_ms, compute_ms, self._rule)
+
+    def busy_for(self, now_ms: float) -> float:
+        """Device time left on the batches running now, as t(b) predicted them."""
+        return max(0.0, max((end - now_ms for end in self._busy_until.values()), default=0.0))
+
+    def beacon(self, now_ms: float, partitions: tuple[int, ...]) -> FleetBeacon:
+        """What this consumer tells its group: how soon it could start one more request."""
+        engine = self._engine
+        view = beacon_view(
+            self._consumer_id, now_ms, engine.pending, curve_view(engine.curve, self.busy_for(now_ms)),
+            self._batch_ms, partitions,
+        )
+        return FleetBeacon(
+            member_id=view.member_id,
+            model=self._model,
+            group=self._group_id,
+            at_ms=int(now_ms),
+            start_in_ms=view.start_in_ms,
+            batch_ms=view.batch_ms,
+            capacity_per_s=view.capacity_per_s,
+            partitions=list(view.partitions),
+        )
+
+    # ---- which requests leave --------------------------------------------------
+
+    def due(self, now_ms: float) -> bool:
+        """Time for a scan (and it counts as made)."""
+        if not self._scanning or now_ms - self._last_scan_ms < FORWARD_SCAN_INTERVAL_MS:
+            return False
+        self._last_scan_ms = now_ms
+        return True
+
+    def plan(
+        self, now_ms: float, waiting: Iterable[PendingRequest], room: int | None
+    ) -> list[tuple[PendingRequest, Message]]:
+        """The back of the queue that peers would finish clearly sooner, each with the record that
+        takes it to a priority partition its peer owns (`room`: the priority topic's
+        `max.message.bytes`, None while unknown: a forward it would refuse stays here)."""
+        fleet = self.fleet
+        engine = self._engine
+        if fleet is None or engine.pending <= 1:
+            return []
+        view = curve_view(engine.curve, self.busy_for(now_ms))
+        peers = fleet.peers()
+        if view is None or not peers:
+            return []
+        queue = dispatch_order(waiting)
+        rule = dataclasses.replace(self._rule, hop_ms=fleet.hop_ms)
+        plan = plan_forwards(
+            len(queue), [not pr.payload.forwarded_in for pr in queue], view, peers_after(self._consumer_id, peers),
+            now_ms, rule, fleet.sent,
+        )
+        chosen: list[tuple[PendingRequest, Message]] = []
+        for forward in plan:
+            pr = queue[forward.index]
+            held: Held = pr.payload
+            message = Message(
+                self._priority_topic, held.request.id.encode(), held.raw, forward_headers(held, self._consumer_id),
+                partition=forward.partition,
+            )
+            if room is None or message.size > room:
+                continue
+            chosen.append((pr, message))
+        return chosen

@@ -28,6 +28,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import CommitFailedError, KafkaError
 
 from consumers.delivery import Delivery
+from consumers.membership import commit_points
 from pipeline.kafka.offsets import OffsetTracker
 from pipeline.kafka.outbox import Failure, Message, Outbox
 from consumers.stats import ConsumerStats
@@ -119,7 +120,7 @@ class Publisher:
                         raise _Refused(refused)
                     for tp, offset in done:
                         self.tracker.answered(tp, offset)
-                    offsets = self._owned(self.tracker.to_commit())
+                    offsets = self._commit_points()
                     if offsets:
                         await producer.send_offsets_to_transaction(offsets, self._group_id)
             except _Refused as refusal:
@@ -130,16 +131,15 @@ class Publisher:
 
         await self._delivery.until_accepted(messages, attempt, all_or_nothing=True)
 
-    def _owned(self, offsets: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
-        assigned = self._consumer.assignment()
-        return {tp: offset for tp, offset in offsets.items() if tp in assigned}
+    def _commit_points(self, partitions: set[TopicPartition] | None = None) -> dict[TopicPartition, int]:
+        return commit_points(self.tracker, self._consumer.assignment(), partitions)
 
     async def commit(self, partitions: set[TopicPartition] | None = None) -> None:
         """Commit what is answered (of `partitions`, default all); a failed commit is retried later."""
         if self.transactional:
             await self._commit_transaction(partitions)
             return
-        offsets = self._owned(self.tracker.to_commit(partitions))
+        offsets = self._commit_points(partitions)
         if not offsets:
             return
         try:
@@ -153,7 +153,7 @@ class Publisher:
     async def _commit_transaction(self, partitions: set[TopicPartition] | None) -> None:
         producer = self._producer
         async with self._txn_lock:
-            offsets = self._owned(self.tracker.to_commit(partitions))
+            offsets = self._commit_points(partitions)
             if not offsets:
                 return
             async with producer.transaction():

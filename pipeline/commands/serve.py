@@ -51,7 +51,8 @@ def consume(
     """Serve one model: join its consumer group, batch, run, answer. SIGTERM/SIGINT stop cleanly."""
     import logging
 
-    from consumers.worker import Consumer, serve
+    from consumers.serving import serve
+    from consumers.worker import Consumer
 
     cfg = _config(config)
     try:

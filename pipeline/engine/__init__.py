@@ -6,7 +6,9 @@ from pipeline.engine.decisions import (
     Decision,
     DispatchReason,
     DispatchRecord,
+    LearnedCost,
     PendingRequest,
+    ServingPolicy,
 )
 from pipeline.engine.engine import BatchingEngine
 
@@ -17,5 +19,7 @@ __all__ = [
     "Decision",
     "DispatchReason",
     "DispatchRecord",
+    "LearnedCost",
     "PendingRequest",
+    "ServingPolicy",
 ]

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-DispatchReason = Literal["hard_cap", "target", "idle", "max_wait", "drain"]
+DispatchReason = Literal["hard_cap", "target", "idle", "max_wait"]
 
 
 @dataclass(slots=True, eq=False)
@@ -103,3 +103,33 @@ class BatchPolicy(Protocol):
 
     @property
     def pending(self) -> int: ...
+
+
+class LearnedCost(Protocol):
+    """What a driver reads of a policy's learned batch time t(b)."""
+
+    @property
+    def cap(self) -> int:
+        """The batch size a backlog is served at."""
+        ...
+
+    def estimate_ms(self, size: float) -> float | None:
+        """t(size) in ms; None before anything was measured."""
+        ...
+
+
+class ServingPolicy(BatchPolicy, Protocol):
+    """What the live consumer needs of its policy beyond the simulator's loop: the resolved
+    ceiling (the runner refuses what could never fit), taking a request back (forwarded to a
+    peer, or its partition revoked), the learned t(b) (the consumer's beacon and its forwards
+    are predicted from it) and a snapshot for its lag events."""
+
+    @property
+    def ceiling(self) -> int: ...
+
+    @property
+    def curve(self) -> LearnedCost: ...
+
+    def withdraw(self, request: PendingRequest) -> bool: ...
+
+    def stats(self) -> dict[str, Any]: ...

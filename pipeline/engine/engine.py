@@ -35,7 +35,7 @@ from pipeline.engine.window import ArrivalRate, paying_wait_ms
 
 
 class BatchingEngine:
-    """The rate-adaptive batching policy for one model on one consumer (a BatchPolicy)."""
+    """The rate-adaptive batching policy for one model on one consumer (a ServingPolicy)."""
 
     def __init__(
         self,
@@ -185,13 +185,6 @@ class BatchingEngine:
         batch = self._dispatch(now_ms, reason, window, cap, backlog)
         more = queue.count > 0 and free > 1
         return Decision(batch, expired, now_ms if more else self._next_deadline())
-
-    def drain(self, now_ms: float) -> Batch | None:
-        """Dispatch what is pending up to the cap at once, window and slots aside
-        (reason `drain`): for a consumer that is stopping or losing its partitions."""
-        if self._queue.count == 0:
-            return None
-        return self._dispatch(now_ms, "drain", 0.0, self._curve.cap, 0)
 
     def completed(self, batch: Batch, now_ms: float, compute_ms: float) -> None:
         """The device finished `batch` after `compute_ms` of compute: free its slot, learn t(b)."""

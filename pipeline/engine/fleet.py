@@ -38,8 +38,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from pipeline.engine.costcurve import CostCurve
-from pipeline.engine.decisions import PendingRequest
+from pipeline.engine.decisions import LearnedCost, PendingRequest
 
 DEFAULT_MIN_GAIN_MS = 20.0
 DEFAULT_GAIN_SHARE = 0.35
@@ -167,7 +166,7 @@ def start_in_ms(queue_len: int, local: LocalView) -> float:
     return local.busy_for_ms + (queue_len // cap) * local.t_ms(cap)
 
 
-def curve_view(curve: CostCurve, busy_for_ms: float) -> LocalView | None:
+def curve_view(curve: LearnedCost, busy_for_ms: float) -> LocalView | None:
     """A consumer's LocalView from its engine's learned curve; None before it measured a batch."""
     if curve.estimate_ms(1) is None:
         return None

@@ -122,7 +122,7 @@ def test_forwarded_tails_are_answered_exactly_once_on_a_skewed_load(kafka_settin
         first = make_consumer(model, kafka_settings, settings, "c1")
         second = make_consumer(model, kafka_settings, settings, "c2")
         async with running(first), running(second):
-            while not (first._consumer.assignment() and second._consumer.assignment()):
+            while not (first.membership.owned() and second.membership.owned()):
                 await asyncio.sleep(0.05)
             for start in range(0, n, 100):
                 await send(kafka_settings, names.requests(MODEL), [request(i) for i in range(start, start + 100)], partition=0)
@@ -153,7 +153,7 @@ def test_a_straggler_hands_work_to_its_fast_peer_exactly_once_through_a_rebalanc
         snail = make_consumer(slow, kafka, settings, "slow")
         hare = make_consumer(fast, kafka, settings, "fast")
         async with running(snail), running(hare):
-            while not (snail._consumer.assignment() and hare._consumer.assignment()):
+            while not (snail.membership.owned() and hare.membership.owned()):
                 await asyncio.sleep(0.05)
             for start in range(0, n // 2, 50):
                 await send(kafka, names.requests(MODEL), [request(i) for i in range(start, start + 50)])

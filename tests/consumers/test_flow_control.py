@@ -63,11 +63,11 @@ def test_a_group_splits_partitions_and_loses_nothing_when_members_come_and_go(ka
         first, second = make_consumer(model, kafka_settings, settings, "c1"), make_consumer(model, kafka_settings, settings, "c2")
         async with running(first), running(second):
             producing = asyncio.create_task(_trickle(kafka_settings, names.requests(model.name), n, per_s=250))
-            await _until(lambda: len(first._consumer.assignment()) > 0 and len(second._consumer.assignment()) > 0)
-            split = (len(first._consumer.assignment()), len(second._consumer.assignment()))
+            await _until(lambda: len(first.membership.owned()) > 0 and len(second.membership.owned()) > 0)
+            split = (len(first.membership.owned()), len(second.membership.owned()))
             await asyncio.sleep(1.0)
             async with running(make_consumer(model, kafka_settings, settings, "c3")) as third:
-                await _until(lambda: len(third._consumer.assignment()) > 0)
+                await _until(lambda: len(third.membership.owned()) > 0)
                 await _until(lambda: third.stats.answered["ok"] > 0 or producing.done())
             await producing
             results = await collect(kafka_settings, names.results(model.name), {f"r{i}" for i in range(n)}, timeout_s=60)

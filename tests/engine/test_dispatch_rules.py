@@ -164,17 +164,6 @@ def test_batch_ids_increase_from_one_and_records_are_complete() -> None:
     assert ids == [1, 2, 3]
 
 
-def test_drain_sends_pending_now_in_cap_sized_batches() -> None:
-    engine = BatchingEngine(BatchProfile(target_size=4, hard_cap=4, adaptive_window=False))
-    for i in range(6):
-        engine.offer(request(float(i)), 6.0)
-    first = engine.drain(6.0)
-    second = engine.drain(6.0)
-    assert first is not None and second is not None and engine.drain(6.0) is None
-    assert (first.size, second.size) == (4, 2)
-    assert first.record.reason == second.record.reason == "drain"
-
-
 def test_withdrawn_request_is_never_dispatched_nor_expired() -> None:
     engine = BatchingEngine(BatchProfile(target_size=4, hard_cap=8))
     kept = [request(0.0) for _ in range(3)]

@@ -18,7 +18,7 @@ import pytest
 from pipeline.chaos.harness import Proc, Stage, toml_text
 from pipeline.config import KafkaSettings
 from pipeline.kafka.client import Topics, ensure_topics
-from tests.support.kafka import consume_n, produce_json
+from tests.support.kafka import consume_n, json_values, produce_json
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -58,6 +58,16 @@ async def _busy(settings: KafkaSettings) -> None:
     await produce_json(settings, topics.requests(MODEL), requests, key=lambda v: v["id"])
 
 
+async def _both_answering(settings: KafkaSettings) -> None:
+    """Until each consumer has answered a request: both hold partitions, and work, when the broker dies."""
+    results = Topics(settings.topic_prefix).results(MODEL)
+    for n in range(20, REQUESTS, 20):
+        answered_by = {value["consumer_id"] for value in json_values(await consume_n(settings, results, n, timeout_s=60))}
+        if answered_by == {"patient", "stubborn"}:
+            return
+    raise AssertionError(f"only {answered_by} answered")
+
+
 @pytest.mark.timeout(180)
 def test_sigterm_ends_a_busy_consumer_whose_broker_died(own_broker_stage: Stage) -> None:
     stage = own_broker_stage
@@ -69,7 +79,7 @@ def test_sigterm_ends_a_busy_consumer_whose_broker_died(own_broker_stage: Stage)
     try:
         patient.start()
         stubborn.start()
-        asyncio.run(consume_n(stage.kafka, Topics(stage.kafka.topic_prefix).results(MODEL), 20, timeout_s=60))
+        asyncio.run(_both_answering(stage.kafka))
         broker.kill()
         assert patient.alive and stubborn.alive, "the consumers must ride out the broker's death until told to stop"
 
