@@ -271,6 +271,10 @@ async def _restart(node: LocalKafka) -> None:
     await asyncio.to_thread(node.start, 120.0)
 
 
+VICTIM_SETTLE_S = 20.0
+"""How long `leader-kill` waits for the chosen broker to lead and coordinate again before it gives up."""
+
+
 async def leader_kill(stage: Stage, sizes: ChaosSizes) -> FaultReport:
     """SIGKILL the broker that leads the most request partitions and coordinates a consumer's
     transactions; it stays down `outage_s`, then restarts and rejoins."""
@@ -294,8 +298,13 @@ async def leader_kill(stage: Stage, sizes: ChaosSizes) -> FaultReport:
     async def inject(d: Deployment, cluster: LocalCluster) -> Injection:
         victim = int(chosen["victim"])
         group = consumer_group(d.settings, CHAOS_MODEL)
-        states = await _request_leaders(d, d.settings)
-        coordinator = await _look(transaction_coordinator(d.settings, f"{group}.{chosen['consumer']}"))
+        deadline = time.monotonic() + VICTIM_SETTLE_S
+        while True:  # leadership can still be moving from the topics' creation: give it time to settle
+            states = await _request_leaders(d, d.settings)
+            coordinator = await _look(transaction_coordinator(d.settings, f"{group}.{chosen['consumer']}"))
+            if (_leads_the_most(states, victim) and coordinator == victim) or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(1.0)
         led = leader_counts(states).get(victim, 0)
         if not _leads_the_most(states, victim) or coordinator != victim:
             raise ChaosError(
