@@ -3,14 +3,13 @@
 Kafka's assignors spread partitions by count, not by speed, so a consumer
 on a slower device (an older card, a throttled one, a co-tenant model) or
 on a hot partition builds a queue that its faster peers never see. Every
-consumer of a model's group therefore says, a few times a second, how soon
-a request handed to it now would start and how long a small batch takes it
-and how long its batches take now (`MemberView`, the consumer's beacon).
-Each consumer compares, for the
-requests at the back of its own queue, when it would finish them itself
-with when the best peer would, one Kafka round trip later; when the peer is
-clearly sooner the request goes to a partition of the priority topic that
-the peer owns, which it pulls first.
+consumer of a model's group therefore says, several times a second, how
+soon a request handed to it now would start, how long its batches take now
+and its capacity (`MemberView`, the consumer's beacon). Each consumer
+compares, for the requests at the back of its own queue, when it would
+finish them itself with when the best peer would, one Kafka hop later;
+when the peer is clearly sooner the request goes to a partition of the
+priority topic that the peer owns, which it pulls first.
 
 Clearly sooner means by at least `min_gain_ms` and by `gain_share` of the
 local device's time for a batch of one: between equal consumers the
@@ -22,11 +21,12 @@ its predicted start until the peer's next beacon, so one scan never floods
 it. Neither is aged by the beacon's age: the peer keeps receiving its own
 traffic meanwhile, and in the simulator aged views made a fleet of 16 with
 two stragglers flood its fastest-looking peers (p99 2.9x the all-fast fleet
-against 1.35x), and equal consumers forward back and forth. A peer
-that has measured nothing yet (it joined, or its partitions are quiet) is
-assumed as fast as the forwarding consumer and gets one request per beacon,
-enough for it to measure itself; peers without priority partitions get none. A request that arrived as a forward is never forwarded again (the
-caller leaves it out), so nothing ping-pongs.
+against 1.35x), and equal consumers forward back and forth. A peer that has
+measured nothing yet (it joined, or its partitions are quiet) is assumed as
+fast as the forwarding consumer and gets one request per beacon, enough for
+it to measure itself; peers without priority partitions get none. A request
+that arrived as a forward is never forwarded again (the caller leaves it
+out), so nothing ping-pongs.
 
 Pure: no clock, no Kafka. The consumer calls it with wall-clock times and
 its beacons; the simulator with virtual ones.
