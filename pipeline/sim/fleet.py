@@ -1,19 +1,19 @@
 """The consumer group under a virtual clock: one engine and one device per consumer, and
 group-relative forwarding between them exactly as the live consumer does it.
 
-Each consumer (a lane) owns the partitions Kafka's range assignor gives it
-and runs batchtide's own `BatchingEngine` on its own device, whose t(b) is
+Each consumer (a lane) owns the partitions its assignment gives it (Kafka's
+range assignor, or counts in proportion to its speed) and runs batchtide's own `BatchingEngine` on its own device, whose t(b) is
 the scenario's times the consumer's speed factor at dispatch. With
 forwarding on, every consumer:
 
 - publishes a beacon (`MemberView`) every `beacon_interval_ms`: how soon a
   request handed to it would start (`start_in_ms` over its queue and its
-  learned curve), t(1), its capacity and its priority partitions. Peers see
+  learned curve), its recent batch time, its capacity and its priority partitions. Peers see
   it one hop later and until the next one: beacons are as stale as live;
 - every `scan_interval_ms` calls `plan_forwards` over its waiting requests in
   dispatch order, with the running batch's time left as its engine
   predicted it at dispatch (the consumer knows no better) and its peers'
-  beacons in member-id order, and hands each chosen request to the peer one
+  beacons from the one after it (`peers_after`), and hands each chosen request to the peer one
   hop later, with its original record time and priority 0 (the priority
   topic), never to be forwarded again.
 
