@@ -26,11 +26,11 @@ from consumers.intake import (
     parse_forward_headers,
     reply_topic_problem,
 )
-from pipeline.kafka.client import Topics
+from pipeline.core.kafka.client import Topics
 from consumers.runners.base import Runner
-from pipeline.config import ModelConfig
-from pipeline.engine.decisions import BatchPolicy, PendingRequest
-from pipeline.kafka.offsets import OffsetTracker
+from pipeline.core.config import ModelConfig
+from pipeline.core.engine.decisions import BatchPolicy, PendingRequest
+from pipeline.core.kafka.offsets import OffsetTracker
 from schemas.messages import Request
 
 

@@ -38,11 +38,11 @@ import msgspec
 from aiokafka.structs import TopicPartition
 
 from consumers.intake import bounded
-from pipeline.kafka.client import Topics
-from pipeline.kafka.outbox import Message
+from pipeline.core.kafka.client import Topics
+from pipeline.core.kafka.outbox import Message
 from consumers.runners.base import Output
-from pipeline.kafka.topic_limits import KAFKA_DEFAULT_MAX_MESSAGE_BYTES, TopicLimits, record_size
-from pipeline.engine.decisions import Batch
+from pipeline.core.kafka.topic_limits import KAFKA_DEFAULT_MAX_MESSAGE_BYTES, TopicLimits, record_size
+from pipeline.core.engine.decisions import Batch
 from schemas.messages import BatchEvent, DeadLetter, LatencyEvent, Outcome, Request, Result
 
 _encode = msgspec.json.Encoder().encode

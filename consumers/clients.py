@@ -21,10 +21,10 @@ from consumers.delivery import Delivery
 from consumers.fetcher import Fetcher
 from consumers.publish import Publisher
 from consumers.stats import ConsumerStats
-from pipeline.config import KafkaSettings
-from pipeline.kafka.client import client_options, durable_producer, stop_client
-from pipeline.kafka.outbox import BATCH_BYTES, Outbox
-from pipeline.kafka.topic_limits import TopicLimits
+from pipeline.core.config import KafkaSettings
+from pipeline.core.kafka.client import client_options, durable_producer, stop_client
+from pipeline.core.kafka.outbox import BATCH_BYTES, Outbox
+from pipeline.core.kafka.topic_limits import TopicLimits
 
 
 @dataclass

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipeline.engine.decisions import Batch, BatchPolicy, PendingRequest
+from pipeline.core.engine.decisions import Batch, BatchPolicy, PendingRequest
 
 
 @dataclass

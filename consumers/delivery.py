@@ -33,8 +33,8 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import InvalidTopicError, KafkaError, TopicAuthorizationFailedError, UnknownTopicOrPartitionError
 
 from consumers.clock import Clock, SystemClock
-from pipeline.kafka.outbox import Failure, Message, Outbox, too_large
-from pipeline.kafka.topic_limits import TopicLimits
+from pipeline.core.kafka.outbox import Failure, Message, Outbox, too_large
+from pipeline.core.kafka.topic_limits import TopicLimits
 
 log = logging.getLogger("batchtide.consumer")
 

@@ -19,7 +19,7 @@ import msgspec
 from consumers.clock import Clock
 from consumers.runners.base import Output, Runner, run_isolating
 from consumers.warm_up import warm_up
-from pipeline.engine.decisions import Batch, PendingRequest
+from pipeline.core.engine.decisions import Batch, PendingRequest
 from schemas.messages import Request
 
 

@@ -1,6 +1,6 @@
 """Forwards: a waiting request handed to a faster peer through a priority partition it owns.
 
-Which requests go, and to whom, is `pipeline.engine.fleet.plan_forwards`,
+Which requests go, and to whom, is `pipeline.core.engine.fleet.plan_forwards`,
 from the peers' beacons (`consumers.fleet` publishes this consumer's and
 reads theirs). `PeerForwarding` is this consumer's side of that balance:
 what its beacon says (how soon it could start one more request, from the
@@ -26,9 +26,9 @@ from consumers.answers import Held
 from consumers.clock import Clock
 from consumers.fleet import Fleet
 from consumers.intake import ORIG_TS_HEADER
-from pipeline.config import ConsumerSettings, KafkaSettings
-from pipeline.engine.decisions import Batch, PendingRequest, ServingPolicy
-from pipeline.engine.fleet import (
+from pipeline.core.config import ConsumerSettings, KafkaSettings
+from pipeline.core.engine.decisions import Batch, PendingRequest, ServingPolicy
+from pipeline.core.engine.fleet import (
     ForwardRule,
     beacon_view,
     curve_view,
@@ -37,7 +37,7 @@ from pipeline.engine.fleet import (
     plan_forwards,
     recent_batch_ms,
 )
-from pipeline.kafka.outbox import Message
+from pipeline.core.kafka.outbox import Message
 from schemas.messages import FleetBeacon
 
 FORWARDED_BY_HEADER = "batchtide-forwarded-by"

@@ -3,11 +3,11 @@
 `LagRecorder` runs beside each consumer and publishes a `LagEvent` every
 `lag_interval_ms` to `<prefix>.events.lag` (the sink loads it into
 ClickHouse `consumer_lag` with source = 'consumer'). Lag and lag age come
-from the broker (`pipeline.kafka.lag_probe.LagProbe`: committed against end
+from the broker (`pipeline.core.kafka.lag_probe.LagProbe`: committed against end
 offsets, and the CreateTime of the record at the committed offset); the
 commit trails the answers by up to `commit_interval_ms`, which is the whole
 error. A model whose consumers are all gone records nothing here: the sink
-samples every group from the broker as well (pipeline/store/group_lag.py).
+samples every group from the broker as well (pipeline/core/store/group_lag.py).
 `batchtide status` reads the latest event of each consumer from the topic.
 """
 
@@ -22,9 +22,9 @@ from typing import Any, Protocol
 import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from pipeline.config import KafkaSettings
-from pipeline.kafka.client import Topics, client_options, durable_producer, stop_client
-from pipeline.kafka.lag_probe import PROBE_TIMEOUT_MS, GroupView, LagProbe, Member
+from pipeline.core.config import KafkaSettings
+from pipeline.core.kafka.client import Topics, client_options, durable_producer, stop_client
+from pipeline.core.kafka.lag_probe import PROBE_TIMEOUT_MS, GroupView, LagProbe, Member
 from schemas.messages import LagEvent, PartitionLag
 
 __all__ = ["GroupView", "LagProbe", "LagRecorder", "Member", "latest_lag_events", "start_recorder"]

@@ -23,8 +23,8 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 
 from consumers.admit import Admission
-from pipeline.engine.decisions import ServingPolicy
-from pipeline.kafka.offsets import OffsetTracker
+from pipeline.core.engine.decisions import ServingPolicy
+from pipeline.core.kafka.offsets import OffsetTracker
 
 log = logging.getLogger("batchtide.consumer")
 

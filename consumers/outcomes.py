@@ -22,8 +22,8 @@ from consumers.answers import DEADLINE, RUNNER_ERROR, Answers, BatchTiming, Held
 from consumers.intake import Rejection
 from consumers.runners.base import Output
 from consumers.stats import ConsumerStats
-from pipeline.engine.decisions import Batch, PendingRequest
-from pipeline.kafka.outbox import Message
+from pipeline.core.engine.decisions import Batch, PendingRequest
+from pipeline.core.kafka.outbox import Message
 
 
 @dataclass

@@ -3,7 +3,7 @@
 A record counts as answered only once its answer, dead letter or forward is
 on the broker (`consumers.delivery` gets it there in some form, never
 raising a produce error). Committing then moves each partition to its first
-unanswered record (`pipeline.kafka.offsets`): at-least-once. With
+unanswered record (`pipeline.core.kafka.offsets`): at-least-once. With
 `KafkaSettings.transactional` the records and the offsets they free go into
 one Kafka transaction: exactly-once answers. A record refused inside a
 transaction aborts it; the refused records are replaced and the whole
@@ -29,8 +29,8 @@ from aiokafka.errors import CommitFailedError, KafkaError
 
 from consumers.delivery import Delivery
 from consumers.membership import commit_points
-from pipeline.kafka.offsets import OffsetTracker
-from pipeline.kafka.outbox import Failure, Message, Outbox
+from pipeline.core.kafka.offsets import OffsetTracker
+from pipeline.core.kafka.outbox import Failure, Message, Outbox
 from consumers.stats import ConsumerStats
 
 log = logging.getLogger("batchtide.consumer")

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from consumers.heap import freeze_heap
 from consumers.lag import start_recorder
 from consumers.worker import Consumer, build_consumer
-from pipeline.config import Config
-from pipeline.kafka.client import ensure_topics
+from pipeline.core.config import Config
+from pipeline.core.kafka.client import ensure_topics
 
 
 async def serve(

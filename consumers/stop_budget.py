@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.kafka.client import CLIENT_STOP_S
+from pipeline.core.kafka.client import CLIENT_STOP_S
 
 STOP_WORK_SHARE = 0.8
 """Share of `stop_timeout_s` for finishing held work; committing and closing get the rest."""

@@ -4,7 +4,7 @@ A record's path, and the module for each step (this file ties them together):
 
   fetch    consumers/fetcher.py     priority partitions first; paused past max_queue
   admit    consumers/admit.py       decode, check, dedup, date (the checks: intake.py)
-  decide   consumers/decide.py      asks pipeline/engine (its `ServingPolicy` protocol) on
+  decide   consumers/decide.py      asks pipeline/core/engine (its `ServingPolicy` protocol) on
                                     every arrival, completion and wake-up (clock.py `Alarm`)
   forward  consumers/forwarding.py  the back of the queue to a faster peer (beacons: fleet.py)
   run      consumers/device.py      a device thread per batch; a poison request fails alone
@@ -42,16 +42,16 @@ from consumers.membership import Membership
 from consumers.outcomes import Outcomes, Reply
 from consumers.stop_budget import StopBudget, step_s
 from consumers.tasks import Work
-from pipeline.kafka.client import Topics
-from pipeline.kafka.offsets import OffsetTracker
+from pipeline.core.kafka.client import Topics
+from pipeline.core.kafka.offsets import OffsetTracker
 from consumers.runners import serving_runner
-from pipeline import profile_file
+from pipeline.core import profile_file
 from consumers.runners.base import Runner
 from consumers.stats import ConsumerStats
-from pipeline.kafka.topic_limits import TopicLimits
-from pipeline.config import Config, ConsumerSettings, KafkaSettings, ModelConfig
-from pipeline.engine.decisions import Batch, ServingPolicy
-from pipeline.engine.engine import BatchingEngine
+from pipeline.core.kafka.topic_limits import TopicLimits
+from pipeline.core.config import Config, ConsumerSettings, KafkaSettings, ModelConfig
+from pipeline.core.engine.decisions import Batch, ServingPolicy
+from pipeline.core.engine.engine import BatchingEngine
 from schemas.messages import FleetBeacon
 
 log = logging.getLogger("batchtide.consumer")

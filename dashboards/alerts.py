@@ -17,11 +17,11 @@ so one rule alerts per model) and a threshold expression on it:
   `stalled_minutes`, and the model dispatched no batch at all.
 
 Every rule but `slo` reads the sink's broker-side samples in `consumer_lag`
-(source = 'broker', pipeline/store/group_lag.py), which exist whether or not
+(source = 'broker', pipeline/core/store/group_lag.py), which exist whether or not
 any consumer runs: a consumer's own samples stop with the consumer.
 
 The SQL uses the ClickHouse plugin's backend macros only (alert queries have
-no dashboard variables), so `pipeline.store.macros.expand_macros` runs it
+no dashboard variables), so `pipeline.core.store.macros.expand_macros` runs it
 exactly as Grafana would, and the tests evaluate every rule on seeded rows.
 The file is written to `dashboards/provisioning/alerting/batchtide.yaml`
 (Grafana file provisioning) by `batchtide dashboards generate`, and
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dashboards.panels import DATASOURCE_TYPE, DATASOURCE_UID, FOLDER_TITLE, FOLDER_UID
-from pipeline.config import Config
+from pipeline.core.config import Config
 
 GROUP_NAME = "batchtide"
 EVALUATE_EVERY = "1m"

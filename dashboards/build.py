@@ -39,7 +39,7 @@ from dashboards.panels import (
     PanelSpec,
 )
 from dashboards.sql import query_sql
-from pipeline.config import Config, load_config
+from pipeline.core.config import Config, load_config
 
 DASHBOARDS_DIR = Path(__file__).resolve().parent
 DATASOURCE = common_models.DataSourceRef(type_val=DATASOURCE_TYPE, uid=DATASOURCE_UID)

@@ -2,7 +2,7 @@
 
 Both renderers read this list: `dashboards/build.py` turns it into Grafana JSON
 and `pipeline/views/board.py` into a local HTML page. The SQL itself is never written
-here: every panel names a query of `pipeline.store.queries.QUERIES`, the same
+here: every panel names a query of `pipeline.core.store.queries.QUERIES`, the same
 text `batchtide report` runs, so Grafana, the local board and the report cannot
 disagree.
 """
@@ -39,7 +39,7 @@ class PanelSpec:
     title: str
     kind: PanelKind
     query: str
-    """Name of the query in pipeline.store.queries.QUERIES."""
+    """Name of the query in pipeline.core.store.queries.QUERIES."""
     fmt: QueryFormat
     unit: str
     description: str

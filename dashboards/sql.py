@@ -1,4 +1,4 @@
-"""Panel SQL comes from `pipeline.store.queries.QUERIES` and from nowhere else.
+"""Panel SQL comes from `pipeline.core.store.queries.QUERIES` and from nowhere else.
 
 The report, the Grafana panels and the local board all read the same named
 queries; this module is the one door the dashboards use to reach them.
@@ -10,11 +10,11 @@ from collections.abc import Mapping
 
 
 class MissingQuery(LookupError):
-    """A panel names a query that `pipeline.store.queries` does not define."""
+    """A panel names a query that `pipeline.core.store.queries` does not define."""
 
 
 def all_queries() -> Mapping[str, object]:
-    from pipeline.store.queries import QUERIES
+    from pipeline.core.store.queries import QUERIES
 
     return QUERIES
 
@@ -26,7 +26,7 @@ def query_sql(name: str) -> str:
         query = queries[name]
     except KeyError:
         known = ", ".join(sorted(queries))
-        raise MissingQuery(f"no query {name!r} in pipeline.store.queries.QUERIES (known: {known})") from None
+        raise MissingQuery(f"no query {name!r} in pipeline.core.store.queries.QUERIES (known: {known})") from None
     sql = query if isinstance(query, str) else getattr(query, "sql")
     return str(sql).strip()
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import BatchProfile, ConfigError, load_config, parse_config
+from pipeline.core.config import BatchProfile, ConfigError, load_config, parse_config
 
 
 def _write(tmp_path: Path, text: str) -> Path:
@@ -208,7 +208,7 @@ def test_bad_replication_settings_name_the_file_and_the_value(tmp_path: Path, li
 
 
 def test_replication_is_automatic_by_default_and_settable(tmp_path: Path) -> None:
-    from pipeline.kafka.client import replication
+    from pipeline.core.kafka.client import replication
 
     defaults = load_config(None).kafka
     assert (defaults.replication_factor, defaults.min_insync_replicas) == ("auto", "auto")

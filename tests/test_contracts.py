@@ -10,7 +10,7 @@ import jsonschema
 import msgspec
 import pytest
 
-from pipeline.config_reference import reference_markdown
+from pipeline.core.config_reference import reference_markdown
 from schemas.jsonschema import render
 from schemas.messages import Request
 

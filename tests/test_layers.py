@@ -16,16 +16,16 @@ LAYERS: dict[str, int] = {
     # 0: the ground: messages, typed config, the pure engine, the simulator
     "schemas": 0,
     "pipeline": 0,
-    "pipeline.config": 0,
-    "pipeline.config_reference": 0,
-    "pipeline.engine": 0,
-    "pipeline.sim": 0,
+    "pipeline.core.config": 0,
+    "pipeline.core.config_reference": 0,
+    "pipeline.core.engine": 0,
+    "pipeline.core.sim": 0,
     # 1: plumbing: Kafka clients and topics, the ClickHouse store
-    "pipeline.kafka": 1,
-    "pipeline.store": 1,
+    "pipeline.core.kafka": 1,
+    "pipeline.core.store": 1,
     # 2: the product's processes, and the tools that stand in for the world around them
     "consumers": 2,
-    "pipeline.store.sink": 2,
+    "pipeline.core.store.sink": 2,
     "pipeline.devtools": 2,
     # 3: what people look at
     "dashboards": 3,
@@ -39,7 +39,7 @@ LAYERS: dict[str, int] = {
 }
 """Module prefix -> layer; the longest matching prefix wins."""
 
-APART = {("consumers", "pipeline.devtools"), ("pipeline.store.sink", "pipeline.devtools"), ("pipeline.devtools", "consumers")}
+APART = {("consumers", "pipeline.devtools"), ("pipeline.core.store.sink", "pipeline.devtools"), ("pipeline.devtools", "consumers")}
 """Same-layer neighbours that must not import each other: the product never leans on a dev tool."""
 
 
@@ -98,11 +98,25 @@ def test_no_import_points_upward() -> None:
     assert arrows() == []
 
 
+def test_the_core_folder_holds_only_what_consumers_stand_on() -> None:
+    """`pipeline/core/` is the folder line of the layering: its modules import nothing above it."""
+    known = set(sources())
+    core = {name: path for name, path in sources().items() if name.startswith("pipeline.core")}
+    assert len(core) > 40
+    outside = {
+        f"{name} imports {target}"
+        for name, path in core.items()
+        for target in imports(path, known)
+        if not target.startswith(("pipeline.core", "schemas"))
+    }
+    assert outside == set()
+
+
 def test_the_check_sees_an_upward_arrow(tmp_path: Path) -> None:
     """The checker itself catches what it is for: an engine module importing the consumer."""
     probe = tmp_path / "probe.py"
-    probe.write_text("def f():\n    from consumers.worker import Consumer\n    from pipeline import config\n")
-    found = imports(probe, {"consumers.worker", "pipeline.config"})
-    assert found == {"consumers.worker", "pipeline.config"}
-    assert LAYERS[placed("consumers.worker")] > LAYERS[placed("pipeline.engine.engine")]  # type: ignore[index]
-    assert placed("pipeline.store.sink") == "pipeline.store.sink" and placed("pipeline.store.client") == "pipeline.store"
+    probe.write_text("def f():\n    from consumers.worker import Consumer\n    from pipeline.core import config\n")
+    found = imports(probe, {"consumers.worker", "pipeline.core.config"})
+    assert found == {"consumers.worker", "pipeline.core.config"}
+    assert LAYERS[placed("consumers.worker")] > LAYERS[placed("pipeline.core.engine.engine")]  # type: ignore[index]
+    assert placed("pipeline.core.store.sink") == "pipeline.core.store.sink" and placed("pipeline.core.store.client") == "pipeline.core.store"

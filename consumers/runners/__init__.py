@@ -1,13 +1,13 @@
 """Runners: what computes a batch. `make_runner` picks one from a model's config.
 
 - `transformers`: a real model (see `transformers_runner`).
-- `cost-model`: sleeps t(b) of the simulated device (pipeline/sim/device.py); simulated.
+- `cost-model`: sleeps t(b) of the simulated device (pipeline/core/sim/device.py); simulated.
 - `zero-cost`: returns at once, to measure the pipeline itself; simulated.
 """
 
 from __future__ import annotations
 
-from pipeline.config import ModelConfig
+from pipeline.core.config import ModelConfig
 
 from .base import Output, Runner, run_isolating
 from .cost_model import CostModelRunner, ZeroCostRunner

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from consumers.heap import freeze_heap
-from pipeline.config import ModelConfig
+from pipeline.core.config import ModelConfig
 from schemas.messages import Request
 
 from .base import MemoryKind, Output, Runner, describe_error

@@ -6,7 +6,7 @@ runner the same way, needs nothing from the package that starts it.
 
 from __future__ import annotations
 
-from pipeline.config import ModelConfig
+from pipeline.core.config import ModelConfig
 
 from .base import Runner
 from .cost_model import CostModelRunner, ZeroCostRunner

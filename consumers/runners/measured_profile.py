@@ -1,7 +1,7 @@
 """The profile file's content for a measurement: the measured curves and what they recommend.
 
 `batchtide profile` measures (consumers/runners/profile.py), this module turns
-the measurement into the file's content, and pipeline/profile_file.py (the one
+the measurement into the file's content, and pipeline/core/profile_file.py (the one
 module that reads and writes the format, documented in docs/runners.md) writes it.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from pipeline.config import ModelConfig
-from pipeline.profile_file import FORMAT, REVISION, longest_request
+from pipeline.core.config import ModelConfig
+from pipeline.core.profile_file import FORMAT, REVISION, longest_request
 
 from .iteration import JOIN_SLOTS
 from .profile import Measurement, bytes_per_unit, knee, memory_limit_units

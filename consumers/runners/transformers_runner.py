@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 
 import msgspec
 
-from pipeline.config import ModelConfig
+from pipeline.core.config import ModelConfig
 from schemas.messages import Request
 
 from .base import MemoryKind, Output, process_rss

@@ -2,7 +2,7 @@
 
 Three runs on the same arrivals (the same record times; the ideal run's keys
 spread evenly): `off` is today (Kafka's equal partition counts, no
-forwarding), `on` adds group-relative forwarding (pipeline/engine/fleet.py),
+forwarding), `on` adds group-relative forwarding (pipeline/core/engine/fleet.py),
 `ideal` is the group with every device fast and keys even. The ratios to
 the ideal run are what issue 24's goals are stated in.
 """
@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.sim.fleet import fleet_variant, simulate_fleet
-from pipeline.sim.fleetmetrics import measure_fleet
-from pipeline.sim.scenario import Scenario, ScenarioError, load_scenario, make_arrivals
+from pipeline.core.sim.fleet import fleet_variant, simulate_fleet
+from pipeline.core.sim.fleetmetrics import measure_fleet
+from pipeline.core.sim.scenario import Scenario, ScenarioError, load_scenario, make_arrivals
 
 VARIANTS = ("off", "on", "weighted", "weighted+on", "ideal")
 

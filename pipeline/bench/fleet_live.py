@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.bench.pipeline import BenchOptions, Trial, describe, run_trial, WINDOW_S
-from pipeline.config import KafkaSettings
+from pipeline.core.config import KafkaSettings
 
 RECOVERED_RATIO = 1.5
 """After a slowdown, the tail has recovered once every window's p99 is within this of the baseline's."""

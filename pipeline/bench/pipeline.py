@@ -42,12 +42,12 @@ from typing import Any, Literal
 import numpy as np
 import psutil
 
-from pipeline.kafka.client import Topics, ensure_topics, stable_group_size
-from pipeline.kafka.reader import Record, TopicReader
+from pipeline.core.kafka.client import Topics, ensure_topics, stable_group_size
+from pipeline.core.kafka.reader import Record, TopicReader
 from pipeline.devtools.producer import Load, LoadProducer, poisson_load
 from consumers.runners.cost_model import SLOWDOWN_FILE_ENV
 from consumers.runners.iteration import JOIN_SLOTS
-from pipeline.config import KafkaSettings
+from pipeline.core.config import KafkaSettings
 
 RunnerChoice = Literal["zero-cost", "minilm", "cost-model", "smollm"]
 LlmMode = Literal["static", "iteration", "fixed"]

@@ -1,6 +1,6 @@
 """The policy bench of one scenario, and the suite over every shipped scenario.
 
-`bench_policies` searches every family over its own grid (pipeline/sim/search.py)
+`bench_policies` searches every family over its own grid (pipeline/core/sim/search.py)
 and adds three fixed rows: batchtide-default (BatchProfile() untouched),
 batchtide-nomark (the same with tail marking off: the ablation) and
 seed-baseline (the field report's fixed 20 ms wait, cap 48). `bench_suite`
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from pipeline.sim.families import (
+from pipeline.core.sim.families import (
     FIXED_WINDOW,
     SEED_BASELINE,
     Config,
@@ -27,8 +27,8 @@ from pipeline.sim.families import (
     engine_available,
     families,
 )
-from pipeline.sim.scenario import Scenario, load_scenario
-from pipeline.sim.search import STEP, Candidate, Evaluation, Evaluator, multiplier
+from pipeline.core.sim.scenario import Scenario, load_scenario
+from pipeline.core.sim.search import STEP, Candidate, Evaluation, Evaluator, multiplier
 
 MAX_GRID_CAP = 128
 CAPACITY_TARGET = 0.97
@@ -282,6 +282,6 @@ def bench_suite(directory: str | Path, quick: bool = False, progress: Progress |
     best_fixed = best_single_fixed(benches, quick=quick, progress=progress)
     total_req = sum(b.evaluator.requests_simulated for b in benches)
     total_s = sum(b.evaluator.sim_seconds for b in benches)
-    notes = [] if engine_available() else ["pipeline.engine.BatchingEngine not importable: batchtide rows missing"]
+    notes = [] if engine_available() else ["pipeline.core.engine.BatchingEngine not importable: batchtide rows missing"]
     return SuiteResult(benches, [compare(b) for b in benches], best_fixed, default_worst(benches),
                        total_req / total_s if total_s else 0.0, notes)

@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pipeline.config import BatchProfile
-from pipeline.engine import BatchingEngine
-from pipeline.sim.device import CostModel, DeviceCurve
-from pipeline.sim.metrics import RunMetrics, measure
-from pipeline.sim.scenario import Arrivals, LengthDist, Phase, Scenario, Topology
-from pipeline.sim.simulator import simulate
-from pipeline.store.traffic import RecordedTraffic
+from pipeline.core.config import BatchProfile
+from pipeline.core.engine import BatchingEngine
+from pipeline.core.sim.device import CostModel, DeviceCurve
+from pipeline.core.sim.metrics import RunMetrics, measure
+from pipeline.core.sim.scenario import Arrivals, LengthDist, Phase, Scenario, Topology
+from pipeline.core.sim.simulator import simulate
+from pipeline.core.store.traffic import RecordedTraffic
 
 VALIDATE_TOLERANCE = 0.15
 """--validate: predicted p99 and throughput must each be within this share of the recording."""

@@ -17,12 +17,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-from pipeline.config import ClickHouseSettings, Config
+from pipeline.core.config import ClickHouseSettings, Config
 from pipeline.views.report import pick_interval_ms, run_query
-from pipeline.store.client import connect
-from pipeline.store.migrations import Layout, migrate
-from pipeline.store.queries import REPORT_QUERIES
-from pipeline.store.seed import seed_database
+from pipeline.core.store.client import connect
+from pipeline.core.store.migrations import Layout, migrate
+from pipeline.core.store.queries import REPORT_QUERIES
+from pipeline.core.store.seed import seed_database
 
 Echo = Callable[[str], None]
 
@@ -66,9 +66,9 @@ async def bench_sink(config: Config, *, events: int, echo: Echo) -> None:
     import msgspec
     from aiokafka import AIOKafkaProducer
 
-    from pipeline.kafka.client import Topics, client_options, create_topics, durable_producer, resolve_replication
-    from pipeline.store.sink import build_sink
-    from pipeline.store.seed import batch_events, generate, latency_events
+    from pipeline.core.kafka.client import Topics, client_options, create_topics, durable_producer, resolve_replication
+    from pipeline.core.store.sink import build_sink
+    from pipeline.core.store.seed import batch_events, generate, latency_events
 
     prefix = f"bench-sink-{uuid.uuid4().hex[:8]}"
     kafka = await resolve_replication(dataclasses.replace(config.kafka, topic_prefix=prefix))

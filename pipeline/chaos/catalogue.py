@@ -24,7 +24,7 @@ from pipeline.chaos.overload import overload
 from pipeline.chaos.poison import poison_request
 from pipeline.chaos.rebalance_storm import rebalance_storm
 from pipeline.chaos.sink_kill import sink_kill
-from pipeline.config import KafkaSettings
+from pipeline.core.config import KafkaSettings
 from pipeline.devtools.localcluster import LocalCluster
 from pipeline.devtools.localkafka import LocalKafka
 

@@ -47,11 +47,11 @@ from pipeline.chaos.harness import (
     settle_answers,
 )
 from pipeline.chaos.ledger import EventTally, FaultReport
-from pipeline.config import ClickHouseSettings, KafkaSettings
+from pipeline.core.config import ClickHouseSettings, KafkaSettings
 from pipeline.devtools.localcluster import LocalCluster
 from pipeline.devtools.localkafka import LocalKafka
-from pipeline.store.live import connect_live, find
-from pipeline.kafka.cluster import (
+from pipeline.core.store.live import connect_live, find
+from pipeline.core.kafka.cluster import (
     PartitionState,
     leader_counts,
     metadata_leaders,

@@ -38,11 +38,11 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from pipeline.chaos.ledger import EventTally, Ledger
-from pipeline.config import KafkaSettings
+from pipeline.core.config import KafkaSettings
 from pipeline.devtools.localcluster import LocalCluster
 from pipeline.devtools.localkafka import LocalKafka, port_is_free
-from pipeline.kafka.client import Topics, client_options, durable_producer, ensure_topics, stable_group_size
-from pipeline.kafka.reader import Record, TopicReader
+from pipeline.core.kafka.client import Topics, client_options, durable_producer, ensure_topics, stable_group_size
+from pipeline.core.kafka.reader import Record, TopicReader
 from schemas.messages import DeadLetter, LatencyEvent, Request, Result
 
 
@@ -279,8 +279,8 @@ class Proc:
 
 _COUNT_ROWS = """
 import json, sys
-from pipeline.config import ClickHouseSettings
-from pipeline.store.client import connect
+from pipeline.core.config import ClickHouseSettings
+from pipeline.core.store.client import connect
 client = connect(ClickHouseSettings(data_dir=sys.argv[1]), database=sys.argv[2])
 raw = client.query("SELECT request_id, count() FROM request_latency GROUP BY request_id").result_rows
 final = client.query("SELECT count() FROM request_latency FINAL").result_rows[0][0]

@@ -30,9 +30,9 @@ from aiokafka import AIOKafkaProducer
 
 from pipeline.chaos.harness import CHAOS_MODEL, ChaosSizes, Deployment, Device, Stage, settle_answers
 from pipeline.chaos.ledger import FaultReport
-from pipeline.kafka.client import Topics, client_options
-from pipeline.kafka.reader import TopicReader
-from pipeline.config import KafkaSettings
+from pipeline.core.kafka.client import Topics, client_options
+from pipeline.core.kafka.reader import TopicReader
+from pipeline.core.config import KafkaSettings
 from schemas.messages import DeadLetter
 
 

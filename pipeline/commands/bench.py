@@ -87,9 +87,9 @@ def policies(
 ) -> None:
     """Grid-search every batching policy family on one scenario and compare with batchtide-default."""
     from pipeline.bench.policy import bench_policies
-    from pipeline.profile_file import ProfileError, load_profile
-    from pipeline.sim.scenario import ScenarioError, load_scenario, with_cost
-    from pipeline.sim.search import Evaluator
+    from pipeline.core.profile_file import ProfileError, load_profile
+    from pipeline.core.sim.scenario import ScenarioError, load_scenario, with_cost
+    from pipeline.core.sim.search import Evaluator
 
     try:
         scn = load_scenario(scenario)
@@ -236,7 +236,7 @@ def fleet(
     """Simulate a consumer group per scenario: balance off (today), on (group-relative
     forwarding) and the ideal all-fast group, with p99 ratios to the ideal."""
     from pipeline.bench.fleet import bench_fleet, fleet_scenario
-    from pipeline.sim.scenario import ScenarioError
+    from pipeline.core.sim.scenario import ScenarioError
 
     paths = list(scenario_opts) + list(scenario_args or [])
     if not paths:

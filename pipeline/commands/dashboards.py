@@ -22,7 +22,7 @@ def generate(
     """Regenerate dashboards/*.json (from dashboards/panels.py and the shared analysis SQL) and the
     Grafana alert rules dashboards/provisioning/alerting/batchtide.yaml (from the config)."""
     from dashboards.build import DashboardLintError, stale_files, write_all
-    from pipeline.config import ConfigError
+    from pipeline.core.config import ConfigError
 
     if config is not None and not config.exists():
         typer.echo(f"error: config file {config} does not exist", err=True)
@@ -76,7 +76,7 @@ def push(
     from dashboards.alerts import alert_rules
     from dashboards.build import checked_board, default_config_path
     from dashboards.panels import BOARDS
-    from pipeline.config import ConfigError, load_config
+    from pipeline.core.config import ConfigError, load_config
     from pipeline.views.grafana_push import ClickHouseTarget, GrafanaAuthMissing, connect, push_all
 
     try:
@@ -108,8 +108,8 @@ def _clickhouse_client(config: Optional[Path], clickhouse_url: Optional[str]) ->
     """The embedded store (read live through a running sink's server), or the server at --clickhouse-url."""
     from dataclasses import replace
 
-    from pipeline.config import load_config
-    from pipeline.store.client import connect_reader
+    from pipeline.core.config import load_config
+    from pipeline.core.store.client import connect_reader
 
     settings = load_config(config).clickhouse
     if clickhouse_url:
@@ -128,8 +128,8 @@ def board(
 ) -> None:
     """The tail-latency board as a self-contained HTML page, for machines without Grafana."""
     from pipeline.views.board import build_page, serve, time_range
-    from pipeline.config import ConfigError
-    from pipeline.store.client import ClickHouseUnavailable
+    from pipeline.core.config import ConfigError
+    from pipeline.core.store.client import ClickHouseUnavailable
 
     if (out is None) == (serve_port is None):
         typer.echo("error: give exactly one of --out FILE or --serve PORT", err=True)

@@ -11,7 +11,7 @@ from typing import Optional
 
 import typer
 
-from pipeline.config import Config, ConfigError, load_config
+from pipeline.core.config import Config, ConfigError, load_config
 
 db_app = typer.Typer(help="ClickHouse latency store: schema migrations, seed data, benchmarks.", no_args_is_help=True)
 
@@ -34,7 +34,7 @@ def _config(path: Optional[Path], clickhouse_url: Optional[str]) -> Config:
 
 def _connect(config: Config, database: str | None = None, *, reading: bool = False):  # type: ignore[no-untyped-def]
     """A ClickHouse client; `reading` ones use a running sink's read-only server when it holds the embedded store."""
-    from pipeline.store.client import ClickHouseUnavailable, connect, connect_reader
+    from pipeline.core.store.client import ClickHouseUnavailable, connect, connect_reader
 
     try:
         return (connect_reader if reading else connect)(config.clickhouse, database=database)
@@ -44,7 +44,7 @@ def _connect(config: Config, database: str | None = None, *, reading: bool = Fal
 
 
 def _layout(config: Config, cluster: Optional[str]):  # type: ignore[no-untyped-def]
-    from pipeline.store.migrations import Layout
+    from pipeline.core.store.migrations import Layout
 
     ch = config.clickhouse
     try:
@@ -64,7 +64,7 @@ def migrate_command(
     clickhouse_url: Optional[str] = UrlOption,
 ) -> None:
     """Create or upgrade the schema (idempotent; applied files are recorded in schema_migrations)."""
-    from pipeline.store.migrations import MigrationError, migrate, render_all
+    from pipeline.core.store.migrations import MigrationError, migrate, render_all
 
     cfg = _config(config, clickhouse_url)
     layout = _layout(cfg, cluster)
@@ -97,8 +97,8 @@ def seed_command(
 ) -> None:
     """Insert deterministic synthetic latency and batch rows (for boards, demos and benchmarks)."""
     from pipeline.views.report import parse_duration_ms
-    from pipeline.store.migrations import migrate
-    from pipeline.store.seed import Fleet, seed_database
+    from pipeline.core.store.migrations import migrate
+    from pipeline.core.store.seed import Fleet, seed_database
 
     cfg = _config(config, clickhouse_url)
     client = _connect(cfg)
@@ -158,13 +158,13 @@ def sink_command(
 
     import faust
 
-    from pipeline.store.sink import build_sink, wait_until_ready
-    from pipeline.store.client import describe
-    from pipeline.store.live import publish
+    from pipeline.core.store.sink import build_sink, wait_until_ready
+    from pipeline.core.store.client import describe
+    from pipeline.core.store.live import publish
 
     cfg = _config(config, clickhouse_url)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from pipeline.kafka.client import resolve_replication
+    from pipeline.core.kafka.client import resolve_replication
 
     asyncio.run(wait_until_ready(cfg, _layout(cfg, None)))
     cfg = dataclasses.replace(cfg, kafka=asyncio.run(resolve_replication(cfg.kafka)))

@@ -86,8 +86,8 @@ data_dir = "{data_dir / 'clickhouse'}"
 
 def _profile(model: DemoModel, config: Path, cache: Path, fresh: bool, env: dict[str, str], log: Path) -> tuple[Path, bool]:
     """This machine's profile of `model`: from the cache, else measured now (a quick sweep) and cached."""
-    from pipeline import profile_file
-    from pipeline.config import load_config
+    from pipeline.core import profile_file
+    from pipeline.core.config import load_config
     from pipeline.devtools.demo_plan import cache_key, machine_fingerprint
 
     spec = load_config(config).model(model.name)
@@ -113,8 +113,8 @@ def _profile(model: DemoModel, config: Path, cache: Path, fresh: bool, env: dict
 async def _send_warmup(config_path: Path, model: str) -> None:
     from aiokafka import AIOKafkaProducer
 
-    from pipeline.kafka.client import Topics, client_options, durable_producer
-    from pipeline.config import load_config
+    from pipeline.core.kafka.client import Topics, client_options, durable_producer
+    from pipeline.core.config import load_config
 
     cfg = load_config(config_path)
     producer = AIOKafkaProducer(**client_options(cfg.kafka), **durable_producer())
@@ -132,9 +132,9 @@ async def _read_results(
     """(outcome, error) per request id on the model's result topic, read until `enough` says so."""
     import msgspec
 
-    from pipeline.config import load_config
-    from pipeline.kafka.client import Topics
-    from pipeline.kafka.reader import TopicReader
+    from pipeline.core.config import load_config
+    from pipeline.core.kafka.client import Topics
+    from pipeline.core.kafka.reader import TopicReader
     from schemas.messages import Result
 
     cfg = load_config(config_path)
@@ -176,7 +176,7 @@ def demo(
     local broker, two consumers and the sink; print one report and the verdict."""
     from pipeline.devtools import demo_plan as plan
     from pipeline.devtools.localkafka import LocalKafka
-    from pipeline.sim.scenario import load_scenario
+    from pipeline.core.sim.scenario import load_scenario
 
     if not 0 < derate <= 1 or load <= 0 or llm_load <= 0:
         typer.echo("error: --derate must be in (0, 1], --load and --llm-load > 0", err=True)
@@ -319,7 +319,7 @@ def _exited(procs: list[tuple[str, subprocess.Popen[bytes]]]) -> str:
 
 async def _send_loads(config_path: Path, loads: dict[str, Any]) -> dict[str, Any]:
     """Every model's load at once, open loop, on its own schedule."""
-    from pipeline.config import load_config
+    from pipeline.core.config import load_config
     from pipeline.devtools.producer import LoadProducer
 
     cfg = load_config(config_path)

@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from pipeline.config import ConfigError, KafkaSettings, load_config
+from pipeline.core.config import ConfigError, KafkaSettings, load_config
 
 DEFAULT_DATA_DIR = Path("var/kafka")
 DEFAULT_PORT = 9092
@@ -162,7 +162,7 @@ def status(data_dir: DataDirOption = DEFAULT_DATA_DIR) -> None:
     """Is the broker running, where, and which topics does it hold (a cluster: controller, leaders, ISR)."""
     from pipeline.devtools.localcluster import is_cluster_dir
     from pipeline.devtools.localkafka import LocalKafka
-    from pipeline.kafka.client import list_topics
+    from pipeline.core.kafka.client import list_topics
 
     if is_cluster_dir(data_dir):
         _cluster_status(data_dir)
@@ -181,7 +181,7 @@ def status(data_dir: DataDirOption = DEFAULT_DATA_DIR) -> None:
 def _cluster_status(data_dir: Path) -> None:
     """Nodes, the active controller, and every partition's leader and ISR, straight from the cluster."""
     from pipeline.devtools.localcluster import LocalCluster
-    from pipeline.kafka.cluster import PartitionState, Quorum, live_brokers, partition_states, quorum
+    from pipeline.core.kafka.cluster import PartitionState, Quorum, live_brokers, partition_states, quorum
 
     cluster = LocalCluster.open(data_dir)
     running = [node for node in cluster.nodes if node.is_running]
@@ -228,7 +228,7 @@ def create(
     bootstrap: Annotated[Optional[str], typer.Option(help="Override kafka.bootstrap_servers.")] = None,
 ) -> None:
     """Create the request, priority and result topics of every model, plus events and DLQ topics."""
-    from pipeline.kafka.client import ensure_topics
+    from pipeline.core.kafka.client import ensure_topics
 
     try:
         cfg = load_config(config)

@@ -29,8 +29,8 @@ def profile(
     from consumers.runners import make_runner
     from consumers.runners import profile as measure
     from consumers.runners import measured_profile
-    from pipeline import profile_file
-    from pipeline.config import ConfigError, ModelConfig, load_config
+    from pipeline.core import profile_file
+    from pipeline.core.config import ConfigError, ModelConfig, load_config
 
     console = Console()
     try:

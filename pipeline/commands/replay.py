@@ -31,13 +31,13 @@ def replay_command(
     """Replay the recorded arrivals of a window under the profile that ran and a grid of
     candidates: predicted p50/p99/p999, throughput, hit ratio, expired share, and the
     recommended profile."""
-    from pipeline.config import ConfigError, load_config
-    from pipeline.profile_file import ProfileError, load_profile
+    from pipeline.core.config import ConfigError, load_config
+    from pipeline.core.profile_file import ProfileError, load_profile
     from pipeline.views.report import parse_duration_ms
     from pipeline.views.tables import print_table
     from pipeline.bench.replay import ReplayError, replay, scenario_toml
-    from pipeline.store.client import ClickHouseUnavailable, connect
-    from pipeline.store.traffic import read_traffic
+    from pipeline.core.store.client import ClickHouseUnavailable, connect
+    from pipeline.core.store.traffic import read_traffic
 
     try:
         cfg = load_config(config)

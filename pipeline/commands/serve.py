@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 import typer
 
-from pipeline.config import Config, ConfigError, load_config
+from pipeline.core.config import Config, ConfigError, load_config
 
 RESULTS_READ_TIMEOUT_S = 3600.0
 """`results` without --follow stops at the end offsets it found; this only bounds a broker that never gets there."""
@@ -95,7 +95,7 @@ def produce(
     """Open-loop load generator: sends at the scheduled times regardless of responses."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from pipeline.kafka.client import ensure_topics
+    from pipeline.core.kafka.client import ensure_topics
     from pipeline.devtools.producer import LoadProducer, poisson_load, scenario_load
 
     cfg = _config(config)
@@ -138,8 +138,8 @@ def results(
     (start of generated text, embedding dimension and norm, or the reason of an error/rejection)."""
     import time
 
-    from pipeline.kafka.client import Topics, list_topics
-    from pipeline.kafka.reader import Record, TopicReader
+    from pipeline.core.kafka.client import Topics, list_topics
+    from pipeline.core.kafka.reader import Record, TopicReader
     from pipeline.views.answers import Answer
     from pipeline.views.board import parse_instant
 

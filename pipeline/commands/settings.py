@@ -13,7 +13,7 @@ config_app = typer.Typer(help="Check a config file; print the configuration refe
 @config_app.command("check")
 def check(path: Annotated[Path, typer.Argument(help="TOML config file.")]) -> None:
     """Validate a config file and print each model's effective profile."""
-    from pipeline.config import ConfigError, load_config
+    from pipeline.core.config import ConfigError, load_config
 
     try:
         cfg = load_config(path)
@@ -32,7 +32,7 @@ def check(path: Annotated[Path, typer.Argument(help="TOML config file.")]) -> No
 @config_app.command("reference")
 def reference() -> None:
     """Print every config key with its default and meaning (Markdown, as in the README)."""
-    from pipeline.config_reference import reference_markdown
+    from pipeline.core.config_reference import reference_markdown
 
     typer.echo(reference_markdown(), nl=False)
 

@@ -94,7 +94,7 @@ class SinkStatus:
 
 
 async def collect_sink(config: Any) -> SinkStatus:
-    from pipeline.kafka.client import Topics
+    from pipeline.core.kafka.client import Topics
     from consumers.lag import LagProbe
 
     topics = Topics(config.kafka.topic_prefix)
@@ -107,7 +107,7 @@ async def collect_sink(config: Any) -> SinkStatus:
 
 
 async def collect(config: Any, models: list[str]) -> list[ModelStatus]:
-    from pipeline.kafka.client import Topics
+    from pipeline.core.kafka.client import Topics
     from consumers.lag import LagProbe, latest_lag_events
 
     topics = Topics(config.kafka.topic_prefix)
@@ -213,7 +213,7 @@ def status(
     in ClickHouse."""
     from aiokafka.errors import KafkaError
 
-    from pipeline.config import ConfigError, load_config
+    from pipeline.core.config import ConfigError, load_config
 
     try:
         cfg = load_config(config)

@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.config import ModelConfig
+from pipeline.core.config import ModelConfig
 from pipeline.devtools.producer import Load
-from pipeline.sim.scenario import Scenario, make_arrivals
+from pipeline.core.sim.scenario import Scenario, make_arrivals
 
 WAITED_1S_MAX = 0.02
 """Share of requests that may wait over 1 s in the queue (issue 11's goal)."""

@@ -633,7 +633,7 @@ class LocalKafka:
         """Succeeds once the broker answers metadata and lists itself as alive (unfenced)."""
         from aiokafka import AIOKafkaClient
 
-        from pipeline.kafka.client import REDACTOR
+        from pipeline.core.kafka.client import REDACTOR
 
         options: dict[str, object] = {
             "bootstrap_servers": self.bootstrap,

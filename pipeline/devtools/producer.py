@@ -24,8 +24,8 @@ import numpy as np
 from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import murmur2
 
-from pipeline.kafka.client import Topics, client_options, durable_producer
-from pipeline.config import KafkaSettings
+from pipeline.core.kafka.client import Topics, client_options, durable_producer
+from pipeline.core.config import KafkaSettings
 from schemas.messages import GenerationParams, Request
 
 WORDS = (
@@ -68,7 +68,7 @@ def poisson_load(rate_per_s: float, duration_s: float, seed: int, *, tokens: int
 
 def scenario_load(path: str, multiplier: float = 1.0, partitions: int | None = None) -> Load:
     """A scenario file's arrival process; its lanes map onto partitions (hot lane 0 = partition 0)."""
-    from pipeline.sim.scenario import load_scenario, make_arrivals
+    from pipeline.core.sim.scenario import load_scenario, make_arrivals
 
     arrivals = make_arrivals(load_scenario(path), multiplier)
     lanes = arrivals.lane if partitions else None

@@ -2,7 +2,7 @@
 
 For machines without Grafana. Every panel of `dashboards/panels.py` is computed
 from the same named query Grafana runs, with the plugin's macros expanded by
-`pipeline.store.macros.expand_macros`, against the embedded or configured
+`pipeline.core.store.macros.expand_macros`, against the embedded or configured
 ClickHouse. The consumer-lag panels (`CONSUMER_LAG`) sit below the tail-latency ones, the
 generation panels (`GENERATION`) below those, and the per-consumer and outcome panels (`FLEET`) last. The page holds inline SVG and a few lines of inline script that
 mark each panel painted; nothing is fetched from anywhere.
@@ -227,7 +227,7 @@ def _x_label(value: Any) -> str:
 
 def expand(sql: str, window: TimeRange, model: str | None) -> str:
     """Panel SQL as the ClickHouse plugin would send it for this range and model."""
-    from pipeline.store.macros import expand_macros
+    from pipeline.core.store.macros import expand_macros
 
     return expand_macros(
         sql,

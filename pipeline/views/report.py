@@ -1,6 +1,6 @@
 """`batchtide report`: the board's numbers in a terminal (rich tables) or as JSON.
 
-It runs the very SQL texts the Grafana panels run (pipeline/store/queries.py),
+It runs the very SQL texts the Grafana panels run (pipeline/core/store/queries.py),
 expanded with the plugin's macro rules for the chosen range; the model name
 is bound as a ClickHouse query parameter, never spliced into the SQL.
 """
@@ -19,9 +19,9 @@ from clickhouse_connect.driver.client import Client
 from rich.console import Console
 from rich.table import Table
 
-from pipeline.store.macros import ALL_VALUE, Bound, expand_macros
-from pipeline.config import BatchProfile
-from pipeline.store.queries import QUERIES, REPORT_QUERIES, SLO
+from pipeline.core.store.macros import ALL_VALUE, Bound, expand_macros
+from pipeline.core.config import BatchProfile
+from pipeline.core.store.queries import QUERIES, REPORT_QUERIES, SLO
 from pipeline.views.tables import print_table
 
 NICE_INTERVALS_S = (1, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400)

@@ -1,5 +1,5 @@
 -- Lag sampled from outside the consumers: the sink reads every model's
--- consumer group from the broker (pipeline/store/group_lag.py) and writes
+-- consumer group from the broker (pipeline/core/store/group_lag.py) and writes
 -- rows with source = 'broker', consumer_id = '' and the group's member count,
 -- whether or not any consumer runs. A consumer's own samples keep
 -- source = 'consumer' (and members = 0). The dead-letter topic's end offsets

@@ -17,12 +17,12 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from pipeline.kafka.client import Topics, client_options, ensure_topics
-from pipeline.kafka.reader import Isolation, Record, TopicReader
+from pipeline.core.kafka.client import Topics, client_options, ensure_topics
+from pipeline.core.kafka.reader import Isolation, Record, TopicReader
 from consumers.runners import make_runner
 from consumers.worker import Consumer
-from pipeline.config import BatchProfile, ConsumerSettings, KafkaSettings, ModelConfig
-from pipeline.engine import BatchingEngine
+from pipeline.core.config import BatchProfile, ConsumerSettings, KafkaSettings, ModelConfig
+from pipeline.core.engine import BatchingEngine
 from tests.support.kafka import produce_json
 
 MODEL = "m"

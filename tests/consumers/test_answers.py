@@ -11,11 +11,11 @@ from consumers.answers import DECISION_FIELDS, Answers, BatchTiming
 from consumers.runners import serving_runner
 from consumers.runners.device_process import ProcessRunner
 from consumers.worker import Consumer
-from pipeline.config import ConsumerSettings, KafkaSettings, ModelConfig
-from pipeline.engine import BatchingEngine
-from pipeline.engine.decisions import Batch, DispatchRecord
-from pipeline.kafka.client import Topics
-from pipeline.kafka.topic_limits import TopicLimits
+from pipeline.core.config import ConsumerSettings, KafkaSettings, ModelConfig
+from pipeline.core.engine import BatchingEngine
+from pipeline.core.engine.decisions import Batch, DispatchRecord
+from pipeline.core.kafka.client import Topics
+from pipeline.core.kafka.topic_limits import TopicLimits
 from tests.support.kafka import consume_n, json_values
 from tests.consumers.harness import (
     MODEL,

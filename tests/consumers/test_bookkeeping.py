@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiokafka import TopicPartition
 
-from pipeline.kafka.offsets import OffsetTracker
+from pipeline.core.kafka.offsets import OffsetTracker
 
 TP = TopicPartition("t", 0)
 

@@ -10,8 +10,8 @@ from pathlib import Path
 from aiokafka import AIOKafkaProducer
 
 from consumers.answers import record_id
-from pipeline.kafka.client import client_options, create_topics as create_topics_named
-from pipeline.config import ConsumerSettings, KafkaSettings, ModelConfig
+from pipeline.core.kafka.client import client_options, create_topics as create_topics_named
+from pipeline.core.config import ConsumerSettings, KafkaSettings, ModelConfig
 from tests.consumers.harness import collect, create_topics, make_consumer, request, running, send, topics
 
 CORPUS = Path(__file__).resolve().parents[1] / "fuzz_corpus"

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pipeline.config import ConsumerSettings, KafkaSettings
+from pipeline.core.config import ConsumerSettings, KafkaSettings
 from tests.consumers.harness import (
     MODEL,
     collect,

@@ -12,10 +12,10 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from consumers.answers import Answers
 from consumers.delivery import Delivery
-from pipeline.kafka.client import Topics, client_options, create_topics
-from pipeline.kafka.outbox import BATCH_BYTES, Message, Outbox
-from pipeline.kafka.topic_limits import TopicLimits
-from pipeline.config import KafkaSettings
+from pipeline.core.kafka.client import Topics, client_options, create_topics
+from pipeline.core.kafka.outbox import BATCH_BYTES, Message, Outbox
+from pipeline.core.kafka.topic_limits import TopicLimits
+from pipeline.core.config import KafkaSettings
 from tests.support.kafka import consume_n
 
 REQUEST_TIMEOUT_MS = 3000

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 
-from pipeline.config import ConsumerSettings, KafkaSettings
+from pipeline.core.config import ConsumerSettings, KafkaSettings
 from tests.consumers.harness import collect, cost_model, create_topics, make_consumer, request, running, send, serving, topics
 
 

@@ -13,10 +13,10 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from typer.testing import CliRunner
 
-from pipeline.kafka.client import Topics, client_options
+from pipeline.core.kafka.client import Topics, client_options
 from consumers.lag import LagProbe, latest_lag_events, start_recorder
 from pipeline.cli import app
-from pipeline.config import KafkaSettings
+from pipeline.core.config import KafkaSettings
 from schemas.messages import LagEvent
 from tests.consumers.harness import MODEL, cost_model, create_topics, make_consumer, request, running
 from tests.support.kafka import produce_json

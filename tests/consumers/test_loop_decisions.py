@@ -30,11 +30,11 @@ from consumers.runners import make_runner
 from consumers.stats import ConsumerStats
 from consumers.stop_budget import MIN_STEP_S, STOP_WORK_SHARE, StopBudget, step_s
 from consumers.tasks import Work
-from pipeline.config import BatchProfile, ConsumerSettings, KafkaSettings, ModelConfig
-from pipeline.engine import BatchingEngine
-from pipeline.kafka.client import CLIENT_STOP_S, Topics
-from pipeline.kafka.offsets import OffsetTracker
-from pipeline.kafka.topic_limits import TopicLimits
+from pipeline.core.config import BatchProfile, ConsumerSettings, KafkaSettings, ModelConfig
+from pipeline.core.engine import BatchingEngine
+from pipeline.core.kafka.client import CLIENT_STOP_S, Topics
+from pipeline.core.kafka.offsets import OffsetTracker
+from pipeline.core.kafka.topic_limits import TopicLimits
 from schemas.messages import FleetBeacon
 from tests.support.clock import FakeClock
 

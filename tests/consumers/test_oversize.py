@@ -13,9 +13,9 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from pipeline.kafka.topic_limits import KAFKA_DEFAULT_MAX_MESSAGE_BYTES
+from pipeline.core.kafka.topic_limits import KAFKA_DEFAULT_MAX_MESSAGE_BYTES
 from consumers.worker import Consumer
-from pipeline.config import ConsumerSettings, KafkaSettings, ModelConfig
+from pipeline.core.config import ConsumerSettings, KafkaSettings, ModelConfig
 from tests.consumers.harness import (
     MODEL,
     collect,

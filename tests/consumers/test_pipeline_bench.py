@@ -12,7 +12,7 @@ from pathlib import Path
 from consumers.runners.cost_model import Slowdown
 from pipeline.bench.fleet_live import CASES, recovered_after_s
 from pipeline.bench.pipeline import STAGES, WINDOW_S, BenchOptions, Trial, run_bench
-from pipeline.config import KafkaSettings
+from pipeline.core.config import KafkaSettings
 
 
 def test_a_short_run_answers_every_request_and_breaks_its_latency_down(kafka_settings: KafkaSettings) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import jsonschema
 
-from pipeline.config import KafkaSettings
+from pipeline.core.config import KafkaSettings
 from tests.consumers.harness import (
     MODEL,
     collect,

@@ -18,12 +18,12 @@ from typer.testing import CliRunner
 from dashboards import build
 from dashboards.alerts import alert_rules, provisioning
 from dashboards.lint import lint_alert_rules
-from pipeline.config import ClickHouseSettings, load_config, parse_config
-from pipeline.store.client import connect
-from pipeline.store.group_lag import GroupSample
-from pipeline.store.lag_writer import insert_group_samples
-from pipeline.store.macros import expand_macros
-from pipeline.store.writer import insert_batch_events, insert_latency_events
+from pipeline.core.config import ClickHouseSettings, load_config, parse_config
+from pipeline.core.store.client import connect
+from pipeline.core.store.group_lag import GroupSample
+from pipeline.core.store.lag_writer import insert_group_samples
+from pipeline.core.store.macros import expand_macros
+from pipeline.core.store.writer import insert_batch_events, insert_latency_events
 from schemas.messages import BatchEvent, LatencyEvent, PartitionLag
 from tests.dashboards.cli import dashboards_cli
 

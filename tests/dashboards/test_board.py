@@ -21,7 +21,7 @@ from tests.dashboards.cli import dashboards_cli
 from tests.dashboards.conftest import SeededStore
 
 GENERATING_MODEL, ENCODER_MODEL = "smollm", "minilm"
-"""The seeded models (pipeline.store.seed.DEFAULT_MODELS): the second generates, the first embeds."""
+"""The seeded models (pipeline.core.store.seed.DEFAULT_MODELS): the second generates, the first embeds."""
 LEGEND_PX = 46
 """Bottom strip of a panel holding the legend (coloured swatches even without data): not counted."""
 PANEL_TAG = re.compile(r"<section\b[^>]*>")

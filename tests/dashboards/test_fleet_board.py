@@ -12,7 +12,7 @@ import pytest
 
 from dashboards.charts import format_value
 from dashboards.panels import FLEET, MODEL_VARIABLE
-from pipeline.store.macros import expand_macros
+from pipeline.core.store.macros import expand_macros
 from pipeline.views.board import Frame, TimeRange, build_page
 from tests.support.fleet_store import SLOW, FleetStore, fleet_clickhouse  # noqa: F401 - a fixture
 

@@ -13,7 +13,7 @@ import pytest
 
 from dashboards.panels import CONSUMER_LAG, FLEET, GENERATION, MODEL_VARIABLE, TAIL_LATENCY
 from pipeline.views.board import Frame, TimeRange
-from pipeline.store.macros import expand_macros
+from pipeline.core.store.macros import expand_macros
 from tests.dashboards.conftest import SeededStore
 
 BOARD_FILE = Path(__file__).resolve().parents[2] / "dashboards" / f"{TAIL_LATENCY.uid}.json"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from itertools import count
 
-from pipeline.engine import Batch, BatchingEngine, DispatchRecord, PendingRequest
+from pipeline.core.engine import Batch, BatchingEngine, DispatchRecord, PendingRequest
 
 _ids = count()
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import sys
 import time
 
-from pipeline.config import BatchProfile
-from pipeline.engine import BatchingEngine, PendingRequest
+from pipeline.core.config import BatchProfile
+from pipeline.core.engine import BatchingEngine, PendingRequest
 
 
 def run(total: int) -> float:

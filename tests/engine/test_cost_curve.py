@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 import random
 
-from pipeline.config import BatchProfile
-from pipeline.engine import BatchingEngine
-from pipeline.engine.costcurve import CostCurve
+from pipeline.core.config import BatchProfile
+from pipeline.core.engine import BatchingEngine
+from pipeline.core.engine.costcurve import CostCurve
 
 from tests.engine.helpers import request, run_saturated
 

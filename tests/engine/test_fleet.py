@@ -1,8 +1,8 @@
-"""Group-relative forwarding (pipeline.engine.fleet): who gets the back of a queue, and when nobody does."""
+"""Group-relative forwarding (pipeline.core.engine.fleet): who gets the back of a queue, and when nobody does."""
 
 from __future__ import annotations
 
-from pipeline.engine.fleet import (
+from pipeline.core.engine.fleet import (
     Forward,
     ForwardRule,
     LocalView,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pipeline.config import BatchProfile
-from pipeline.engine import Batch, BatchingEngine
+from pipeline.core.config import BatchProfile
+from pipeline.core.engine import Batch, BatchingEngine
 
 from tests.engine.helpers import request
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.config import BatchProfile
-from pipeline.engine import Batch, BatchingEngine, PendingRequest
+from pipeline.core.config import BatchProfile
+from pipeline.core.engine import Batch, BatchingEngine, PendingRequest
 
 offer_event = st.tuples(
     st.just("offer"),

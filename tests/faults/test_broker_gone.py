@@ -16,8 +16,8 @@ import time
 import pytest
 
 from pipeline.chaos.harness import Proc, Stage, toml_text
-from pipeline.config import KafkaSettings
-from pipeline.kafka.client import Topics, ensure_topics
+from pipeline.core.config import KafkaSettings
+from pipeline.core.kafka.client import Topics, ensure_topics
 from tests.support.kafka import consume_n, json_values, produce_json
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]

@@ -19,8 +19,8 @@ from clickhouse_connect.driver.client import Client
 
 from dashboards.alerts import provisioning
 from pipeline.chaos.harness import CHAOS_MODEL, Deployment, Device, Stage
-from pipeline.config import ClickHouseSettings, parse_config
-from pipeline.store.client import connect_reader
+from pipeline.core.config import ClickHouseSettings, parse_config
+from pipeline.core.store.client import connect_reader
 from tests.dashboards.test_alerts import _rule, evaluate
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]

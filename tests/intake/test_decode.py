@@ -16,7 +16,7 @@ from consumers.intake import (
     refused,
 )
 from consumers.runners import make_runner, run_isolating
-from pipeline.config import ModelConfig
+from pipeline.core.config import ModelConfig
 from schemas.messages import Request
 
 from .corpus import load_corpus

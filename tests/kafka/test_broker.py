@@ -14,9 +14,9 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import UnknownTopicOrPartitionError
 
-from pipeline.kafka.client import client_options, create_topics
+from pipeline.core.kafka.client import client_options, create_topics
 from pipeline.devtools.localkafka import LocalKafka, port_is_free
-from pipeline.config import KafkaSettings
+from pipeline.core.config import KafkaSettings
 from tests.support.kafka import consume_n, json_values, produce_json
 
 

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from pipeline.devtools.localkafka import LocalKafka, free_port, port_is_free
 from pipeline.commands import local
-from pipeline.config import KafkaSettings
+from pipeline.core.config import KafkaSettings
 
 
 def _app() -> typer.Typer:

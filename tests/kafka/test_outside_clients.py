@@ -19,8 +19,8 @@ import jsonschema
 import pytest
 from confluent_kafka import TIMESTAMP_CREATE_TIME, Consumer, Producer
 
-from pipeline.kafka.client import create_topics
-from pipeline.config import KafkaSettings
+from pipeline.core.kafka.client import create_topics
+from pipeline.core.config import KafkaSettings
 from tests.consumers.harness import MODEL, cost_model, make_consumer, running, topics
 from tests.support.kafka import SASL_USERS
 

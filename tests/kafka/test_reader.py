@@ -8,9 +8,9 @@ import uuid
 
 from aiokafka import AIOKafkaProducer
 
-from pipeline.config import KafkaSettings
-from pipeline.kafka.client import client_options, create_topics
-from pipeline.kafka.reader import Record, TopicReader
+from pipeline.core.config import KafkaSettings
+from pipeline.core.kafka.client import client_options, create_topics
+from pipeline.core.kafka.reader import Record, TopicReader
 from tests.support.kafka import produce_json
 
 

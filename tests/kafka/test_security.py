@@ -13,8 +13,8 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaConnectionError
 
-from pipeline.kafka.client import client_options, create_topics
-from pipeline.config import ConfigError, KafkaSettings
+from pipeline.core.kafka.client import client_options, create_topics
+from pipeline.core.config import ConfigError, KafkaSettings
 from tests.support.kafka import SASL_USERS, consume_n, json_values, produce_json
 
 PASSWORD = SASL_USERS["batchtide"]

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from consumers.runners import make_runner
 from consumers.runners.transformers_runner import TransformersRunner
-from pipeline.config import ModelConfig
+from pipeline.core.config import ModelConfig
 from schemas.messages import GenerationParams, Request
 
 PROPERTY = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])

@@ -15,7 +15,7 @@ from consumers.runners.decoding import RunningSet, Sequence, decode_all
 from consumers.runners.iteration import IterationScheduler
 from consumers.runners.kv_slack import SLACK, SlackLayer
 from consumers.runners.transformers_runner import TransformersRunner
-from pipeline.config import ModelConfig
+from pipeline.core.config import ModelConfig
 
 PROMPTS = ["the quick brown fox", "kafka", "results go back to kafka and events go to", "grafana shows p99"]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from consumers.runners import make_runner, run_isolating, serving_runner
 from consumers.runners.cost_model import POISON_MARKER
 from consumers.runners.device_process import DeviceProcessDied, ProcessRunner
-from pipeline.config import BatchProfile, ModelConfig
+from pipeline.core.config import BatchProfile, ModelConfig
 from schemas.messages import Request
 
 TEXTS = ["kafka", "the quick brown fox jumps over the lazy dog", "tail latency of a fixed window", "grafana"]

@@ -11,7 +11,7 @@ from consumers.runners import make_runner
 from consumers.runners.decoding import RunningSet, Sequence
 from consumers.runners.iteration import IterationScheduler
 from consumers.runners.transformers_runner import TransformersRunner
-from pipeline.config import BatchProfile, ModelConfig
+from pipeline.core.config import BatchProfile, ModelConfig
 from schemas.messages import GenerationParams, Request
 from tests.support.models import with_stop_token
 
@@ -203,7 +203,7 @@ def test_auto_token_cap_is_the_engines_resolved_ceiling(
     import json
 
     from consumers.worker import build_consumer
-    from pipeline.config import load_config
+    from pipeline.core.config import load_config
 
     profiles = tmp_path / "profiles"
     profiles.mkdir()

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from pipeline.kafka.client import Topics
+from pipeline.core.kafka.client import Topics
 from consumers.runners import serving_runner
 from consumers.worker import Consumer
-from pipeline.config import BatchProfile, ConsumerSettings, KafkaSettings, ModelConfig
-from pipeline.engine import BatchingEngine
+from pipeline.core.config import BatchProfile, ConsumerSettings, KafkaSettings, ModelConfig
+from pipeline.core.engine import BatchingEngine
 from tests.consumers.harness import collect, create_topics, running, send
 from tests.support.models import with_stop_token
 
@@ -198,7 +198,7 @@ def test_the_longest_request_the_config_admits_is_answered_with_the_profiles_cap
 
     from consumers.worker import build_consumer
     from pipeline.cli import app
-    from pipeline.config import load_config
+    from pipeline.core.config import load_config
 
     longest_prompt, new = 40, 16
     profiles = tmp_path / "profiles"

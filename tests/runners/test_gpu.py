@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from consumers.runners import make_runner
 from consumers.runners.transformers_runner import TransformersRunner
 from pipeline.cli import app
-from pipeline.config import ModelConfig
+from pipeline.core.config import ModelConfig
 from schemas.messages import GenerationParams, Request
 
 pytestmark = [

@@ -10,7 +10,7 @@ import pytest
 from consumers.runners import make_runner, run_isolating
 from consumers.runners.base import Output
 from consumers.runners.cost_model import POISON_MARKER, ZeroCostRunner
-from pipeline.config import ModelConfig
+from pipeline.core.config import ModelConfig
 from schemas.messages import Request
 
 

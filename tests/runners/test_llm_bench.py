@@ -11,7 +11,7 @@ import pytest
 
 from pipeline.bench.pipeline import MIXED_NEW_TOKENS, BenchOptions, consumer_config, machine_limit, token_timing, with_new_tokens
 from pipeline.devtools.producer import LoadProducer, poisson_load
-from pipeline.config import KafkaSettings, parse_config
+from pipeline.core.config import KafkaSettings, parse_config
 from consumers.runners.iteration import JOIN_SLOTS
 from schemas.messages import Request
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from pipeline import profile_file
+from pipeline.core import profile_file
 from consumers.worker import build_consumer
 from pipeline.cli import app
-from pipeline.config import load_config
+from pipeline.core.config import load_config
 
 
 def _profile(*args: str) -> tuple[str, dict]:

@@ -11,7 +11,7 @@ from consumers.runners import make_runner
 from consumers.runners.base import Runner
 from consumers.runners.model_source import ModelNotFound, ModelSource, resolve_model_source
 from consumers.runners.transformers_runner import EncodingCache, TransformersRunner
-from pipeline.config import ModelConfig
+from pipeline.core.config import ModelConfig
 from schemas.messages import GenerationParams, Request
 
 TEXTS = [

@@ -8,9 +8,9 @@ import typer
 from typer.testing import CliRunner
 
 from pipeline.commands import bench
-from pipeline.sim.families import FIXED_WINDOW
-from pipeline.sim.scenario import parse_scenario
-from pipeline.sim.search import Candidate, Evaluator
+from pipeline.core.sim.families import FIXED_WINDOW
+from pipeline.core.sim.scenario import parse_scenario
+from pipeline.core.sim.search import Candidate, Evaluator
 
 SCENARIO = """
 name = "tiny"

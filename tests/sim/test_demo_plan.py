@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.config import ModelConfig
+from pipeline.core.config import ModelConfig
 from pipeline.devtools import demo_plan as plan
-from pipeline.sim.scenario import load_scenario
+from pipeline.core.sim.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -141,7 +141,7 @@ def test_the_speed_seen_weighs_each_profiled_size_by_its_batches() -> None:
 
 def test_the_demo_config_carries_what_the_profiles_sized(tmp_path: Path) -> None:
     from pipeline.commands.demo import _write_config
-    from pipeline.config import load_config
+    from pipeline.core.config import load_config
 
     path = tmp_path / "batchtide.toml"
     sized = {"minilm": {"slo_p99_ms": 1000.0},
@@ -160,14 +160,14 @@ def test_a_cached_profile_for_this_set_up_is_reused(tmp_path: Path) -> None:
     import json
 
     from pipeline.commands.demo import MINILM, _profile, _write_config
-    from pipeline.config import load_config
+    from pipeline.core.config import load_config
 
     config = tmp_path / "batchtide.toml"
     _write_config(config, "127.0.0.1:9999", tmp_path, 1, {})
     key = plan.cache_key(load_config(config).model("minilm"), plan.machine_fingerprint())
     cached = tmp_path / "cache" / f"{key}.json"
     cached.parent.mkdir()
-    from pipeline.profile_file import REVISION
+    from pipeline.core.profile_file import REVISION
 
     profile = {"format": "batchtide-profile/1", **_encoder()}
     profile["recommended"] = {**profile.get("recommended", {}), "revision": REVISION}

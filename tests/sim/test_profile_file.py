@@ -9,8 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from pipeline.cli import app
-from pipeline.profile_file import CostPoint, DeviceProfile, ProfileError, load_profile
-from pipeline.sim.scenario import load_scenario, with_cost
+from pipeline.core.profile_file import CostPoint, DeviceProfile, ProfileError, load_profile
+from pipeline.core.sim.scenario import load_scenario, with_cost
 
 ROOT = Path(__file__).resolve().parents[2]
 

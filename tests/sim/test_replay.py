@@ -19,14 +19,14 @@ import pytest
 from typer.testing import CliRunner
 
 from pipeline.cli import app
-from pipeline.config import BatchProfile, ClickHouseSettings
-from pipeline.engine import BatchingEngine
+from pipeline.core.config import BatchProfile, ClickHouseSettings
+from pipeline.core.engine import BatchingEngine
 from pipeline.bench.replay import ReplayError, replay
-from pipeline.sim.scenario import Arrivals, load_scenario, make_arrivals, parse_scenario
-from pipeline.sim.simulator import RunOutcome, simulate
-from pipeline.store.client import connect
-from pipeline.store.traffic import read_traffic
-from pipeline.store.writer import insert_batch_events, insert_latency_events
+from pipeline.core.sim.scenario import Arrivals, load_scenario, make_arrivals, parse_scenario
+from pipeline.core.sim.simulator import RunOutcome, simulate
+from pipeline.core.store.client import connect
+from pipeline.core.store.traffic import read_traffic
+from pipeline.core.store.writer import insert_batch_events, insert_latency_events
 from schemas.messages import BatchEvent, LatencyEvent
 from tests.support.clickhouse import SeededClickHouse
 
@@ -91,7 +91,7 @@ def _record(client, database: str, arrivals: Arrivals, outcome: RunOutcome, star
 def recorded(clickhouse_client, clickhouse_settings: ClickHouseSettings, tmp_path_factory):
     database = "replay_recorded"
     clickhouse_client.command(f"DROP DATABASE IF EXISTS {database} SYNC")
-    from pipeline.store.migrations import Layout, migrate
+    from pipeline.core.store.migrations import Layout, migrate
 
     migrate(clickhouse_client, Layout(database))
     scenario = parse_scenario(SCENARIO, "recorded.toml")

@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from pipeline.kafka.client import client_options
-from pipeline.config import ClickHouseSettings, KafkaSettings
+from pipeline.core.kafka.client import client_options
+from pipeline.core.config import ClickHouseSettings, KafkaSettings
 from pipeline.bench.replay import replay
-from pipeline.store.client import connect
-from pipeline.store.traffic import read_traffic
-from pipeline.store.writer import insert_batch_events, insert_latency_events
+from pipeline.core.store.client import connect
+from pipeline.core.store.traffic import read_traffic
+from pipeline.core.store.writer import insert_batch_events, insert_latency_events
 from schemas.messages import BatchEvent, LatencyEvent
 from tests.consumers.harness import (
     MODEL,

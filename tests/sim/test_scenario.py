@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from pipeline.sim.device import DeviceCurve
-from pipeline.sim.scenario import ScenarioError, make_arrivals, parse_scenario
+from pipeline.core.sim.device import DeviceCurve
+from pipeline.core.sim.scenario import ScenarioError, make_arrivals, parse_scenario
 
 BASE = {
     "name": "t",

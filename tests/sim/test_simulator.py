@@ -3,14 +3,14 @@
 import numpy as np
 import pytest
 
-from pipeline.config import BatchProfile
-from pipeline.engine import BatchingEngine
-from pipeline.engine.decisions import Decision
-from pipeline.sim.families import PEER_FAMILIES, LaneContext
-from pipeline.sim.metrics import measure
-from pipeline.sim.peers import FixedWindow
-from pipeline.sim.scenario import make_arrivals, parse_scenario
-from pipeline.sim.simulator import SimulationError, conservation_problems, simulate
+from pipeline.core.config import BatchProfile
+from pipeline.core.engine import BatchingEngine
+from pipeline.core.engine.decisions import Decision
+from pipeline.core.sim.families import PEER_FAMILIES, LaneContext
+from pipeline.core.sim.metrics import measure
+from pipeline.core.sim.peers import FixedWindow
+from pipeline.core.sim.scenario import make_arrivals, parse_scenario
+from pipeline.core.sim.simulator import SimulationError, conservation_problems, simulate
 
 
 def scenario(**extra):
@@ -129,7 +129,7 @@ def test_abort_stops_early_once_slo_is_lost():
 
 
 def test_default_engine_gets_the_device_limit_and_the_profile_it_would_have_measured():
-    from pipeline.sim.search import Candidate, Evaluator
+    from pipeline.core.sim.search import Candidate, Evaluator
 
     s = scenario(cost={"a_ms": 4.0, "c_ms": 0.5, "max_batch": 60})
     default = Evaluator(s).policies(Candidate("batchtide-default", {}))[0]

@@ -5,11 +5,11 @@ from __future__ import annotations
 import msgspec
 from clickhouse_connect.driver.client import Client
 
-from pipeline.config import ClickHouseSettings
+from pipeline.core.config import ClickHouseSettings
 from pipeline.views.report import run_query
-from pipeline.store.client import connect
-from pipeline.store.seed import batch_events, generate, insert_chunk, latency_events, recent_start_ms
-from pipeline.store.writer import insert_batch_events, insert_latency_events
+from pipeline.core.store.client import connect
+from pipeline.core.store.seed import batch_events, generate, insert_chunk, latency_events, recent_start_ms
+from pipeline.core.store.writer import insert_batch_events, insert_latency_events
 
 DURATION_MS = 120_000
 

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from pipeline.config import ClickHouseSettings
-from pipeline.store.client import connect
-from pipeline.store.seed import generate, recent_start_ms
+from pipeline.core.config import ClickHouseSettings
+from pipeline.core.store.client import connect
+from pipeline.core.store.seed import generate, recent_start_ms
 from pipeline.views.report import Objective, Report, render, run_report
 from tests.support.fleet_store import REFUSED, UNMEASURED, FleetStore, fleet_clickhouse  # noqa: F401 - a fixture
 
@@ -133,8 +133,8 @@ def test_a_request_without_a_batch_is_stored(clickhouse_settings: ClickHouseSett
     unsigned column stores it as 0 instead of failing the block (which the sink would retry forever)."""
     import msgspec
 
-    from pipeline.store.seed import latency_events
-    from pipeline.store.writer import NO_BATCH_ID, insert_latency_events
+    from pipeline.core.store.seed import latency_events
+    from pipeline.core.store.writer import NO_BATCH_ID, insert_latency_events
 
     chunk = next(iter(generate(20, seed=9, start_ms=recent_start_ms(60_000), duration_ms=60_000)))
     events = latency_events(chunk)

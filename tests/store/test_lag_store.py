@@ -10,10 +10,10 @@ from typing import Any
 from clickhouse_connect.driver.client import Client
 from rich.console import Console
 
-from pipeline.config import ClickHouseSettings
+from pipeline.core.config import ClickHouseSettings
 from pipeline.views.report import render, run_query, run_report
-from pipeline.store.client import connect
-from pipeline.store.lag_writer import insert_lag_events
+from pipeline.core.store.client import connect
+from pipeline.core.store.lag_writer import insert_lag_events
 from schemas.messages import LagEvent, PartitionLag
 
 T0 = (int(time.time()) // 60 - 10) * 60_000
@@ -85,7 +85,7 @@ def test_lag_queries_sum_the_latest_sample_of_each_partition(clickhouse_client: 
 def test_report_prints_the_lag_section(
     clickhouse_client: Client, clickhouse_settings: ClickHouseSettings, ch_database: str
 ) -> None:
-    from pipeline.store.seed import generate, insert_chunk
+    from pipeline.core.store.seed import generate, insert_chunk
 
     for chunk in generate(200, seed=5, start_ms=T0, duration_ms=60_000):
         insert_chunk(clickhouse_client, ch_database, chunk)

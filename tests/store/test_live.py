@@ -29,11 +29,11 @@ import msgspec
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from pipeline.config import ClickHouseSettings, KafkaSettings
-from pipeline.kafka.client import Topics, client_options, create_topics
-from pipeline.store.http_server import Credentials, LiveServer
-from pipeline.store.live import LIVE_FILE, find
-from pipeline.store.seed import generate, latency_events, recent_start_ms
+from pipeline.core.config import ClickHouseSettings, KafkaSettings
+from pipeline.core.kafka.client import Topics, client_options, create_topics
+from pipeline.core.store.http_server import Credentials, LiveServer
+from pipeline.core.store.live import LIVE_FILE, find
+from pipeline.core.store.seed import generate, latency_events, recent_start_ms
 from tests.support.clickhouse import SeededClickHouse
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.store.macros import ALL_VALUE, Bound, MacroError, expand_macros, grafana_interval
+from pipeline.core.store.macros import ALL_VALUE, Bound, MacroError, expand_macros, grafana_interval
 
 FROM_MS = 1415792726371  # 2014-11-12T11:45:26.371Z
 TO_MS = 1447328726371  # 2015-11-12T11:45:26.371Z

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from clickhouse_connect.driver.client import Client
 
-from pipeline.store.migrations import SCHEMA_DIR, Layout, MigrationError, load_migrations, migrate, render_all
-from pipeline.store.queries import QUERIES
+from pipeline.core.store.migrations import SCHEMA_DIR, Layout, MigrationError, load_migrations, migrate, render_all
+from pipeline.core.store.queries import QUERIES
 
 RAW_AND_ROLLUP_TABLES = {"request_latency", "batches", "latency_minute", "batches_minute", "schema_migrations"}
 

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.config import ClickHouseSettings
-from pipeline.store.client import connect
-from pipeline.store.seed import generate, latency_events, recent_start_ms
-from pipeline.store.writer import insert_latency_events
+from pipeline.core.config import ClickHouseSettings
+from pipeline.core.store.client import connect
+from pipeline.core.store.seed import generate, latency_events, recent_start_ms
+from pipeline.core.store.writer import insert_latency_events
 from pipeline.views.report import Objective, Report, pick_interval_ms, run_query, run_report
 from tests.support.clickhouse import SeededClickHouse
 

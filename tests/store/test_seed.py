@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.store import seed
-from pipeline.store.seed import batch_events, generate, latency_events
+from pipeline.core.store import seed
+from pipeline.core.store.seed import batch_events, generate, latency_events
 
 START_MS = 1_796_000_000_000
 

@@ -22,12 +22,12 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from clickhouse_connect.driver.client import Client
 
-from pipeline.kafka.client import Topics, client_options, create_topics
-from pipeline.config import ClickHouseSettings, Config, KafkaSettings
-from pipeline.store.sink import Sink, build_sink, wait_until_ready
-from pipeline.store.client import ClickHouseUnavailable, connect
-from pipeline.store.migrations import Layout
-from pipeline.store.seed import batch_events, generate, latency_events, recent_start_ms
+from pipeline.core.kafka.client import Topics, client_options, create_topics
+from pipeline.core.config import ClickHouseSettings, Config, KafkaSettings
+from pipeline.core.store.sink import Sink, build_sink, wait_until_ready
+from pipeline.core.store.client import ClickHouseUnavailable, connect
+from pipeline.core.store.migrations import Layout
+from pipeline.core.store.seed import batch_events, generate, latency_events, recent_start_ms
 from schemas.messages import BatchEvent, LatencyEvent
 
 pytestmark = pytest.mark.kafka

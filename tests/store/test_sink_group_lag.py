@@ -15,10 +15,10 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 from clickhouse_connect.driver.client import Client
 
-from pipeline.config import ClickHouseSettings, KafkaSettings, parse_config
-from pipeline.kafka.client import Topics, client_options, create_topics
-from pipeline.store.client import connect
-from pipeline.store.sink import build_sink
+from pipeline.core.config import ClickHouseSettings, KafkaSettings, parse_config
+from pipeline.core.kafka.client import Topics, client_options, create_topics
+from pipeline.core.store.client import connect
+from pipeline.core.store.sink import build_sink
 from tests.store.test_sink import _running, _sink_config, _until
 from tests.support.kafka import consume_n, produce_json
 

@@ -11,10 +11,10 @@ import msgspec
 import pytest
 from clickhouse_connect.driver.client import Client
 
-from pipeline.kafka.client import Topics, create_topics
-from pipeline.config import ClickHouseSettings, KafkaSettings
-from pipeline.store.sink import build_sink
-from pipeline.store.client import connect
+from pipeline.core.kafka.client import Topics, create_topics
+from pipeline.core.config import ClickHouseSettings, KafkaSettings
+from pipeline.core.store.sink import build_sink
+from pipeline.core.store.client import connect
 from tests.store.test_lag_store import T0, lag_event
 from tests.store.test_sink import _produce, _running, _sink_config, _until
 

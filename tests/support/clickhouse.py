@@ -22,11 +22,11 @@ from dataclasses import dataclass
 import pytest
 from clickhouse_connect.driver.client import Client
 
-from pipeline.config import ClickHouseSettings
-from pipeline.store.client import ClickHouseUnavailable, connect
-from pipeline.store.lag_writer import insert_lag_events
-from pipeline.store.migrations import Layout, migrate
-from pipeline.store.seed import SeedChunk, SeedSummary, generate, insert_chunk, recent_start_ms
+from pipeline.core.config import ClickHouseSettings
+from pipeline.core.store.client import ClickHouseUnavailable, connect
+from pipeline.core.store.lag_writer import insert_lag_events
+from pipeline.core.store.migrations import Layout, migrate
+from pipeline.core.store.seed import SeedChunk, SeedSummary, generate, insert_chunk, recent_start_ms
 from tests.support.lag_seed import lag_samples
 
 SEED_ROWS = 120_000

@@ -21,10 +21,10 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord, RecordMetadata
 
-from pipeline.kafka.client import client_options
-from pipeline.kafka.reader import Isolation, TopicReader
+from pipeline.core.kafka.client import client_options
+from pipeline.core.kafka.reader import Isolation, TopicReader
 from pipeline.devtools.localkafka import LocalKafka
-from pipeline.config import KafkaSettings
+from pipeline.core.config import KafkaSettings
 
 SASL_USERS = {"batchtide": "s3cret-test"}
 """Users of the SASL broker (test-only credentials)."""

@@ -1,0 +1,71 @@
+"""The configuration reference, rendered from the typed config itself.
+
+Defaults and their explanations live once, in `pipeline/core/config.py` (each
+field's docstring); the README's reference table is generated from there
+(`batchtide config reference`) and a test keeps the two identical.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+from typing import Any
+
+from pipeline.core import config
+
+TABLES: tuple[tuple[str, type, str], ...] = (
+    ("[defaults] / [models.NAME]", config.BatchProfile, "batching profile; every knob is per model"),
+    ("[models.NAME]", config.ModelConfig, "what runs the model"),
+    ("[kafka]", config.KafkaSettings, "broker connection and topics"),
+    ("[clickhouse]", config.ClickHouseSettings, "latency store and sink"),
+    ("[consumer]", config.ConsumerSettings, "fetch loop"),
+    ("[alerts]", config.AlertSettings, "Grafana alert rules (`batchtide dashboards generate --config F`)"),
+)
+
+
+def _field_docs(cls: type) -> dict[str, str]:
+    """Attribute docstrings: the string literal right after each annotated field."""
+    tree = ast.parse(inspect.getsource(cls))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs: dict[str, str] = {}
+    for node, after in zip(body, body[1:]):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
+            docs[node.target.id] = " ".join(after.value.value.split())
+    return docs
+
+
+def _default(field: dataclasses.Field[Any]) -> str:
+    if field.default is not dataclasses.MISSING:
+        value = field.default
+    else:
+        return "—"
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, tuple):
+        return "[]" if not value else str(list(value))
+    return str(value)
+
+
+def reference_markdown() -> str:
+    lines: list[str] = []
+    for table, cls, what in TABLES:
+        lines += [f"**{table}** — {what}", "", "| key | default | meaning |", "|---|---|---|"]
+        docs = _field_docs(cls)
+        for field in dataclasses.fields(cls):
+            if field.name in ("name", "profile"):
+                continue
+            meaning = docs.get(field.name, "").replace("|", "\\|")
+            lines.append(f"| `{field.name}` | `{_default(field)}` | {meaning} |")
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"

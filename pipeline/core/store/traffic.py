@@ -1,0 +1,107 @@
+"""Recorded traffic of one model over a time range, read back for `batchtide replay`.
+
+Two reads, both bounded by the range and the model (bound as parameters, never
+spliced): every request that ran, as the report's latency figures count them (no
+warm-up, no refusal: a refused request never reached the device), with its record
+time, tokens, priority, partition, the consumer that served it and what it
+measured; and every batch (size, cost, compute time), from which the device's
+t(b) is taken. `FINAL` collapses the rows a redelivered event may have inserted twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from clickhouse_connect.driver.client import Client
+
+from pipeline.core.store.identifiers import checked_identifier
+
+REQUESTS_SQL = """
+SELECT
+    toUnixTimestamp64Milli(enqueue_time) AS enqueue_ms,
+    toUnixTimestamp64Milli(produce_time) AS produce_ms,
+    toFloat64(toUnixTimestamp64Milli(fetch_time) - toUnixTimestamp64Milli(enqueue_time)) AS fetch_lag_ms,
+    toUInt32(tokens_in + tokens_out) AS tokens,
+    priority,
+    kafka_partition,
+    consumer_id,
+    outcome,
+    e2e_ms,
+    wait_ms,
+    compute_ms,
+    tail_marked
+FROM {db}.request_latency FINAL
+WHERE model = {{model:String}} AND NOT warmup AND outcome != 'rejected'
+  AND enqueue_time >= fromUnixTimestamp64Milli({{time_from:Int64}}, 'UTC')
+  AND enqueue_time < fromUnixTimestamp64Milli({{time_to:Int64}}, 'UTC')
+ORDER BY enqueue_ms
+"""
+
+BATCHES_SQL = """
+SELECT size, cost, compute_ms, consumer_id
+FROM {db}.batches FINAL
+WHERE model = {{model:String}}
+  AND dispatch_time >= fromUnixTimestamp64Milli({{time_from:Int64}}, 'UTC')
+  AND dispatch_time < fromUnixTimestamp64Milli({{time_to:Int64}}, 'UTC')
+"""
+
+
+@dataclass
+class RecordedTraffic:
+    """Parallel arrays, one entry per request (ordered by record time) or per batch."""
+
+    model: str
+    enqueue_ms: np.ndarray
+    produce_ms: np.ndarray
+    fetch_lag_ms: np.ndarray
+    """Record time to fetch by the consumer: broker and fetch lag (and pauses)."""
+    tokens: np.ndarray
+    priority: np.ndarray
+    partition: np.ndarray
+    consumer: np.ndarray
+    """Index into `consumers` of the consumer that answered the request."""
+    consumers: list[str]
+    outcome: np.ndarray
+    e2e_ms: np.ndarray
+    wait_ms: np.ndarray
+    compute_ms: np.ndarray
+    marked: np.ndarray
+    batch_size: np.ndarray
+    batch_cost: np.ndarray
+    batch_compute_ms: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.enqueue_ms.shape[0])
+
+
+def read_traffic(client: Client, database: str, model: str, time_from_ms: int, time_to_ms: int) -> RecordedTraffic:
+    db = checked_identifier(database)
+    params = {"model": model, "time_from": int(time_from_ms), "time_to": int(time_to_ms)}
+    req = client.query(REQUESTS_SQL.format(db=db), parameters=params).result_columns
+    bat = client.query(BATCHES_SQL.format(db=db), parameters=params).result_columns
+    if not req:
+        req = [[] for _ in range(12)]
+    if not bat:
+        bat = [[] for _ in range(4)]
+    names = sorted(set(req[6]) | set(bat[3]))
+    index = {name: i for i, name in enumerate(names)}
+    return RecordedTraffic(
+        model=model,
+        enqueue_ms=np.asarray(req[0], dtype=float),
+        produce_ms=np.asarray(req[1], dtype=float),
+        fetch_lag_ms=np.maximum(np.asarray(req[2], dtype=float), 0.0),
+        tokens=np.asarray(req[3], dtype=np.int64),
+        priority=np.asarray(req[4], dtype=np.int64),
+        partition=np.asarray(req[5], dtype=np.int64),
+        consumer=np.asarray([index[c] for c in req[6]], dtype=np.int64),
+        consumers=names,
+        outcome=np.asarray(req[7], dtype=object),
+        e2e_ms=np.asarray(req[8], dtype=float),
+        wait_ms=np.asarray(req[9], dtype=float),
+        compute_ms=np.asarray(req[10], dtype=float),
+        marked=np.asarray(req[11], dtype=bool),
+        batch_size=np.asarray(bat[0], dtype=np.int64),
+        batch_cost=np.asarray(bat[1], dtype=np.int64),
+        batch_compute_ms=np.asarray(bat[2], dtype=float),
+    )
