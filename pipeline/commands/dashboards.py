@@ -127,7 +127,8 @@ def board(
     config: Optional[Path] = ConfigOption,
 ) -> None:
     """The tail-latency board as a self-contained HTML page, for machines without Grafana."""
-    from pipeline.views.board import build_page, serve, time_range
+    from pipeline.views.board import build_page, serve
+    from pipeline.views.panel_data import time_range
     from pipeline.core.config import ConfigError
     from pipeline.core.store.client import ClickHouseUnavailable
 

@@ -141,7 +141,7 @@ def results(
     from pipeline.core.kafka.client import Topics, list_topics
     from pipeline.core.kafka.reader import Record, TopicReader
     from pipeline.views.answers import Answer
-    from pipeline.views.board import parse_instant
+    from pipeline.views.panel_data import parse_instant
 
     cfg = _config(config)
     topic = Topics(cfg.kafka.topic_prefix).results(model)

@@ -10,7 +10,7 @@ from urllib.parse import urlencode
 
 import pytest
 
-from pipeline.views.board import TimeRange
+from pipeline.views.panel_data import TimeRange
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from dashboards.panels import CONSUMER_LAG, FLEET, GENERATION, MODEL_VARIABLE, TAIL_LATENCY
-from pipeline.views.board import Frame, TimeRange
+from pipeline.views.panel_data import Frame, TimeRange
 from pipeline.core.store.macros import expand_macros
 from tests.dashboards.conftest import SeededStore
 

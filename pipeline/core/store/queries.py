@@ -1,5 +1,8 @@
 """The analysis SQL, in one place: Grafana panels and `batchtide report` run these texts.
 
+It is a long module on purpose: every query the boards, alerts and report run is
+here and nowhere else, so a change to a table is checked against all of them at once.
+
 Every query is written for the Grafana ClickHouse plugin (macros
 `$__timeFilter`, `$__timeInterval`, `$__interval_s`, `$__fromTime`,
 `$__toTime`, and the `model` template variable through
