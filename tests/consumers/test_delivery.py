@@ -7,6 +7,7 @@ import dataclasses
 from pathlib import Path
 
 from pipeline.core.config import ConsumerSettings, KafkaSettings
+from pipeline.harness.config_file import kafka_table, toml_text
 from pipeline.harness.processes import Proc, consume_argv
 from tests.consumers.harness import (
     MODEL,
@@ -25,24 +26,11 @@ from tests.support.kafka import produce_json
 
 
 def _config_file(path: Path, kafka: KafkaSettings) -> Path:
-    path.write_text(
-        f"""
-[models.{MODEL}]
-runner = "cost-model"
-cost_a_ms = 8.0
-cost_c_ms = 0.2
-partitions = 3
-hard_cap = 16
-target_size = 8
-
-[kafka]
-bootstrap_servers = "{kafka.bootstrap_servers}"
-topic_prefix = "{kafka.topic_prefix}"
-
-[consumer]
-commit_interval_ms = 20
-"""
-    )
+    path.write_text(toml_text({
+        f"models.{MODEL}": {"runner": "cost-model", "cost_a_ms": 8.0, "cost_c_ms": 0.2, "partitions": 3, "hard_cap": 16, "target_size": 8},
+        "kafka": kafka_table(kafka),
+        "consumer": {"commit_interval_ms": 20},
+    }))  # fmt: skip
     return path
 
 

@@ -31,6 +31,7 @@ from pipeline.core.kafka.client import Topics, client_options, create_topics
 from pipeline.core.store.http_server import Credentials, LiveServer
 from pipeline.core.store.live import LIVE_FILE, find
 from pipeline.core.store.seed import generate, latency_events, recent_start_ms
+from pipeline.harness.config_file import kafka_table, toml_text
 from pipeline.harness.processes import SINK_ENV, Proc, child_env, cli, sink_argv
 from tests.support.clickhouse import SeededClickHouse
 
@@ -133,10 +134,10 @@ def _cli(*args: str, config: Path) -> list[str]:
 def test_report_answers_live_while_the_sink_runs(kafka_settings: KafkaSettings, tmp_path: Path) -> None:
     data_dir = tmp_path / "clickhouse"
     config = tmp_path / "batchtide.toml"
-    config.write_text(
-        f'[kafka]\nbootstrap_servers = "{kafka_settings.bootstrap_servers}"\ntopic_prefix = "{kafka_settings.topic_prefix}"\n'
-        f'events_partitions = 1\n\n[clickhouse]\nurl = ""\ndata_dir = "{data_dir}"\ninsert_interval_ms = 200.0\n'
-    )
+    config.write_text(toml_text({
+        "kafka": kafka_table(kafka_settings, events_partitions=1),
+        "clickhouse": {"url": "", "data_dir": str(data_dir), "insert_interval_ms": 200.0},
+    }))  # fmt: skip
     chunk = next(iter(generate(300, seed=5, start_ms=recent_start_ms(60_000), duration_ms=60_000)))
     events = latency_events(chunk)
     topics = Topics(kafka_settings.topic_prefix)
