@@ -30,12 +30,14 @@ LAYERS: dict[str, int] = {
     # 3: what people look at
     "dashboards": 3,
     "pipeline.views": 3,
-    # 4: what measures and breaks the rest
-    "pipeline.bench": 4,
-    "pipeline.chaos": 4,
-    # 5: the command line
-    "pipeline.commands": 5,
-    "pipeline.cli": 5,
+    # 4: the end-to-end harness: the pipeline's processes run as a user runs them, and read back
+    "pipeline.harness": 4,
+    # 5: what measures, breaks and demonstrates the rest
+    "pipeline.bench": 5,
+    "pipeline.chaos": 5,
+    # 6: the command line
+    "pipeline.commands": 6,
+    "pipeline.cli": 6,
 }
 """Module prefix -> layer; the longest matching prefix wins."""
 

@@ -20,7 +20,9 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from pipeline.bench.pipeline import BenchOptions, Trial, describe, run_trial, WINDOW_S
+from pipeline.bench.pipeline_options import BenchOptions
+from pipeline.bench.pipeline_report import describe
+from pipeline.bench.pipeline_trial import WINDOW_S, Trial, run_trial
 from pipeline.core.config import KafkaSettings
 
 RECOVERED_RATIO = 1.5

@@ -1,7 +1,23 @@
-"""Fault injection against the real pipeline, every request accounted for.
+"""Fault injection against the real pipeline: real broker, real processes, really killed.
 
-`harness` deploys the pipeline (real broker, real consumer and sink processes)
-and drives traffic; `ledger` counts what was lost and duplicated; one module
-per fault (`consumer_kill`, `broker_restart`, `clickhouse_outage`, `sink_kill`,
-`poison`, `overload`, `rebalance_storm`, `hostile_input`); `catalogue` lists them for `batchtide chaos`.
+The same scenarios serve both the `tests/faults/` suite and `batchtide chaos`,
+so the table a person reads and the assertions CI makes come from the same run
+of the same code. A scenario deploys consumers and the sink as processes
+(`deployment`, on the shared end-to-end harness `pipeline.harness`), drives
+open-loop traffic with known request ids, injects its fault (SIGKILL, broker
+stop, ClickHouse outage, poison input, overload, group churn) and accounts for
+every id in the `ledger`:
+
+- *lost*: sent, never answered (no Result and no dead letter);
+- *duplicated*: extra Results for an id already answered (at-least-once);
+- *recovery*: seconds from the end of the fault until every request sent
+  before that moment was answered (for the ClickHouse faults: until every
+  latency event is a ClickHouse row).
+
+A scenario never decides success by itself being quiet: it returns a
+`FaultReport` whose `failures` list names every broken promise. `steps` holds
+the sizes and the closing steps every scenario shares; one module per fault
+(`consumer_kill`, `broker_restart`, `clickhouse_outage`, `sink_kill`, `poison`,
+`overload`, `rebalance_storm`, `hostile_input`, `cluster_faults`); `catalogue`
+lists them for `batchtide chaos`.
 """

@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-from pipeline.chaos.harness import ChaosError, ChaosSizes, Deployment, Device, Stage, drain_events, port_released
+from pipeline.chaos.deployment import Deployment, Device, Stage
+from pipeline.chaos.steps import drain_events, port_released, ChaosSizes
+from pipeline.harness.errors import HarnessError
 from pipeline.chaos.ledger import FaultReport
 
 
@@ -19,7 +21,7 @@ async def broker_restart(stage: Stage, sizes: ChaosSizes) -> FaultReport:
     """
     broker = stage.broker
     if broker is None:
-        raise ChaosError("broker-restart needs a broker of its own (Stage.broker)")
+        raise HarnessError("broker-restart needs a broker of its own (Stage.broker)")
     device = Device(a_ms=10.0, c_ms=1.0, target_size=8, hard_cap=16, max_wait_ms=10.0)
     before_s, after_s = 2.0, 3.0
     async with Deployment(stage, device, partitions=4) as d:

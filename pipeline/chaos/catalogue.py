@@ -17,7 +17,8 @@ from pipeline.chaos.broker_restart import broker_restart
 from pipeline.chaos.clickhouse_outage import clickhouse_outage
 from pipeline.chaos.cluster_faults import broker_freeze, controller_kill, leader_kill, rolling_restart
 from pipeline.chaos.consumer_kill import consumer_kill, consumer_kill_transactional
-from pipeline.chaos.harness import ChaosSizes, Stage
+from pipeline.chaos.deployment import Stage
+from pipeline.chaos.steps import ChaosSizes
 from pipeline.chaos.hostile_input import hostile_input
 from pipeline.chaos.ledger import FaultReport
 from pipeline.chaos.overload import overload

@@ -8,7 +8,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from pipeline.chaos.harness import ChaosError, ChaosSizes, Deployment, Device, Stage, drain_events
+from pipeline.chaos.deployment import Deployment, Device, Stage
+from pipeline.chaos.steps import drain_events, ChaosSizes
+from pipeline.harness.errors import HarnessError
 from pipeline.chaos.ledger import FaultReport, percentile
 
 
@@ -30,7 +32,7 @@ class StorageFreeze:
     def freeze(self) -> None:
         tables = sorted(p for p in self.data_dir.glob("store/*/*") if p.is_dir())
         if not tables:
-            raise ChaosError(f"no table directories under {self.data_dir}/store to freeze")
+            raise HarnessError(f"no table directories under {self.data_dir}/store to freeze")
         for table in tables:
             self._chattr("+i", table)
             self.frozen.append(table)
@@ -44,9 +46,9 @@ class StorageFreeze:
         try:
             done = subprocess.run(["chattr", flag, str(path)], capture_output=True, text=True, check=False)
         except FileNotFoundError:
-            raise ChaosError("chattr is not installed: the ClickHouse outage cannot be injected") from None
+            raise HarnessError("chattr is not installed: the ClickHouse outage cannot be injected") from None
         if done.returncode != 0:
-            raise ChaosError(f"chattr {flag} {path} failed (needs root and ext4/xfs): {done.stderr.strip()}")
+            raise HarnessError(f"chattr {flag} {path} failed (needs root and ext4/xfs): {done.stderr.strip()}")
 
 
 async def clickhouse_outage(stage: Stage, sizes: ChaosSizes) -> FaultReport:

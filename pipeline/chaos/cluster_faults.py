@@ -35,17 +35,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.chaos.harness import (
-    CHAOS_MODEL,
-    ChaosError,
-    ChaosSizes,
-    Deployment,
-    Device,
-    Stage,
-    consumer_group,
-    port_released,
-    settle_answers,
-)
+from pipeline.chaos.deployment import CHAOS_MODEL, Deployment, Device, Stage
+from pipeline.chaos.steps import port_released, settle_answers, ChaosSizes
+from pipeline.harness.errors import HarnessError
+from pipeline.harness.offsets import consumer_group
 from pipeline.chaos.ledger import EventTally, FaultReport
 from pipeline.core.config import ClickHouseSettings, KafkaSettings
 from pipeline.devtools.localcluster import LocalCluster
@@ -88,7 +81,7 @@ Inject = Callable[[Deployment, LocalCluster], Awaitable[Injection]]
 
 def _cluster(stage: Stage) -> LocalCluster:
     if stage.cluster is None or stage.cluster.size < 3:
-        raise ChaosError("the cluster rows need a cluster of 3 or more brokers of their own (Stage.cluster)")
+        raise HarnessError("the cluster rows need a cluster of 3 or more brokers of their own (Stage.cluster)")
     return stage.cluster
 
 
@@ -115,7 +108,7 @@ async def _replication_settled(settings: KafkaSettings, timeout_s: float = SETTL
         except Exception as e:  # noqa: BLE001 - a broker is still coming back: look again
             last = e
         await asyncio.sleep(0.5)
-    raise ChaosError(f"replication did not recover within {timeout_s:.0f} s (last: {last!r})")
+    raise HarnessError(f"replication did not recover within {timeout_s:.0f} s (last: {last!r})")
 
 
 async def _request_leaders(d: Deployment, settings: KafkaSettings) -> list[PartitionState]:
@@ -126,7 +119,7 @@ def _busiest(states: list[PartitionState]) -> int:
     """The broker that leads the most request partitions (the lowest id among equals)."""
     counts = leader_counts(states)
     if not counts:
-        raise ChaosError("no request partition has a leader")
+        raise HarnessError("no request partition has a leader")
     return min(counts, key=lambda node: (-counts[node], node))
 
 
@@ -140,7 +133,7 @@ async def _transaction_state(d: Deployment, timeout_s: float = 30.0) -> list[Par
         if states and all(s.leader >= 0 for s in states):
             return states
         if time.monotonic() > deadline:
-            raise ChaosError(f"{TRANSACTION_STATE} has partitions without a leader: {states}")
+            raise HarnessError(f"{TRANSACTION_STATE} has partitions without a leader: {states}")
         await asyncio.sleep(0.3)
 
 
@@ -156,7 +149,7 @@ def _coordinated_by(d: Deployment, states: list[PartitionState], node_id: int) -
         candidate = f"c1-{k}"
         if transaction_partition(f"{group}.{candidate}", len(states)) in led:
             return candidate
-    raise ChaosError(f"no consumer id hashes to a {TRANSACTION_STATE} partition led by broker {node_id}")
+    raise HarnessError(f"no consumer id hashes to a {TRANSACTION_STATE} partition led by broker {node_id}")
 
 
 def _leads_the_most(states: list[PartitionState], node_id: int) -> bool:
@@ -287,7 +280,7 @@ async def leader_kill(stage: Stage, sizes: ChaosSizes) -> FaultReport:
         coordinators = {s.leader for s in await _transaction_state(d)}
         fitting = [node for node in coordinators if _leads_the_most(requests, node)]
         if not fitting:
-            raise ChaosError(
+            raise HarnessError(
                 f"no broker both leads the most request partitions ({leader_counts(requests)}) "
                 f"and leads a {TRANSACTION_STATE} partition (leaders {sorted(coordinators)})"
             )
@@ -307,7 +300,7 @@ async def leader_kill(stage: Stage, sizes: ChaosSizes) -> FaultReport:
             await asyncio.sleep(1.0)
         led = leader_counts(states).get(victim, 0)
         if not _leads_the_most(states, victim) or coordinator != victim:
-            raise ChaosError(
+            raise HarnessError(
                 f"broker {victim} no longer both leads the most request partitions and coordinates "
                 f"{chosen['consumer']} (coordinator {coordinator}, leaders {leader_counts(states)})"
             )

@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-from pipeline.chaos.harness import CHAOS_MODEL, ChaosSizes, Deployment, Device, Stage, committed_offsets, consumer_group, settle_answers
+from pipeline.chaos.deployment import CHAOS_MODEL, Deployment, Device, Stage
+from pipeline.chaos.steps import settle_answers, ChaosSizes
+from pipeline.harness.offsets import committed_offsets, consumer_group
 from pipeline.chaos.ledger import FaultReport
 
 

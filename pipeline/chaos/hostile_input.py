@@ -28,7 +28,8 @@ from typing import Any
 import msgspec
 from aiokafka import AIOKafkaProducer
 
-from pipeline.chaos.harness import CHAOS_MODEL, ChaosSizes, Deployment, Device, Stage, settle_answers
+from pipeline.chaos.deployment import CHAOS_MODEL, Deployment, Device, Stage
+from pipeline.chaos.steps import settle_answers, ChaosSizes
 from pipeline.chaos.ledger import FaultReport
 from pipeline.core.kafka.client import Topics, client_options
 from pipeline.core.kafka.reader import TopicReader

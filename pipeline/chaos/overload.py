@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-from pipeline.chaos.harness import ChaosSizes, Deployment, Device, Proc, Stage, settle_answers, stop_task
+from pipeline.chaos.deployment import Deployment, Device, Stage
+from pipeline.chaos.steps import settle_answers, stop_task, ChaosSizes
+from pipeline.harness.processes import Proc
 from pipeline.chaos.ledger import FaultReport, percentile
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from pipeline.chaos.harness import ChaosSizes, Deployment, Device, Stage, settle_answers
+from pipeline.chaos.deployment import Deployment, Device, Stage
+from pipeline.chaos.steps import settle_answers, ChaosSizes
 from pipeline.chaos.ledger import FaultReport, Ledger, percentile
 
 

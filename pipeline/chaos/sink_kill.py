@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from pipeline.chaos.harness import ChaosSizes, Deployment, Device, Stage, drain_events
+from pipeline.chaos.deployment import Deployment, Device, Stage
+from pipeline.chaos.steps import drain_events, ChaosSizes
 from pipeline.chaos.ledger import FaultReport
 
 

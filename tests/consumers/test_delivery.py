@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 from pipeline.core.config import ConsumerSettings, KafkaSettings
+from pipeline.harness.config_file import kafka_table, toml_text
+from pipeline.harness.processes import Proc, consume_argv
 from tests.consumers.harness import (
     MODEL,
     collect,
@@ -26,28 +24,13 @@ from tests.consumers.harness import (
 )
 from tests.support.kafka import produce_json
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def _config_file(path: Path, kafka: KafkaSettings) -> Path:
-    path.write_text(
-        f"""
-[models.{MODEL}]
-runner = "cost-model"
-cost_a_ms = 8.0
-cost_c_ms = 0.2
-partitions = 3
-hard_cap = 16
-target_size = 8
-
-[kafka]
-bootstrap_servers = "{kafka.bootstrap_servers}"
-topic_prefix = "{kafka.topic_prefix}"
-
-[consumer]
-commit_interval_ms = 20
-"""
-    )
+    path.write_text(toml_text({
+        f"models.{MODEL}": {"runner": "cost-model", "cost_a_ms": 8.0, "cost_c_ms": 0.2, "partitions": 3, "hard_cap": 16, "target_size": 8},
+        "kafka": kafka_table(kafka),
+        "consumer": {"commit_interval_ms": 20},
+    }))  # fmt: skip
     return path
 
 
@@ -62,23 +45,16 @@ def test_a_killed_consumer_never_committed_past_an_unanswered_request(kafka_sett
         values = [request(i) for i in range(n)]
         placed = await produce_json(kafka_settings, names.requests(MODEL), values, key=lambda v: v["id"])
         where = {v["id"]: (m.partition, m.offset) for v, m in zip(values, placed)}
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
-        child = subprocess.Popen(
-            [sys.executable, "-m", "pipeline.cli", "consume", "--model", MODEL, "--config", str(config), "--consumer-id", "doomed"],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=open(tmp_path / "consumer.log", "wb"),
-        )
+        child = Proc("consumer", consume_argv(MODEL, config, "doomed"), tmp_path)
+        child.start()
         try:
             first = await collect(kafka_settings, names.results(MODEL), {f"r{i}" for i in range(n // 4)}, timeout_s=90, grace_s=0)
         finally:
-            child.send_signal(signal.SIGKILL)
-            child.wait()
+            child.kill()
         group = f"{kafka_settings.topic_prefix}.consumers.{MODEL}"
         committed = await committed_offsets(kafka_settings, names.requests(MODEL), 3, group)
         answered_before = await collect(kafka_settings, names.results(MODEL), set(), grace_s=1.0)
-        assert sum(committed.values()) > 0, (tmp_path / "consumer.log").read_text()[-3000:]
+        assert sum(committed.values()) > 0, child.log_text()[-3000:]
         for rid, (partition, offset) in where.items():
             if offset < committed[partition]:
                 assert rid in answered_before.by_id, f"{rid} committed (offset {offset} < {committed[partition]}) but never answered"

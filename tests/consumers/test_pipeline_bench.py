@@ -11,7 +11,10 @@ from pathlib import Path
 
 from consumers.runners.cost_model import Slowdown
 from pipeline.bench.fleet_live import CASES, recovered_after_s
-from pipeline.bench.pipeline import STAGES, WINDOW_S, BenchOptions, Trial, run_bench
+from pipeline.bench.pipeline import run_bench
+from pipeline.bench.pipeline_events import STAGES
+from pipeline.bench.pipeline_options import BenchOptions
+from pipeline.bench.pipeline_trial import WINDOW_S, Trial
 from pipeline.core.config import KafkaSettings
 
 

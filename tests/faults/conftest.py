@@ -14,7 +14,7 @@ import pytest
 
 from pipeline.devtools.localcluster import LocalCluster
 from pipeline.devtools.localkafka import LocalKafka
-from pipeline.chaos.harness import Stage
+from pipeline.chaos.deployment import Stage
 from pipeline.core.config import KafkaSettings
 from tests.support.kafka import unique_prefix
 

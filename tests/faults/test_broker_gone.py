@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import sys
 import time
 
 import pytest
 
-from pipeline.chaos.harness import Proc, Stage, toml_text
+from pipeline.chaos.deployment import Stage
+from pipeline.harness.config_file import kafka_table, toml_text
+from pipeline.harness.processes import Proc, consume_argv
 from pipeline.core.config import KafkaSettings
 from pipeline.core.kafka.client import Topics, ensure_topics
 from tests.support.kafka import consume_n, json_values, produce_json
@@ -32,16 +33,14 @@ def _consumer(stage: Stage, name: str, stop_timeout_s: float) -> Proc:
     config = stage.workdir / f"{name}.toml"
     config.parent.mkdir(parents=True, exist_ok=True)
     config.write_text(toml_text({
-        "kafka": {"bootstrap_servers": stage.kafka.bootstrap_servers, "topic_prefix": stage.kafka.topic_prefix},
+        "kafka": kafka_table(stage.kafka),
         "consumer": {"stop_timeout_s": stop_timeout_s},
         f"models.{MODEL}": {
             "runner": "cost-model", "cost_a_ms": 100.0, "cost_c_ms": 1.0, "hard_cap": 8,
             "adaptive_cap": False, "partitions": 4,
         },
     }))
-    argv = [sys.executable, "-m", "pipeline.cli", "consume", "--model", MODEL, "--config", str(config),
-            "--consumer-id", name, "--no-create-topics"]
-    return Proc(name, argv, stage.workdir)
+    return Proc(name, consume_argv(MODEL, config, name, "--no-create-topics"), stage.workdir)
 
 
 def _exit_within(proc: Proc, timeout_s: float) -> tuple[int | None, float]:

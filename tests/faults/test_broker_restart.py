@@ -12,7 +12,8 @@ import asyncio
 import pytest
 
 from pipeline.chaos.broker_restart import broker_restart
-from pipeline.chaos.harness import ChaosSizes, Stage
+from pipeline.chaos.deployment import Stage
+from pipeline.chaos.steps import ChaosSizes
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

@@ -11,7 +11,8 @@ import asyncio
 import pytest
 
 from pipeline.chaos.clickhouse_outage import clickhouse_outage
-from pipeline.chaos.harness import ChaosSizes, Stage
+from pipeline.chaos.deployment import Stage
+from pipeline.chaos.steps import ChaosSizes
 from pipeline.chaos.ledger import FaultReport
 from pipeline.chaos.sink_kill import sink_kill
 

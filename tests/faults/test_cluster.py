@@ -17,7 +17,8 @@ import os
 import pytest
 
 from pipeline.chaos.cluster_faults import broker_freeze, leader_kill
-from pipeline.chaos.harness import ChaosSizes, Stage
+from pipeline.chaos.deployment import Stage
+from pipeline.chaos.steps import ChaosSizes
 from pipeline.chaos.ledger import FaultReport
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]

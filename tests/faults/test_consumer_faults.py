@@ -13,7 +13,8 @@ import asyncio
 import pytest
 
 from pipeline.chaos.consumer_kill import consumer_kill
-from pipeline.chaos.harness import ChaosSizes, Stage
+from pipeline.chaos.deployment import Stage
+from pipeline.chaos.steps import ChaosSizes
 from pipeline.chaos.ledger import FaultReport
 from pipeline.chaos.overload import overload
 from pipeline.chaos.poison import poison_request

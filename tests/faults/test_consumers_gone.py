@@ -18,7 +18,7 @@ import pytest
 from clickhouse_connect.driver.client import Client
 
 from dashboards.alerts import provisioning
-from pipeline.chaos.harness import CHAOS_MODEL, Deployment, Device, Stage
+from pipeline.chaos.deployment import CHAOS_MODEL, Deployment, Device, Stage
 from pipeline.core.config import ClickHouseSettings, parse_config
 from pipeline.core.store.client import connect_reader
 from tests.dashboards.test_alerts import _rule, evaluate

@@ -7,7 +7,8 @@ import asyncio
 
 import pytest
 
-from pipeline.chaos.harness import ChaosSizes, Stage
+from pipeline.chaos.deployment import Stage
+from pipeline.chaos.steps import ChaosSizes
 from pipeline.chaos.hostile_input import hostile_input
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]

@@ -9,7 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.bench.pipeline import MIXED_NEW_TOKENS, BenchOptions, consumer_config, machine_limit, token_timing, with_new_tokens
+from pipeline.bench.pipeline_consumers import consumer_config
+from pipeline.bench.pipeline_events import token_timing
+from pipeline.bench.pipeline_llm import machine_limit
+from pipeline.bench.pipeline_options import MIXED_NEW_TOKENS, BenchOptions
+from pipeline.bench.pipeline_trial import with_new_tokens
 from pipeline.devtools.producer import LoadProducer, poisson_load
 from pipeline.core.config import KafkaSettings, parse_config
 from consumers.runners.iteration import JOIN_SLOTS
@@ -79,7 +83,7 @@ def test_machine_limit_is_the_best_batch_of_the_measured_curves() -> None:
 
 
 def test_tokens_in_window_spreads_each_request_over_its_token_stamps() -> None:
-    from pipeline.bench.pipeline import tokens_in_window
+    from pipeline.bench.pipeline_events import tokens_in_window
 
     inside = {"tokens_out": 5, "first_token_ms": 1100.0, "last_token_ms": 1500.0}  # 1100, 1200, ..., 1500
     straddles_start = {"tokens_out": 11, "first_token_ms": 500.0, "last_token_ms": 1500.0}  # every 100 ms

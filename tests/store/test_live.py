@@ -13,10 +13,7 @@ import base64
 import dataclasses
 import gzip
 import json
-import os
-import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -34,6 +31,8 @@ from pipeline.core.kafka.client import Topics, client_options, create_topics
 from pipeline.core.store.http_server import Credentials, LiveServer
 from pipeline.core.store.live import LIVE_FILE, find
 from pipeline.core.store.seed import generate, latency_events, recent_start_ms
+from pipeline.harness.config_file import kafka_table, toml_text
+from pipeline.harness.processes import SINK_ENV, Proc, child_env, cli, sink_argv
 from tests.support.clickhouse import SeededClickHouse
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -128,23 +127,22 @@ def test_loopback_by_default() -> None:
 
 
 def _cli(*args: str, config: Path) -> list[str]:
-    return [sys.executable, "-m", "pipeline.cli", *args, "--config", str(config)]
+    return cli(*args, "--config", str(config))
 
 
 @pytest.mark.kafka
 def test_report_answers_live_while_the_sink_runs(kafka_settings: KafkaSettings, tmp_path: Path) -> None:
     data_dir = tmp_path / "clickhouse"
     config = tmp_path / "batchtide.toml"
-    config.write_text(
-        f'[kafka]\nbootstrap_servers = "{kafka_settings.bootstrap_servers}"\ntopic_prefix = "{kafka_settings.topic_prefix}"\n'
-        f'events_partitions = 1\n\n[clickhouse]\nurl = ""\ndata_dir = "{data_dir}"\ninsert_interval_ms = 200.0\n'
-    )
+    config.write_text(toml_text({
+        "kafka": kafka_table(kafka_settings, events_partitions=1),
+        "clickhouse": {"url": "", "data_dir": str(data_dir), "insert_interval_ms": 200.0},
+    }))  # fmt: skip
     chunk = next(iter(generate(300, seed=5, start_ms=recent_start_ms(60_000), duration_ms=60_000)))
     events = latency_events(chunk)
     topics = Topics(kafka_settings.topic_prefix)
-    env = {**os.environ, "BROKER_SESSION_TIMEOUT": "10", "PYTHONPATH": str(ROOT)}
-    env.pop("BATCHTIDE_CLICKHOUSE_READ_PASSWORD", None)
-    env.pop("BATCHTIDE_CLICKHOUSE_URL", None)
+    unset = ("BATCHTIDE_CLICKHOUSE_READ_PASSWORD", "BATCHTIDE_CLICKHOUSE_URL")
+    env = child_env(SINK_ENV, drop=unset)
 
     async def produce() -> None:
         await create_topics(kafka_settings, {topics.latency_events: 1, topics.batch_events: 1})
@@ -158,14 +156,14 @@ def test_report_answers_live_while_the_sink_runs(kafka_settings: KafkaSettings, 
             await producer.stop()
 
     asyncio.run(produce())
-    log = open(tmp_path / "sink.log", "wb")
-    sink = subprocess.Popen(_cli("sink", config=config), stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    sink = Proc("sink", sink_argv(config), tmp_path, SINK_ENV, drop_env=unset)
+    sink.start()
     settings = ClickHouseSettings(data_dir=str(data_dir))
     try:
         deadline = time.monotonic() + 120
         report: dict = {}
         while time.monotonic() < deadline:
-            assert sink.poll() is None, (tmp_path / "sink.log").read_text()[-3000:]
+            assert sink.alive, sink.log_tail()
             if (data_dir / LIVE_FILE).exists():
                 done = subprocess.run(_cli("report", "--since", "1h", "--json", config=config), capture_output=True, text=True, env=env, cwd=ROOT)
                 assert done.returncode == 0, done.stderr
@@ -190,12 +188,6 @@ def test_report_answers_live_while_the_sink_runs(kafka_settings: KafkaSettings, 
             client.command("INSERT INTO request_latency (request_id, model) VALUES ('intruder', 'm')")
         assert client.command("SELECT count() FROM request_latency WHERE request_id = 'intruder'") == 0
     finally:
-        sink.send_signal(signal.SIGTERM)
-        try:
-            sink.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            sink.kill()
-            sink.wait()
-        log.close()
+        sink.terminate(timeout_s=60)
     assert not (data_dir / LIVE_FILE).exists(), "a stopped sink withdraws its live file"
     assert find(dataclasses.replace(settings)) is None

@@ -5,10 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import os
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -27,6 +24,7 @@ from pipeline.core.config import ClickHouseSettings, Config, KafkaSettings
 from pipeline.core.store.sink import Sink, build_sink, wait_until_ready
 from pipeline.core.store.client import ClickHouseUnavailable, connect
 from pipeline.core.store.migrations import Layout
+from pipeline.harness.processes import Proc, sink_argv
 from pipeline.core.store.seed import batch_events, generate, latency_events, recent_start_ms
 from schemas.messages import BatchEvent, LatencyEvent
 
@@ -311,21 +309,15 @@ def test_batchtide_sink_started_without_a_broker_keeps_waiting_and_says_so(tmp_p
         f'[kafka]\nbootstrap_servers = "127.0.0.1:{port}"\ntopic_prefix = "nobroker"\n'
         f'[clickhouse]\ndata_dir = "{tmp_path / "clickhouse"}"\n'
     )
-    log = tmp_path / "sink.log"
-    root = Path(__file__).resolve().parents[2]
-    with open(log, "wb") as out:
-        child = subprocess.Popen(
-            [sys.executable, "-m", "pipeline.cli", "sink", "--config", str(config)],
-            cwd=root, env=dict(os.environ, PYTHONPATH=str(root)), stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+    child = Proc("sink", sink_argv(config), tmp_path)
+    child.start()
     try:
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and log.read_text().count("sink waiting for Kafka") < 2:
-            assert child.poll() is None, log.read_text()[-2000:]
+        while time.monotonic() < deadline and child.log_text().count("sink waiting for Kafka") < 2:
+            assert child.alive, child.log_tail()
             time.sleep(0.2)
-        assert child.poll() is None
+        assert child.alive
     finally:
         child.kill()
-        child.wait()
-    text = log.read_text()
+    text = child.log_text()
     assert f"sink waiting for Kafka at 127.0.0.1:{port}" in text and "next try in" in text, text[-2000:]
