@@ -27,7 +27,7 @@ from pipeline.core.kafka.client import Topics, client_options, durable_producer,
 from pipeline.core.kafka.lag_probe import PROBE_TIMEOUT_MS, GroupView, LagProbe, Member
 from schemas.messages import LagEvent, PartitionLag
 
-__all__ = ["GroupView", "LagProbe", "LagRecorder", "Member", "latest_lag_events", "start_recorder"]
+__all__ = ["GroupView", "LagProbe", "LagRecorder", "Member", "lag_recorder", "latest_lag_events"]
 
 log = logging.getLogger("batchtide.lag")
 _encode = msgspec.json.Encoder().encode
@@ -139,13 +139,12 @@ class LagRecorder:
         )
 
 
-def start_recorder(consumer: RecordedConsumer, settings: KafkaSettings, interval_ms: float) -> LagRecorder | None:
-    """The recorder for a consumer that has joined its group; None when lag recording is off."""
+def lag_recorder(consumer: RecordedConsumer, settings: KafkaSettings, interval_ms: float) -> LagRecorder | None:
+    """The recorder for a consumer, built with it and started once it has joined its group;
+    None when lag recording is off."""
     if interval_ms <= 0:
         return None
-    recorder = LagRecorder(consumer, settings, interval_ms / 1000.0)
-    recorder.start()
-    return recorder
+    return LagRecorder(consumer, settings, interval_ms / 1000.0)
 
 
 async def latest_lag_events(settings: KafkaSettings, max_age_ms: float, tail: int = 200) -> dict[str, LagEvent]:

@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Callable
 
 from consumers.heap import freeze_heap
-from consumers.lag import start_recorder
+from consumers.lag import lag_recorder
 from consumers.worker import Consumer, build_consumer
 from pipeline.core.config import Config
 from pipeline.core.kafka.client import ensure_topics
@@ -29,13 +29,15 @@ async def serve(
 ) -> Consumer:
     """Run one consumer until `stop` is set; returns it (its stats) after a clean shutdown."""
     consumer = build_consumer(config, model_name, consumer_id=consumer_id)
-    reporter = lag = None
+    lag = lag_recorder(consumer, config.kafka, config.consumer.lag_interval_ms)
+    reporter = None
     try:
         if create_topics:
             await ensure_topics(config.kafka, {model_name: consumer.model.partitions})
         await consumer.start()
         freeze_heap()  # this process is the consumer's: what it loaded stays for its lifetime
-        lag = start_recorder(consumer, config.kafka, config.consumer.lag_interval_ms)
+        if lag is not None:
+            lag.start()
         if on_stats is not None:
             report = on_stats
 

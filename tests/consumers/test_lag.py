@@ -14,7 +14,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from typer.testing import CliRunner
 
 from pipeline.core.kafka.client import Topics, client_options
-from consumers.lag import LagProbe, latest_lag_events, start_recorder
+from consumers.lag import LagProbe, lag_recorder, latest_lag_events
 from pipeline.cli import app
 from pipeline.core.config import KafkaSettings
 from schemas.messages import LagEvent
@@ -106,8 +106,9 @@ def test_recorder_publishes_lag_while_a_slow_consumer_falls_behind(kafka_setting
         await create_topics(kafka_settings, model)
         consumer = make_consumer(model, kafka_settings)
         async with running(consumer):
-            recorder = start_recorder(consumer, kafka_settings, 300.0)
+            recorder = lag_recorder(consumer, kafka_settings, 300.0)
             assert recorder is not None
+            recorder.start()
             try:
                 await produce_json(kafka_settings, topics.requests(MODEL), [request(i) for i in range(40)])
                 await _until(lambda: _answered(consumer, 40), what="all answered")
@@ -147,8 +148,9 @@ def test_status_shows_members_partitions_lag_and_engine_state(kafka_settings: Ka
         await create_topics(kafka_settings, model)
         consumer = make_consumer(model, kafka_settings, name="status-c1")
         async with running(consumer):
-            recorder = start_recorder(consumer, kafka_settings, 300.0)
+            recorder = lag_recorder(consumer, kafka_settings, 300.0)
             assert recorder is not None
+            recorder.start()
             try:
                 await produce_json(kafka_settings, topics.requests(MODEL), [request(i) for i in range(30)], partition=1)
                 await _until(lambda: _recorded_lag(recorder), what="a sample with lag")
