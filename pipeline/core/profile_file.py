@@ -51,6 +51,21 @@ class CostPoint:
 
 
 @dataclass(frozen=True)
+class GenerationCurves:
+    """A generating model's measured prefill and decode-step costs (what the generation simulator
+    charges): prefill of a group over its padded prompt tokens, a decode step over running rows
+    at one cache length, and steps at longer caches (the longest admissible request, and the
+    cache sweep) from which the per-row, per-cache-token cost of attention is taken."""
+
+    prefill: tuple[tuple[int, float], ...]
+    """(prompt tokens in the group, ms of its prefill)."""
+    steps: tuple[tuple[int, int, float], ...]
+    """(rows, cache tokens, ms of one decode step), at the profiled prompt length."""
+    long_steps: tuple[tuple[int, int, float], ...] = ()
+    """(rows, cache tokens, ms): decode steps measured at longer caches."""
+
+
+@dataclass(frozen=True)
 class DeviceProfile:
     model: str
     device: str
@@ -67,6 +82,8 @@ class DeviceProfile:
     measured_at: str = ""
     recommended: dict[str, Any] = field(default_factory=dict)
     """Profile knobs the measurement suggests (shown, never applied silently)."""
+    generation: GenerationCurves | None = None
+    """Generation: the prefill and decode-step curves (None for other models, and for a compact file)."""
 
     def cost_points(self) -> list[tuple[int, float]]:
         return [(p.size, p.median_ms) for p in self.points]
@@ -93,6 +110,7 @@ class DeviceProfile:
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
+        out.pop("generation")
         out["points"] = [{k: v for k, v in asdict(p).items() if v is not None} for p in self.points]
         return {"format": FORMAT, **out}
 
@@ -131,10 +149,41 @@ def _from_measurement(data: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _generation_curves(data: dict[str, Any], source: str) -> GenerationCurves | None:
+    """The prefill and decode-step curves of a measurement file (`task = "generate"`)."""
+    if data.get("task") != "generate" or not data.get("prefill"):
+        return None
+
+    def point(where: str, raw: Any) -> tuple[int, int, float]:
+        if not isinstance(raw, dict):
+            raise ProfileError(f"{where}: expected an object with size, tokens and median_ms")
+        return (_positive(f"{where}.size", raw.get("size"), int), _positive(f"{where}.tokens", raw.get("tokens"), int),
+                _positive(f"{where}.median_ms", raw.get("median_ms"), float))
+
+    prefill = [point(f"{source}.prefill[{i}]", raw) for i, raw in enumerate(data["prefill"])]
+    steps = [point(f"{source}.points[{i}]", raw) for i, raw in enumerate(data["points"])]
+    long_steps = [point(f"{source}.cache_sweep[{i}]", raw) for i, raw in enumerate(data.get("cache_sweep") or [])]
+    longest = data.get("longest") or {}
+    if longest.get("prefill") and longest.get("step"):
+        pre = point(f"{source}.longest.prefill", longest["prefill"])
+        prefill.append(pre)
+        long_steps.append(point(f"{source}.longest.step", longest["step"]))
+    by_tokens: dict[int, float] = {}
+    for _, tokens, ms in prefill:
+        by_tokens.setdefault(tokens, ms)
+    return GenerationCurves(
+        prefill=tuple(sorted(by_tokens.items())),
+        steps=tuple(steps),
+        long_steps=tuple(long_steps),
+    )
+
+
 def parse_profile(data: Any, source: str = "<profile>") -> DeviceProfile:
     if not isinstance(data, dict):
         raise ProfileError(f"{source}: expected a JSON object")
+    generation = None
     if isinstance(data.get("cost_points"), list):
+        generation = _generation_curves(data, source)
         data = _from_measurement(data)
     if data.get("format") != FORMAT:
         raise ProfileError(f"{source}.format: expected {FORMAT!r}, got {data.get('format')!r}")
@@ -183,6 +232,7 @@ def parse_profile(data: Any, source: str = "<profile>") -> DeviceProfile:
         stopped_because=str(data.get("stopped_because", "")),
         measured_at=str(data.get("measured_at", "")),
         recommended=recommended,
+        generation=generation,
     )
 
 

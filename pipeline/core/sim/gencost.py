@@ -1,0 +1,70 @@
+"""What generation costs on a simulated device: a prefill per group of prompts, a decode step per
+running set.
+
+A static batch's t(b) cannot describe iteration-level batching: there a request's time is
+the prefills and decode steps of a running set that other requests join and leave. This
+charges the two operations the decode loop really runs, from the curves `batchtide profile`
+measured (pipeline/core/profile_file.py, `GenerationCurves`):
+
+- prefill of a group: the prefill curve at the group's padded prompt tokens (rows x the
+  longest prompt: prompts are left-padded to one width);
+- one decode step: the step curve at the rows in the cache (finished rows not yet compacted
+  away count: they are decoded too) plus attention over the cache, `per_row_token_ms` per row
+  and cache token past the profiled cache length. That slope is taken from the steps the
+  profile measured at longer caches (its cache sweep, and the longest admissible request).
+
+`scale` multiplies both: a device that ran slower than when it was profiled (cores shared
+with other processes) is the same device, slower.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from pipeline.core.profile_file import GenerationCurves
+from pipeline.core.sim.device import DeviceCurve
+
+
+@dataclass(frozen=True)
+class GenerationCost:
+    prefill: DeviceCurve
+    """ms of one prefill over the padded prompt tokens of its group."""
+    step: DeviceCurve
+    """ms of one decode step over the rows in the cache, at `ref_cache` tokens."""
+    ref_cache: float
+    """Cache length (tokens per row) the step curve was measured at."""
+    per_row_token_ms: float = 0.0
+    """Attention: ms per row and per cache token past `ref_cache`."""
+    scale: float = 1.0
+
+    def prefill_ms(self, rows: int, width: int) -> float:
+        return self.scale * self.prefill.ms(rows * width)
+
+    def step_ms(self, rows: int, cache: int) -> float:
+        base = self.step.ms(rows)
+        attention = self.per_row_token_ms * rows * (cache - self.ref_cache)
+        return self.scale * max(0.5 * base, base + attention)
+
+    def scaled(self, factor: float) -> "GenerationCost":
+        return replace(self, scale=self.scale * factor)
+
+    @classmethod
+    def linear(cls, prefill_a_ms: float, prefill_c_ms: float, step_a_ms: float, step_c_ms: float,
+               per_row_token_ms: float = 0.0, ref_cache: float = 0.0) -> "GenerationCost":
+        """prefill = a + c x tokens, step = a + c x rows (tests and hand-written scenarios)."""
+        return cls(DeviceCurve(prefill_a_ms, prefill_c_ms), DeviceCurve(step_a_ms, step_c_ms), ref_cache, per_row_token_ms)
+
+    @classmethod
+    def from_curves(cls, curves: GenerationCurves) -> "GenerationCost":
+        steps = sorted(curves.steps)
+        if not curves.prefill or not steps:
+            raise ValueError("a generation profile needs prefill and decode-step points")
+        ref_cache = sum(cache for _, cache, _ in steps) / len(steps)
+        step = DeviceCurve(points=tuple((float(rows), ms) for rows, _, ms in steps))
+        slopes = []
+        for rows, cache, ms in curves.long_steps:
+            if cache > ref_cache + 1:
+                slopes.append((ms - step.ms(rows)) / (rows * (cache - ref_cache)))
+        slope = max(0.0, sorted(slopes)[len(slopes) // 2]) if slopes else 0.0
+        prefill = DeviceCurve(points=tuple((float(t), ms) for t, ms in curves.prefill))
+        return cls(prefill, step, ref_cache, slope)

@@ -1,0 +1,139 @@
+"""The generation simulator: prefill and decode steps of a running set that rows join and leave."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline.core.config import BatchProfile
+from pipeline.core.engine import BatchingEngine
+from pipeline.core.profile_file import GenerationCurves
+from pipeline.core.sim.gencost import GenerationCost
+from pipeline.core.sim.gensim import (
+    GenArrivals,
+    LoopSettings,
+    gen_figures,
+    running_token_cap,
+    simulate_generation,
+)
+
+PREFILL_A, PREFILL_C, STEP_A, STEP_C = 40.0, 2.0, 50.0, 5.0
+COST = GenerationCost.linear(PREFILL_A, PREFILL_C, STEP_A, STEP_C)
+NEW = 16
+
+
+def arrivals(times: list[float], prompts: list[int], emits: list[int], deadline: float | None = None,
+             limit: int = NEW) -> GenArrivals:
+    n = len(times)
+    t = np.asarray(times, dtype=float)
+    return GenArrivals(
+        create_ms=t, deliver_ms=t.copy(), prompt=np.asarray(prompts), emits=np.asarray(emits),
+        limit=np.full(n, limit), priority=np.zeros(n, dtype=int), lane=np.zeros(n, dtype=int),
+        deadline_ms=t + deadline if deadline is not None else np.full(n, np.nan),
+    )
+
+
+def run(arr: GenArrivals, settings: LoopSettings | None = None, inflight: int = 16, cost: GenerationCost = COST):
+    profile = BatchProfile(cost_unit="tokens", hard_cap=512, target_size=48, max_wait_ms=0.0,
+                           max_inflight_batches=inflight, tail_mark_ratio=0.0)
+    engine = BatchingEngine(profile)
+    return simulate_generation(arr, cost, [engine], settings or LoopSettings(reserve_tokens=NEW), inflight)
+
+
+def test_one_row_is_a_prefill_and_a_step_per_token_after_the_first() -> None:
+    out = run(arrivals([0.0], [32], [10]))
+    prefill = PREFILL_A + PREFILL_C * 32
+    assert out.first_ms[0] == pytest.approx(prefill)
+    assert out.done_ms[0] == pytest.approx(prefill + 9 * (STEP_A + STEP_C))
+    assert out.steps == 9 and out.joins == 1
+
+
+def test_a_request_joins_between_steps_and_both_share_the_steps() -> None:
+    alone = run(arrivals([0.0], [32], [16]))
+    both = run(arrivals([0.0, 300.0], [32, 32], [16, 16]))
+    # the second row joined while the first decoded: its first token came before the first ended
+    assert both.first_ms[1] < both.done_ms[0]
+    assert both.joins == 2
+    # the first paid the joiner's prefill and wider steps, but far less than a second whole run
+    assert alone.done_ms[0] < both.done_ms[0] < alone.done_ms[0] + (both.done_ms[1] - both.first_ms[1])
+    assert max(both.step_rows) == 2
+
+
+def test_rows_leave_as_they_finish_and_the_set_shrinks() -> None:
+    out = run(arrivals([0.0, 0.0], [32, 32], [12, 4]))
+    assert out.done_ms[1] < out.done_ms[0]
+    assert max(out.step_rows) == 2 and out.step_rows[-1] == 1
+
+
+def test_a_kv_cap_of_one_request_delays_the_next_until_the_first_leaves() -> None:
+    arr = arrivals([0.0, 10.0], [32, 32], [16, 16])
+    free = run(arr)
+    capped = run(arr, LoopSettings(token_cap=32 + NEW, reserve_tokens=NEW))
+    assert free.first_ms[1] < free.done_ms[0]
+    assert capped.first_ms[1] >= capped.done_ms[0]
+
+
+def test_a_longer_cache_makes_steps_dearer() -> None:
+    attention = GenerationCost.linear(PREFILL_A, PREFILL_C, STEP_A, STEP_C, per_row_token_ms=0.5, ref_cache=32)
+    short = run(arrivals([0.0], [32], [16]), cost=attention)
+    long = run(arrivals([0.0], [256], [16]), cost=attention)
+    assert (long.done_ms[0] - long.first_ms[0]) > 1.5 * (short.done_ms[0] - short.first_ms[0])
+
+
+def test_a_deadline_stops_the_row() -> None:
+    out = run(arrivals([0.0], [32], [64], deadline=500.0, limit=64))
+    assert out.expired[0] and out.done_ms[0] <= 500.0 + STEP_A + STEP_C
+
+
+def test_latency_grows_with_load_and_throughput_follows_it() -> None:
+    rng = np.random.default_rng(3)
+    n = 150
+    prompts = rng.integers(16, 64, n).tolist()
+    emits = rng.integers(4, NEW + 1, n).tolist()
+    gaps = rng.exponential(1.0, n)
+    figures = []
+    for rate in (2.0, 6.0, 12.0):
+        times = (np.cumsum(gaps) * 1000.0 / rate).tolist()
+        arr = arrivals(times, prompts, emits)
+        figures.append(gen_figures(run(arr), np.asarray(emits)))
+    p99s = [f.p99_ms for f in figures]
+    rows = [f.mean_rows for f in figures]
+    assert p99s[0] < p99s[1] < p99s[2]
+    assert rows[0] < rows[1] < rows[2]
+    assert figures[0].throughput_rps < figures[2].throughput_rps
+
+
+def test_every_request_is_answered_once() -> None:
+    rng = np.random.default_rng(5)
+    n = 200
+    times = np.cumsum(rng.exponential(50.0, n)).tolist()
+    arr = arrivals(times, rng.integers(8, 200, n).tolist(), rng.integers(1, NEW + 1, n).tolist(), deadline=3000.0)
+    out = run(arr, LoopSettings(token_cap=600, step_budget_ms=80.0, reserve_tokens=NEW), inflight=12)
+    assert not np.isnan(out.done_ms).any()
+    served = ~out.expired
+    assert (out.first_ms[served] <= out.done_ms[served]).all()
+    assert (out.dispatch_ms[served] >= arr.create_ms[served]).all()
+
+
+def test_the_loop_follows_the_consumer() -> None:
+    from consumers.runners import decoding, iteration
+    from pipeline.core.sim import gensim
+
+    assert (gensim.JOIN_GROUP, gensim.JOIN_WAIT_STEPS, gensim.JOIN_SLOTS) == (
+        iteration.JOIN_GROUP, iteration.JOIN_WAIT_STEPS, iteration.JOIN_SLOTS)
+    assert gensim.DEAD_SHARE == decoding.DEAD_SHARE
+    for args in ((272, 24, 48), (272, 4, None), (None, 8, 48)):
+        assert running_token_cap(*args) == iteration.running_token_cap(*args)
+
+
+def test_cost_from_profile_curves_reads_the_attention_slope() -> None:
+    curves = GenerationCurves(
+        prefill=((32, 100.0), (64, 150.0), (256, 500.0)),
+        steps=((1, 36, 50.0), (2, 36, 60.0), (4, 36, 80.0)),
+        long_steps=((1, 260, 50.0 + 224 * 0.1),),
+    )
+    cost = GenerationCost.from_curves(curves)
+    assert cost.per_row_token_ms == pytest.approx(0.1)
+    assert cost.step_ms(2, 36) == pytest.approx(60.0)
+    assert cost.step_ms(2, 136) == pytest.approx(60.0 + 2 * 100 * 0.1)
+    assert cost.prefill_ms(2, 32) == pytest.approx(150.0)
