@@ -48,7 +48,13 @@ class Recorded:
     throughput_rps: float
     marked_share: float
     overhead_ms: float
-    """Median e2e - wait - compute: the hops the simulator does not model."""
+    """Median e2e - wait - compute: the hops the simulator does not model (generation: e2e - the
+    last token's time)."""
+    ttft_p99_ms: float = math.nan
+    """Generation: time to first token and time per output token, p99 of the answers."""
+    tpot_p99_ms: float = math.nan
+    device_scale: float | None = None
+    """Generation: how much slower than profiled the device ran in the window (its curves' factor)."""
 
 
 @dataclass(frozen=True)
@@ -63,12 +69,17 @@ class Prediction:
     expired_share: float
     marked_share: float
     mean_batch: float
+    ttft_p99_ms: float = math.nan
+    tpot_p99_ms: float = math.nan
+    mean_rows: float = math.nan
+    """Generation: mean rows in the running set per decode step."""
 
 
 @dataclass
 class Replay:
-    scenario: Scenario
-    arrivals: Arrivals
+    scenario: Scenario | None
+    """None for a generating model's window (replay_generation.py): not exportable yet."""
+    arrivals: Arrivals | None
     recorded: Recorded
     predictions: list[Prediction]
 

@@ -27,14 +27,18 @@ def replay_command(
         False, "--validate", help="Exit 1 unless the prediction for the profile that ran is within 15% of the recording."
     ),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the predictions as JSON here."),
+    calibrate: bool = typer.Option(
+        True, "--calibrate/--no-calibrate",
+        help="Generation: scale the profile's prefill and decode-step curves to the time per output token "
+             "the window recorded (the device's speed while it ran); off uses the profile as measured."),
 ) -> None:
     """Replay the recorded arrivals of a window under the profile that ran and a grid of
     candidates: predicted p50/p99/p999, throughput, hit ratio, expired share, and the
-    recommended profile."""
+    recommended profile. A generating model with iteration-level batching is replayed through
+    the decode loop (prefills and decode steps of a running set, from its profile's curves)."""
     from pipeline.core.config import ConfigError, load_config
     from pipeline.core.profile_file import ProfileError, load_profile
     from pipeline.views.report import parse_duration_ms
-    from pipeline.views.tables import print_table
     from pipeline.bench.replay import ReplayError, replay, scenario_toml
     from pipeline.core.store.client import ClickHouseUnavailable, connect
     from pipeline.core.store.traffic import read_traffic
@@ -63,15 +67,64 @@ def replay_command(
         traffic = read_traffic(client, cfg.clickhouse.database, model, now - span, now)
     finally:
         client.close()
+    spec = cfg.models.get(model)
+    generation = traffic.generating and spec is not None and spec.batching == "iteration"
     try:
-        result = replay(
-            traffic, ran,
-            device_cap=device.memory_limit if device else None,
-            prior_costs=device.cost_points() if device else None,
-        )
-    except ReplayError as e:
+        if generation:
+            from pipeline.bench.replay_generation import GenSetup, replay_generation
+            from pipeline.core.profile_file import profile_path
+
+            if device is None and profile_path(model).is_file():
+                device = load_profile(profile_path(model))
+            if device is None:
+                raise ReplayError(f"replaying generation needs the model's profile file: pass --profile (or write "
+                                  f"{profile_path(model)} with `batchtide profile --model {model}`)")
+            result = replay_generation(traffic, ran, GenSetup(spec, device), calibrate=calibrate)
+        else:
+            result = replay(
+                traffic, ran,
+                device_cap=device.memory_limit if device else None,
+                prior_costs=device.cost_points() if device else None,
+            )
+    except (ReplayError, ProfileError) as e:
         console.print(f"[red]nothing to replay:[/red] {escape(str(e))}")
         raise typer.Exit(2) from None
+
+    rec = result.recorded
+    if generation:
+        _generation_table(result, model, since, ran)
+    else:
+        _request_table(result, model, since, ran)
+    best = result.recommended()
+    changes = {k: v for k, v in vars(best.profile).items() if getattr(ran, k) != v}
+    console.print(f"recommended: {best.name}" + (f" — set {changes}" if changes else " — keep the profile that ran"))
+    check = result.validation()
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps({
+            "model": model, "since": since, "recorded": vars(rec), "validation": check,
+            "recommended": best.name, "generation": generation,
+            "predictions": [{**{k: v for k, v in vars(p).items() if k != "profile"},
+                             "profile": vars(p.profile)} for p in result.predictions],
+        }, indent=2, default=str))
+        console.print(f"wrote {json_out}")
+    if export:
+        if result.scenario is None:
+            console.print("[yellow]--export: a generating model's window cannot be exported as a scenario yet[/yellow]")
+        else:
+            export.parent.mkdir(parents=True, exist_ok=True)
+            export.write_text(scenario_toml(result))
+            console.print(f"wrote {export}")
+    if validate:
+        verdict = "agree" if result.validates() else "DISAGREE"
+        console.print(f"validate: predicted/recorded p99 {check['p99_ratio']:.2f}, "
+                      f"throughput {check['throughput_ratio']:.2f} (within 15%: {verdict})")
+        if not result.validates():
+            raise typer.Exit(1)
+
+
+def _request_table(result, model: str, since: str, ran) -> None:  # type: ignore[no-untyped-def]
+    from pipeline.views.tables import print_table
 
     rec = result.recorded
     table = Table(title=f"replay of {model}: {rec.requests} recorded requests over the last {since} "
@@ -92,28 +145,28 @@ def replay_command(
     table.add_row("[italic]recorded[/italic]", "", "", "", "", f"{rec.p50_ms:.1f}", f"{rec.p99_ms:.1f}",
                   f"{rec.p999_ms:.1f}", f"{rec.throughput_rps:.1f}", "", "", f"{rec.marked_share:.2%}", "")
     print_table(console, table)
-    changes = {k: v for k, v in vars(best.profile).items() if getattr(ran, k) != v}
-    console.print(f"recommended: {best.name}" + (f" — set {changes}" if changes else " — keep the profile that ran"))
-    check = result.validation()
-    if json_out:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps({
-            "model": model, "since": since, "recorded": vars(rec), "validation": check,
-            "recommended": best.name,
-            "predictions": [{**{k: v for k, v in vars(p).items() if k != "profile"},
-                             "profile": vars(p.profile)} for p in result.predictions],
-        }, indent=2, default=str))
-        console.print(f"wrote {json_out}")
-    if export:
-        export.parent.mkdir(parents=True, exist_ok=True)
-        export.write_text(scenario_toml(result))
-        console.print(f"wrote {export}")
-    if validate:
-        verdict = "agree" if result.validates() else "DISAGREE"
-        console.print(f"validate: predicted/recorded p99 {check['p99_ratio']:.2f}, "
-                      f"throughput {check['throughput_ratio']:.2f} (within 15%: {verdict})")
-        if not result.validates():
-            raise typer.Exit(1)
+
+
+def _generation_table(result, model: str, since: str, ran) -> None:  # type: ignore[no-untyped-def]
+    from pipeline.views.tables import print_table
+
+    rec = result.recorded
+    scale = rec.device_scale
+    speed = "as profiled" if scale is None or scale == 1.0 else f"device {scale:.2f}x its profiled step times"
+    table = Table(title=f"generation replay of {model}: {rec.requests} recorded requests over the last {since} "
+                        f"(SLO p99 {ran.slo_p99_ms:g} ms; {speed}; hops after the last token {rec.overhead_ms:.1f} ms added)")
+    for column in ("candidate", "inflight", "p50 ms", "p99 ms", "req/s", "TTFT p99", "TPOT p99", "expired",
+                   "mean rows", "mean batch"):
+        table.add_column(column, justify="left" if column == "candidate" else "right")
+    best = result.recommended()
+    for p in result.predictions:
+        name = f"[bold]{p.name}[/bold] (recommended)" if p is best else p.name
+        table.add_row(name, str(p.profile.max_inflight_batches), f"{p.p50_ms:.1f}", f"{p.p99_ms:.1f}",
+                      f"{p.throughput_rps:.2f}", f"{p.ttft_p99_ms:.1f}", f"{p.tpot_p99_ms:.1f}",
+                      f"{p.expired_share:.2%}", f"{p.mean_rows:.1f}", f"{p.mean_batch:.1f}")
+    table.add_row("[italic]recorded[/italic]", "", f"{rec.p50_ms:.1f}", f"{rec.p99_ms:.1f}",
+                  f"{rec.throughput_rps:.2f}", f"{rec.ttft_p99_ms:.1f}", f"{rec.tpot_p99_ms:.1f}", "", "", "")
+    print_table(console, table)
 
 
 def register(app: typer.Typer) -> None:

@@ -30,7 +30,11 @@ SELECT
     e2e_ms,
     wait_ms,
     compute_ms,
-    tail_marked
+    tail_marked,
+    tokens_in,
+    tokens_out,
+    toUnixTimestamp64Milli(first_token_time) AS first_token_ms,
+    toUnixTimestamp64Milli(last_token_time) AS last_token_ms
 FROM {db}.request_latency FINAL
 WHERE model = {{model:String}} AND NOT warmup AND outcome != 'rejected'
   AND enqueue_time >= fromUnixTimestamp64Milli({{time_from:Int64}}, 'UTC')
@@ -70,6 +74,17 @@ class RecordedTraffic:
     batch_size: np.ndarray
     batch_cost: np.ndarray
     batch_compute_ms: np.ndarray
+    tokens_in: np.ndarray | None = None
+    """Generation: prompt tokens, answer tokens and the epoch ms of the first and last token
+    (0 when the model does not generate). None when not read."""
+    tokens_out: np.ndarray | None = None
+    first_token_ms: np.ndarray | None = None
+    last_token_ms: np.ndarray | None = None
+
+    @property
+    def generating(self) -> bool:
+        """Whether the window is of a generating model (its answers have first-token stamps)."""
+        return self.first_token_ms is not None and bool((self.first_token_ms > 0).any())
 
     def __len__(self) -> int:
         return int(self.enqueue_ms.shape[0])
@@ -81,7 +96,7 @@ def read_traffic(client: Client, database: str, model: str, time_from_ms: int, t
     req = client.query(REQUESTS_SQL.format(db=db), parameters=params).result_columns
     bat = client.query(BATCHES_SQL.format(db=db), parameters=params).result_columns
     if not req:
-        req = [[] for _ in range(12)]
+        req = [[] for _ in range(16)]
     if not bat:
         bat = [[] for _ in range(4)]
     names = sorted(set(req[6]) | set(bat[3]))
@@ -104,4 +119,8 @@ def read_traffic(client: Client, database: str, model: str, time_from_ms: int, t
         batch_size=np.asarray(bat[0], dtype=np.int64),
         batch_cost=np.asarray(bat[1], dtype=np.int64),
         batch_compute_ms=np.asarray(bat[2], dtype=float),
+        tokens_in=np.asarray(req[12], dtype=np.int64),
+        tokens_out=np.asarray(req[13], dtype=np.int64),
+        first_token_ms=np.asarray(req[14], dtype=float),
+        last_token_ms=np.asarray(req[15], dtype=float),
     )

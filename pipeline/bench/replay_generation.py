@@ -1,0 +1,262 @@
+"""Replay of a generating model's recorded traffic: the decode loop, not static batches.
+
+A generating model served with `batching = "iteration"` keeps several batches in flight and
+one running set on the device; each recorded batch's compute time is its requests' stay in
+that set, shared with the others, so replaying batches one after another for their recorded
+times (replay.py's request path) charges the device many times over (x233 on p99). Here the
+recorded arrivals (record time, fetch lag, prompt and answer tokens, priority, consumer) go
+through the generation simulator (pipeline/core/sim/gensim.py): the engine that ran, the
+decode loop's join rule, its KV token cap and step budget, and the device's prefill and
+decode-step curves from the profile file the consumer loaded.
+
+The device during the recording is not the device when it was profiled: on a shared machine
+the consumer's steps ran slower (other processes held the cores). The recording measures how
+much: each answer's time per output token. The replay scales the profile's curves by the
+median of recorded / simulated time per output token (`device_scale`, found in a few passes,
+each simulating with the last factor), as the request path replays recorded compute times;
+with `calibrate=False` the profile's curves are used as measured.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from pipeline.core.config import BatchProfile, ModelConfig
+from pipeline.core.engine import BatchingEngine
+from pipeline.core.profile_file import DeviceProfile, longest_request
+from pipeline.core.sim.gencost import GenerationCost
+from pipeline.core.sim.gensim import GenArrivals, GenOutcome, LoopSettings, gen_figures, running_token_cap, simulate_generation
+from pipeline.bench.replay import Prediction, Replay, recorded_figures
+from pipeline.core.store.traffic import RecordedTraffic
+
+CALIBRATION_PASSES = 4
+"""Simulations spent finding the device's overall speed during the recording (each refines the last)."""
+SPEED_PASSES = 6
+"""Simulations spent finding its speed window by window."""
+SPEED_WINDOW_MS = 5000.0
+"""Width of the windows the device's speed is measured in (a co-tenant comes and goes in seconds)."""
+
+
+class GenerationReplayError(ValueError):
+    """The window or the profile cannot be replayed as generation (the message says why)."""
+
+
+@dataclass(frozen=True)
+class GenSetup:
+    """What the consumer ran with: its model config and the device profile it loaded."""
+
+    model: ModelConfig
+    device: DeviceProfile
+
+    def engine(self, profile: BatchProfile) -> BatchingEngine:
+        """The engine as the consumer builds it (profile_file.apply for iteration-level batching)."""
+        recommended = self.device.recommended.get("hard_cap")
+        limit = max(int(recommended), longest_request(self.model)) if recommended else longest_request(self.model)
+        points = [(size, ms) for size, ms in self.device.cost_points() if size <= limit]
+        if profile.compute_budget_ms is None and profile.slo_ms_per_new_token:
+            profile = profile.replace(compute_budget_ms=profile.budget_ms(self.model.max_new_tokens))
+        return BatchingEngine(profile, device_cap=limit, prior_costs=points)
+
+    def loop(self, profile: BatchProfile) -> LoopSettings:
+        """The decode loop's bounds as the runner derives them (transformers_runner)."""
+        cap = profile.hard_cap if profile.cost_unit == "tokens" and isinstance(profile.hard_cap, int) else None
+        target = profile.target_size if isinstance(profile.target_size, int) else None
+        budget = profile.slo_ms_per_new_token or profile.compute_budget_ms or profile.slo_p99_ms / 2.0
+        return LoopSettings(
+            token_cap=running_token_cap(cap, profile.max_inflight_batches, target),
+            step_budget_ms=budget,
+            reserve_tokens=self.model.max_new_tokens,
+        )
+
+
+def generation_arrivals(traffic: RecordedTraffic, model: ModelConfig,
+                        deadline_ms: float | None) -> tuple[GenArrivals, np.ndarray]:
+    """The recorded requests as the simulator takes them, in delivery order. A request emits its
+    answer's tokens (an end-of-sequence token that stopped it early is not recorded: the step
+    that produced it is not charged), and the delivery order (to index per-request arrays)."""
+    if traffic.tokens_in is None or traffic.tokens_out is None:
+        raise GenerationReplayError("the window was read without token counts")
+    t0 = float(traffic.enqueue_ms.min())
+    create = traffic.enqueue_ms - t0
+    deliver = create + traffic.fetch_lag_ms
+    order = np.argsort(deliver, kind="stable")
+    n = len(traffic)
+    limit = np.full(n, model.max_new_tokens, dtype=np.int64)
+    deadline = create + deadline_ms if deadline_ms is not None else np.full(n, np.nan)
+    return GenArrivals(
+        create_ms=create[order], deliver_ms=deliver[order],
+        prompt=np.maximum(traffic.tokens_in, 1)[order],
+        emits=np.maximum(traffic.tokens_out, 1)[order],
+        limit=limit[order], priority=traffic.priority[order], lane=traffic.consumer[order],
+        deadline_ms=deadline[order],
+    ), order
+
+
+def recorded_tpot(traffic: RecordedTraffic) -> np.ndarray:
+    """Time per output token of each answer with two tokens or more (NaN otherwise)."""
+    out = traffic.tokens_out.astype(float)
+    ok = (traffic.outcome == "ok") & (out > 1) & (traffic.first_token_ms > 0)
+    tpot = np.full(len(traffic), np.nan)
+    tpot[ok] = (traffic.last_token_ms[ok] - traffic.first_token_ms[ok]) / (out[ok] - 1)
+    return tpot
+
+
+def recorded_ttft(traffic: RecordedTraffic) -> np.ndarray:
+    ok = (traffic.outcome == "ok") & (traffic.first_token_ms > 0)
+    ttft = np.full(len(traffic), np.nan)
+    ttft[ok] = traffic.first_token_ms[ok] - traffic.enqueue_ms[ok]
+    return ttft
+
+
+def hops_ms(traffic: RecordedTraffic) -> float:
+    """Median of e2e - (last token - record time): publishing the answer, outside the device loop."""
+    ok = (traffic.outcome == "ok") & (traffic.last_token_ms > 0)
+    if not ok.any():
+        return 0.0
+    return max(0.0, float(np.median(traffic.e2e_ms[ok] - (traffic.last_token_ms[ok] - traffic.enqueue_ms[ok]))))
+
+
+@dataclass(frozen=True)
+class GenRun:
+    outcome: GenOutcome
+    tokens_out: np.ndarray
+
+
+def simulate_profile(setup: GenSetup, profile: BatchProfile, arrivals: GenArrivals, cost: GenerationCost,
+                     tokens_out: np.ndarray) -> GenRun:
+    lanes = int(arrivals.lane.max()) + 1 if len(arrivals) else 1
+    engines = [setup.engine(profile) for _ in range(lanes)]
+    outcome = simulate_generation(arrivals, cost, engines, setup.loop(profile), profile.max_inflight_batches)
+    return GenRun(outcome, tokens_out)
+
+
+def simulated_tpot(run: GenRun) -> np.ndarray:
+    o = run.outcome
+    out = run.tokens_out.astype(float)
+    ok = ~o.expired & (out > 1)
+    tpot = np.full(len(out), np.nan)
+    tpot[ok] = (o.done_ms[ok] - o.first_ms[ok]) / (out[ok] - 1)
+    return tpot
+
+
+def device_scale(setup: GenSetup, profile: BatchProfile, arrivals: GenArrivals, cost: GenerationCost,
+                 tokens_out: np.ndarray, recorded: np.ndarray) -> float:
+    """The factor on the profile's curves that makes the simulated time per output token match
+    the recorded one (median over the answers)."""
+    target = float(np.nanmedian(recorded)) if np.isfinite(recorded).any() else math.nan
+    if not math.isfinite(target) or target <= 0:
+        return 1.0
+    scale = 1.0
+    for _ in range(CALIBRATION_PASSES):
+        sim = simulated_tpot(simulate_profile(setup, profile, arrivals, cost.scaled(scale), tokens_out))
+        got = float(np.nanmedian(sim)) if np.isfinite(sim).any() else math.nan
+        if not math.isfinite(got) or got <= 0:
+            break
+        factor = target / got
+        scale *= factor
+        if abs(factor - 1.0) < 0.01:
+            break
+    return scale
+
+
+def device_speed(setup: GenSetup, profile: BatchProfile, arrivals: GenArrivals, cost: GenerationCost,
+                 tokens_out: np.ndarray, recorded: np.ndarray, window_ms: float = SPEED_WINDOW_MS) -> GenerationCost:
+    """The profile's curves scaled window by window to the recorded time per output token: each
+    answer's recorded / simulated time per token is spread over the windows its simulated decoding
+    spanned (weighted by the overlap), and the windows' factors move by their weighted geometric
+    mean. Windows no answer spanned keep the overall factor."""
+    cost = cost.scaled(device_scale(setup, profile, arrivals, cost, tokens_out, recorded))
+    known = np.isfinite(recorded) & (recorded > 0)
+    if known.sum() < 2:
+        return cost
+    speed: np.ndarray | None = None
+    for _ in range(SPEED_PASSES):
+        trial = cost if speed is None else cost.with_speed(tuple(speed), window_ms)
+        run = simulate_profile(setup, profile, arrivals, trial, tokens_out)
+        sim = simulated_tpot(run)
+        ok = known & np.isfinite(sim) & (sim > 0)
+        if ok.sum() < 2:
+            break
+        first, last = run.outcome.first_ms[ok], run.outcome.done_ms[ok]
+        if speed is None:
+            speed = np.ones(int(math.ceil(float(last.max()) / window_ms)) + 1)
+        edges = np.arange(len(speed) + 1) * window_ms
+        overlap = np.clip(np.minimum(last[:, None], edges[None, 1:]) - np.maximum(first[:, None], edges[None, :-1]), 0.0, None)
+        log_ratio = np.log(recorded[ok] / sim[ok])
+        weight = overlap.sum(axis=0)
+        moved = (overlap * log_ratio[:, None]).sum(axis=0) / np.maximum(weight, 1e-9)
+        speed = speed * np.exp(np.where(weight > 0, moved, 0.0))
+        if np.abs(log_ratio).max() < 0.02:
+            break
+    return cost if speed is None else cost.with_speed(tuple(speed), window_ms)
+
+
+@dataclass(frozen=True)
+class GenPrediction:
+    p50_ms: float
+    p99_ms: float
+    throughput_rps: float
+    ttft_p99_ms: float
+    tpot_p99_ms: float
+    expired_share: float
+    mean_batch: float
+    mean_rows: float
+
+
+def predict(setup: GenSetup, profile: BatchProfile, arrivals: GenArrivals, cost: GenerationCost,
+            tokens_out: np.ndarray, overhead_ms: float) -> GenPrediction:
+    run = simulate_profile(setup, profile, arrivals, cost, tokens_out)
+    f = gen_figures(run.outcome, tokens_out, overhead_ms)
+    sizes = run.outcome.batch_sizes
+    return GenPrediction(f.p50_ms, f.p99_ms, f.throughput_rps, f.ttft_p99_ms, f.tpot_p99_ms,
+                         f.expired_share, float(np.mean(sizes)) if sizes else math.nan, f.mean_rows)
+
+
+def generation_candidates(ran: BatchProfile) -> list[tuple[str, BatchProfile]]:
+    """The profile that ran, then the knobs that shape a running set: in-flight batches (the
+    running rows) halved and doubled, the step budget off, and a longer window."""
+    out = [("ran", ran)]
+    slots = ran.max_inflight_batches
+    for label, value in (("half", max(1, slots // 2)), ("double", slots * 2)):
+        if value != slots:
+            out.append((f"max_inflight {value} ({label})", ran.replace(max_inflight_batches=value)))
+    out.append(("step budget 10 s", ran.replace(compute_budget_ms=10_000.0, slo_ms_per_new_token=0.0)))
+    if ran.max_wait_ms != 50.0:
+        out.append(("max_wait 50 ms", ran.replace(max_wait_ms=50.0, min_wait_ms=min(ran.min_wait_ms, 50.0))))
+    return out
+
+
+def replay_generation(traffic: RecordedTraffic, ran: BatchProfile, setup: GenSetup, *,
+                      calibrate: bool = True) -> Replay:
+    """Predict the profile that ran and the generation candidates on the recorded arrivals."""
+    if setup.device.generation is None:
+        raise GenerationReplayError(
+            "the device profile has no prefill and decode-step curves (a generation profile written by "
+            "`batchtide profile` is needed)")
+    if len(traffic) == 0:
+        raise GenerationReplayError(f"no requests of model {traffic.model!r} recorded in this window")
+    arrivals, order = generation_arrivals(traffic, setup.model, ran.default_deadline_ms)
+    tokens_out = np.maximum(traffic.tokens_out, 0)[order]
+    base = GenerationCost.from_curves(setup.device.generation)
+    cost = device_speed(setup, ran, arrivals, base, tokens_out, recorded_tpot(traffic)[order]) if calibrate else base
+    scale = cost.scale
+    hops = hops_ms(traffic)
+    figures = recorded_figures(traffic)
+    tpot = recorded_tpot(traffic)
+    ttft = recorded_ttft(traffic)
+    recorded = replace(figures, overhead_ms=hops,
+                       ttft_p99_ms=float(np.nanpercentile(ttft, 99)) if np.isfinite(ttft).any() else math.nan,
+                       tpot_p99_ms=float(np.nanpercentile(tpot, 99)) if np.isfinite(tpot).any() else math.nan,
+                       device_scale=scale)
+    predictions = []
+    for name, profile in generation_candidates(ran):
+        g = predict(setup, profile, arrivals, cost, tokens_out, hops)
+        predictions.append(Prediction(
+            name=name, profile=profile, p50_ms=g.p50_ms, p99_ms=g.p99_ms, p999_ms=math.nan,
+            throughput_rps=g.throughput_rps, hit_ratio=math.nan, expired_share=g.expired_share,
+            marked_share=math.nan, mean_batch=g.mean_batch, ttft_p99_ms=g.ttft_p99_ms,
+            tpot_p99_ms=g.tpot_p99_ms, mean_rows=g.mean_rows))
+    return Replay(None, None, recorded, predictions)

