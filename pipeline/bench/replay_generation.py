@@ -29,18 +29,14 @@ from pipeline.core.engine import BatchingEngine
 from pipeline.core.profile_file import DeviceProfile, longest_request
 from pipeline.core.sim.gencost import GenerationCost
 from pipeline.core.sim.gensim import GenArrivals, GenOutcome, LoopSettings, gen_figures, running_token_cap, simulate_generation
-from pipeline.bench.replay import Prediction, Replay, recorded_figures
+from pipeline.bench.replay import Prediction, Replay, ReplayError, recorded_figures
 from pipeline.core.store.traffic import RecordedTraffic
 
 CALIBRATION_PASSES = 4
-"""Simulations spent finding the device's overall speed during the recording (each refines the last)."""
-SPEED_PASSES = 6
-"""Simulations spent finding its speed window by window."""
-SPEED_WINDOW_MS = 5000.0
-"""Width of the windows the device's speed is measured in (a co-tenant comes and goes in seconds)."""
+"""Simulations spent finding the device's speed during the recording (each refines the last)."""
 
 
-class GenerationReplayError(ValueError):
+class GenerationReplayError(ReplayError):
     """The window or the profile cannot be replayed as generation (the message says why)."""
 
 
@@ -162,38 +158,6 @@ def device_scale(setup: GenSetup, profile: BatchProfile, arrivals: GenArrivals, 
     return scale
 
 
-def device_speed(setup: GenSetup, profile: BatchProfile, arrivals: GenArrivals, cost: GenerationCost,
-                 tokens_out: np.ndarray, recorded: np.ndarray, window_ms: float = SPEED_WINDOW_MS) -> GenerationCost:
-    """The profile's curves scaled window by window to the recorded time per output token: each
-    answer's recorded / simulated time per token is spread over the windows its simulated decoding
-    spanned (weighted by the overlap), and the windows' factors move by their weighted geometric
-    mean. Windows no answer spanned keep the overall factor."""
-    cost = cost.scaled(device_scale(setup, profile, arrivals, cost, tokens_out, recorded))
-    known = np.isfinite(recorded) & (recorded > 0)
-    if known.sum() < 2:
-        return cost
-    speed: np.ndarray | None = None
-    for _ in range(SPEED_PASSES):
-        trial = cost if speed is None else cost.with_speed(tuple(speed), window_ms)
-        run = simulate_profile(setup, profile, arrivals, trial, tokens_out)
-        sim = simulated_tpot(run)
-        ok = known & np.isfinite(sim) & (sim > 0)
-        if ok.sum() < 2:
-            break
-        first, last = run.outcome.first_ms[ok], run.outcome.done_ms[ok]
-        if speed is None:
-            speed = np.ones(int(math.ceil(float(last.max()) / window_ms)) + 1)
-        edges = np.arange(len(speed) + 1) * window_ms
-        overlap = np.clip(np.minimum(last[:, None], edges[None, 1:]) - np.maximum(first[:, None], edges[None, :-1]), 0.0, None)
-        log_ratio = np.log(recorded[ok] / sim[ok])
-        weight = overlap.sum(axis=0)
-        moved = (overlap * log_ratio[:, None]).sum(axis=0) / np.maximum(weight, 1e-9)
-        speed = speed * np.exp(np.where(weight > 0, moved, 0.0))
-        if np.abs(log_ratio).max() < 0.02:
-            break
-    return cost if speed is None else cost.with_speed(tuple(speed), window_ms)
-
-
 @dataclass(frozen=True)
 class GenPrediction:
     p50_ms: float
@@ -241,8 +205,8 @@ def replay_generation(traffic: RecordedTraffic, ran: BatchProfile, setup: GenSet
     arrivals, order = generation_arrivals(traffic, setup.model, ran.default_deadline_ms)
     tokens_out = np.maximum(traffic.tokens_out, 0)[order]
     base = GenerationCost.from_curves(setup.device.generation)
-    cost = device_speed(setup, ran, arrivals, base, tokens_out, recorded_tpot(traffic)[order]) if calibrate else base
-    scale = cost.scale
+    scale = device_scale(setup, ran, arrivals, base, tokens_out, recorded_tpot(traffic)[order]) if calibrate else 1.0
+    cost = base.scaled(scale)
     hops = hops_ms(traffic)
     figures = recorded_figures(traffic)
     tpot = recorded_tpot(traffic)

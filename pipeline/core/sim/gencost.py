@@ -14,8 +14,7 @@ measured (pipeline/core/profile_file.py, `GenerationCurves`):
   profile measured at longer caches (its cache sweep, and the longest admissible request).
 
 `scale` multiplies both: a device that ran slower than when it was profiled (cores shared
-with other processes) is the same device, slower. `speed` refines it over time: a factor per
-window of `speed_window_ms` (a co-tenant that comes and goes), as a replay measures it.
+with other processes) is the same device, slower.
 """
 
 from __future__ import annotations
@@ -37,29 +36,17 @@ class GenerationCost:
     per_row_token_ms: float = 0.0
     """Attention: ms per row and per cache token past `ref_cache`."""
     scale: float = 1.0
-    speed: tuple[float, ...] = ()
-    """Factor per window of `speed_window_ms` from time 0 (the last one holds after the end)."""
-    speed_window_ms: float = 1000.0
 
-    def factor(self, now_ms: float) -> float:
-        if not self.speed:
-            return self.scale
-        k = min(max(0, int(now_ms // self.speed_window_ms)), len(self.speed) - 1)
-        return self.scale * self.speed[k]
+    def prefill_ms(self, rows: int, width: int) -> float:
+        return self.scale * self.prefill.ms(rows * width)
 
-    def prefill_ms(self, rows: int, width: int, now_ms: float = 0.0) -> float:
-        return self.factor(now_ms) * self.prefill.ms(rows * width)
-
-    def step_ms(self, rows: int, cache: int, now_ms: float = 0.0) -> float:
+    def step_ms(self, rows: int, cache: int) -> float:
         base = self.step.ms(rows)
         attention = self.per_row_token_ms * rows * (cache - self.ref_cache)
-        return self.factor(now_ms) * max(0.5 * base, base + attention)
+        return self.scale * max(0.5 * base, base + attention)
 
     def scaled(self, factor: float) -> "GenerationCost":
         return replace(self, scale=self.scale * factor)
-
-    def with_speed(self, speed: tuple[float, ...], window_ms: float) -> "GenerationCost":
-        return replace(self, speed=tuple(speed), speed_window_ms=window_ms)
 
     @classmethod
     def linear(cls, prefill_a_ms: float, prefill_c_ms: float, step_a_ms: float, step_c_ms: float,

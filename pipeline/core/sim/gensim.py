@@ -251,7 +251,7 @@ def simulate_generation(arrivals: GenArrivals, cost: GenerationCost, policies: S
         loop = loops[lane]
         rows = len(loop.live) + loop.dead
         width = max(int(arr.prompt[r.i]) + r.emitted for r in loop.live)
-        ms = cost.step_ms(rows, width, now)
+        ms = cost.step_ms(rows, width)
         step_rows.append(rows)
         loop.busy = True
         push(now + ms, _STEPPED, lane, ms)
@@ -272,7 +272,7 @@ def simulate_generation(arrivals: GenArrivals, cost: GenerationCost, policies: S
             loop.joins += 1
             width = max(int(arr.prompt[r.i]) for r in joining)
             loop.busy = True
-            push(now + cost.prefill_ms(len(joining), width, now), _PREFILLED, lane, joining)
+            push(now + cost.prefill_ms(len(joining), width), _PREFILLED, lane, joining)
         elif loop.live:
             step(lane, now)
         else:
