@@ -128,7 +128,7 @@ def test_the_loop_follows_the_consumer() -> None:
 
 def test_cost_from_profile_curves_reads_the_attention_slope() -> None:
     curves = GenerationCurves(
-        prefill=((32, 100.0), (64, 150.0), (256, 500.0)),
+        prefill=((32, 100.0), (64, 160.0), (128, 230.0), (256, 500.0), (512, 1000.0)),
         steps=((1, 36, 50.0), (2, 36, 60.0), (4, 36, 80.0)),
         long_steps=((1, 260, 50.0 + 224 * 0.1),),
     )
@@ -136,4 +136,8 @@ def test_cost_from_profile_curves_reads_the_attention_slope() -> None:
     assert cost.per_row_token_ms == pytest.approx(0.1)
     assert cost.step_ms(2, 36) == pytest.approx(60.0)
     assert cost.step_ms(2, 136) == pytest.approx(60.0 + 2 * 100 * 0.1)
-    assert cost.prefill_ms(2, 32) == pytest.approx(150.0)
+    # prefill is a line through the measured prefills: an outlier moves it, it does not make a step
+    slope = (cost.prefill_ms(1, 512) - cost.prefill_ms(1, 256)) / 256
+    assert (cost.prefill_ms(1, 64) - cost.prefill_ms(1, 32)) / 32 == pytest.approx(slope)
+    assert cost.prefill_ms(2, 128) == pytest.approx(cost.prefill_ms(1, 256))
+    assert 450.0 < cost.prefill_ms(1, 256) < 550.0

@@ -6,8 +6,11 @@ the prefills and decode steps of a running set that other requests join and leav
 charges the two operations the decode loop really runs, from the curves `batchtide profile`
 measured (pipeline/core/profile_file.py, `GenerationCurves`):
 
-- prefill of a group: the prefill curve at the group's padded prompt tokens (rows x the
-  longest prompt: prompts are left-padded to one width);
+- prefill of a group: a line over the group's padded prompt tokens (rows x the longest
+  prompt: prompts are left-padded to one width), fitted by least squares to the measured
+  prefills: its work grows with the tokens, and one prefill measured while another process
+  held the core (2.8 s at 256 tokens between 0.8 s at 128 and 3.6 s at 512, here) must not
+  make every join of that size look slow;
 - one decode step: the step curve at the rows in the cache (finished rows not yet compacted
   away count: they are decoded too) plus attention over the cache, `per_row_token_ms` per row
   and cache token past the profiled cache length. That slope is taken from the steps the
@@ -66,5 +69,21 @@ class GenerationCost:
             if cache > ref_cache + 1:
                 slopes.append((ms - step.ms(rows)) / (rows * (cache - ref_cache)))
         slope = max(0.0, sorted(slopes)[len(slopes) // 2]) if slopes else 0.0
-        prefill = DeviceCurve(points=tuple((float(t), ms) for t, ms in curves.prefill))
-        return cls(prefill, step, ref_cache, slope)
+        return cls(_line(curves.prefill), step, ref_cache, slope)
+
+
+def _line(points: tuple[tuple[int, float], ...]) -> DeviceCurve:
+    """Least-squares a + c x over the points, with a >= 0 (through the origin when the free fit's
+    intercept is negative) and c >= 0; one point: proportional."""
+    xs = [float(x) for x, _ in points]
+    ys = [float(y) for _, y in points]
+    n = len(xs)
+    if n < 2:
+        return DeviceCurve(0.0, ys[0] / xs[0])
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    c = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx > 0 else 0.0
+    a = my - c * mx
+    if a < 0:
+        a, c = 0.0, sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs)
+    return DeviceCurve(a, max(c, 0.0))
