@@ -6,7 +6,7 @@ import os
 
 import typer
 
-from pipeline.commands import bench, chaos, dashboards, db, demo, local, profile, replay, serve, settings, status
+from pipeline.commands import bench, bench_generation, chaos, dashboards, db, demo, local, profile, replay, serve, settings, status
 
 # Nothing is downloaded at run time (models come from wheels or local directories), whichever
 # way `batchtide` was started: the make launcher, a pip-installed script or `python -m`.
@@ -20,7 +20,7 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 
-for module in (local, serve, status, bench, db, dashboards, chaos, demo, settings, replay, profile):
+for module in (local, serve, status, bench, bench_generation, db, dashboards, chaos, demo, settings, replay, profile):
     module.register(app)
 
 if __name__ == "__main__":

@@ -141,3 +141,14 @@ def test_cost_from_profile_curves_reads_the_attention_slope() -> None:
     assert (cost.prefill_ms(1, 64) - cost.prefill_ms(1, 32)) / 32 == pytest.approx(slope)
     assert cost.prefill_ms(2, 128) == pytest.approx(cost.prefill_ms(1, 256))
     assert 450.0 < cost.prefill_ms(1, 256) < 550.0
+
+
+def test_a_joiner_left_hopeless_runs_once_the_rows_that_made_it_so_expire() -> None:
+    arr = GenArrivals(
+        create_ms=np.array([0.0, 300.0]), deliver_ms=np.array([0.0, 300.0]), prompt=np.array([32, 32]),
+        emits=np.array([64, 4]), limit=np.array([64, 16]), priority=np.zeros(2, dtype=int), lane=np.zeros(2, dtype=int),
+        deadline_ms=np.array([600.0, 1000.0]),
+    )
+    out = run(arr, LoopSettings(reserve_tokens=4), inflight=4)
+    assert out.expired[0] and not out.expired[1]
+    assert out.first_ms[1] >= out.done_ms[0]  # it waited (hopeless beside the long row), then ran alone

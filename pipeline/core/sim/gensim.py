@@ -275,6 +275,8 @@ def simulate_generation(arrivals: GenArrivals, cost: GenerationCost, policies: S
             push(now + cost.prefill_ms(len(joining), width), _PREFILLED, lane, joining)
         elif loop.live:
             step(lane, now)
+        elif loop.joiners:
+            iterate(lane, now)  # the rows that made them hopeless expired: the loop goes round again
         else:
             loop.busy = False
 

@@ -1,0 +1,105 @@
+"""The generation bench: LLM servers' schedulers on the simulated device, and goodput."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from pipeline.bench.generation import bench_scenario, default_layout, figures, run_default
+from pipeline.cli import app
+from pipeline.core.sim.gencost import GenerationCost
+from pipeline.core.sim.genpeers import SGLang, TGI, VLLM, FixedWindowGen, simulate_tokens
+from pipeline.core.sim.genscenario import gen_arrivals, load_gen_scenario, parse_gen_scenario
+from pipeline.core.sim.gensim import GenArrivals
+from pipeline.core.sim.scenario import ScenarioError
+
+ROOT = Path(__file__).resolve().parents[2]
+COST = GenerationCost.linear(10.0, 0.1, 20.0, 0.2)
+SMALL = {
+    "name": "small", "seed": 3,
+    "phases": [{"duration_s": 8, "rate_per_s": 4}],
+    "tokens": {"prompt": {"dist": "lognormal", "median": 200, "sigma": 1.0, "min": 20, "max": 2000},
+               "output": {"dist": "lognormal", "median": 40, "sigma": 0.8, "min": 10, "max": 200}},
+    "generation": {"ttft_ms": 1500, "tpot_ms": 60, "max_new_tokens": 200, "kv_tokens": 40000,
+                   "prefill": {"a_ms": 10.0, "c_ms": 0.12}, "step": {"a_ms": 20.0, "c_ms": 0.15}},
+}
+
+
+def one(prompt: int, emits: int, at: float = 0.0, limit: int = 64) -> GenArrivals:
+    return GenArrivals(np.array([at]), np.array([at]), np.array([prompt]), np.array([emits]), np.array([limit]),
+                       np.zeros(1, dtype=int), np.zeros(1, dtype=int), np.array([np.nan]))
+
+
+@pytest.mark.parametrize("scheduler", [VLLM(), VLLM(chunked=False), TGI(), SGLang(), FixedWindowGen(window_ms=0.0)])
+def test_every_scheduler_serves_a_lone_request_as_a_prefill_and_its_steps(scheduler) -> None:
+    out = simulate_tokens(one(100, 8), COST, scheduler)
+    assert out.first_ms[0] == pytest.approx(10.0 + 0.1 * 100, rel=0.05)
+    assert out.done_ms[0] - out.first_ms[0] == pytest.approx(7 * 20.2, rel=0.1)
+
+
+def test_tgi_waits_for_enough_joiners_unless_it_waited_max_waiting_tokens() -> None:
+    create = np.array([0.0, 0.0, 100.0])
+    arr = GenArrivals(create, create.copy(), np.array([32, 32, 32]), np.array([60, 60, 5]), np.full(3, 64),
+                      np.zeros(3, dtype=int), np.zeros(3, dtype=int), np.full(3, np.nan))
+    patient = simulate_tokens(arr, COST, TGI(waiting_served_ratio=1.2, max_waiting_tokens=20))
+    eager = simulate_tokens(arr, COST, TGI(waiting_served_ratio=0.3, max_waiting_tokens=20))
+    assert patient.first_ms[2] - 100.0 > 15 * 20.0  # waited ~20 steps for company
+    assert eager.first_ms[2] - 100.0 < 3 * 25.0
+
+
+def test_vllm_preempts_the_newest_row_when_the_kv_cache_runs_out() -> None:
+    create = np.array([0.0, 1.0])
+    arr = GenArrivals(create, create.copy(), np.array([100, 100]), np.array([100, 100]), np.full(2, 100),
+                      np.zeros(2, dtype=int), np.zeros(2, dtype=int), np.full(2, np.nan))
+    out = simulate_tokens(arr, COST, VLLM(kv_tokens=320))
+    assert not np.isnan(out.done_ms).any()
+    assert out.done_ms[0] < out.done_ms[1]
+
+
+def test_goodput_counts_requests_meeting_both_objectives() -> None:
+    scn = parse_gen_scenario(SMALL, "small.toml")
+    arr = gen_arrivals(scn)
+    assert arr.prompt.min() >= 20 and arr.prompt.max() <= 2000 and arr.emits.max() <= 200
+    fig = figures(scn, simulate_tokens(arr, scn.cost, VLLM(kv_tokens=scn.kv_tokens)))
+    assert 0 < fig["goodput_rps"] <= fig["throughput_rps"]
+    assert 0 < fig["attained"] <= 1
+
+
+def test_batchtide_default_uses_the_profile_layout() -> None:
+    scn = parse_gen_scenario(SMALL, "small.toml")
+    profile, loop, cap, points = default_layout(scn)
+    assert cap == 2000 + 200 and profile.target_size == 32 + 200
+    assert loop.token_cap is not None and loop.token_cap <= scn.kv_tokens
+    out = run_default(scn, gen_arrivals(scn))
+    assert not np.isnan(out.done_ms).any()
+
+
+def test_bench_reports_every_family_at_its_best() -> None:
+    report = bench_scenario(parse_gen_scenario(SMALL, "small.toml"), quick=True)
+    systems = [r["system"] for r in report["rows"]]
+    assert systems == ["batchtide-default", "vllm (oracle)", "tgi (oracle)", "sglang (oracle)", "fixed-window (oracle)"]
+    assert report["default_vs_best_peer"] > 0
+
+
+def test_shipped_generation_scenarios_load_and_a_bad_one_names_its_key() -> None:
+    for path in sorted((ROOT / "scenarios" / "generation").glob("*.toml")):
+        assert load_gen_scenario(path).kv_tokens > 0
+    bad = {**SMALL, "generation": {**SMALL["generation"], "tpot": 5}}
+    with pytest.raises(ScenarioError, match="tpot"):
+        parse_gen_scenario(bad, "bad.toml")
+
+
+def test_cli_prints_the_goodput_table(tmp_path: Path) -> None:
+    path = tmp_path / "small.toml"
+    path.write_text(
+        'name = "small"\nseed = 3\n[[phases]]\nduration_s = 8\nrate_per_s = 4\n[tokens]\n'
+        'prompt = { dist = "lognormal", median = 200, sigma = 1.0, min = 20, max = 2000 }\n'
+        'output = { dist = "lognormal", median = 40, sigma = 0.8, min = 10, max = 200 }\n'
+        "[generation]\nttft_ms = 1500\ntpot_ms = 60\nmax_new_tokens = 200\nkv_tokens = 40000\n"
+        "prefill = { a_ms = 10.0, c_ms = 0.12 }\nstep = { a_ms = 20.0, c_ms = 0.15 }\n")
+    result = CliRunner().invoke(app, ["bench", "generation", "--quick", "-s", str(path), "--json", str(tmp_path / "r.json")])
+    assert result.exit_code == 0, result.output
+    assert "batchtide-default / best peer goodput" in result.output
