@@ -32,8 +32,10 @@ from pipeline.core.sim.gensim import GenArrivals, GenOutcome, LoopSettings, gen_
 from pipeline.bench.replay import Prediction, Replay, ReplayError, recorded_figures
 from pipeline.core.store.traffic import RecordedTraffic
 
-CALIBRATION_PASSES = 4
-"""Simulations spent finding the device's speed during the recording (each refines the last)."""
+CALIBRATION_PASSES = 8
+"""Bisection steps spent finding the device's speed during the recording (to within ~0.3%)."""
+MAX_SCALE = 64.0
+"""The slowest (and, inverted, fastest) the device may have run against its profile."""
 
 
 class GenerationReplayError(ReplayError):
@@ -141,21 +143,35 @@ def simulated_tpot(run: GenRun) -> np.ndarray:
 def device_scale(setup: GenSetup, profile: BatchProfile, arrivals: GenArrivals, cost: GenerationCost,
                  tokens_out: np.ndarray, recorded: np.ndarray) -> float:
     """The factor on the profile's curves that makes the simulated time per output token match
-    the recorded one (median over the answers)."""
+    the recorded one (medians over the answers). Not proportional: slower steps also hold more
+    rows in the running set, each step dearer still, so it is found by bisection (in log scale)."""
     target = float(np.nanmedian(recorded)) if np.isfinite(recorded).any() else math.nan
     if not math.isfinite(target) or target <= 0:
         return 1.0
-    scale = 1.0
-    for _ in range(CALIBRATION_PASSES):
+
+    def tpot(scale: float) -> float:
         sim = simulated_tpot(simulate_profile(setup, profile, arrivals, cost.scaled(scale), tokens_out))
-        got = float(np.nanmedian(sim)) if np.isfinite(sim).any() else math.nan
-        if not math.isfinite(got) or got <= 0:
-            break
-        factor = target / got
-        scale *= factor
-        if abs(factor - 1.0) < 0.01:
-            break
-    return scale
+        return float(np.nanmedian(sim)) if np.isfinite(sim).any() else math.nan
+
+    got = tpot(1.0)
+    if not math.isfinite(got) or got <= 0:
+        return 1.0
+    lo = hi = 1.0
+    if got < target:
+        while got < target and hi < MAX_SCALE:
+            lo, hi = hi, hi * 2.0
+            got = tpot(hi)
+    else:
+        while got >= target and lo > 1.0 / MAX_SCALE:
+            lo, hi = lo / 2.0, lo
+            got = tpot(lo)
+    for _ in range(CALIBRATION_PASSES):
+        mid = math.sqrt(lo * hi)
+        if tpot(mid) < target:
+            lo = mid
+        else:
+            hi = mid
+    return math.sqrt(lo * hi)
 
 
 @dataclass(frozen=True)
