@@ -54,15 +54,15 @@ class CostPoint:
 class GenerationCurves:
     """A generating model's measured prefill and decode-step costs (what the generation simulator
     charges): prefill of a group over its padded prompt tokens, a decode step over running rows
-    at one cache length, and steps at longer caches (the longest admissible request, and the
-    cache sweep) from which the per-row, per-cache-token cost of attention is taken."""
+    at one cache length, and a step at a longer cache (the longest admissible request) from which
+    the per-row, per-cache-token cost of attention is taken."""
 
     prefill: tuple[tuple[int, float], ...]
     """(prompt tokens in the group, ms of its prefill)."""
     steps: tuple[tuple[int, int, float], ...]
     """(rows, cache tokens, ms of one decode step), at the profiled prompt length."""
     long_steps: tuple[tuple[int, int, float], ...] = ()
-    """(rows, cache tokens, ms): decode steps measured at longer caches."""
+    """(rows, cache tokens, ms): decode steps measured at longer caches (the longest admissible request)."""
 
 
 @dataclass(frozen=True)
@@ -162,7 +162,7 @@ def _generation_curves(data: dict[str, Any], source: str) -> GenerationCurves | 
 
     prefill = [point(f"{source}.prefill[{i}]", raw) for i, raw in enumerate(data["prefill"])]
     steps = [point(f"{source}.points[{i}]", raw) for i, raw in enumerate(data["points"])]
-    long_steps = [point(f"{source}.cache_sweep[{i}]", raw) for i, raw in enumerate(data.get("cache_sweep") or [])]
+    long_steps = []
     longest = data.get("longest") or {}
     if longest.get("prefill") and longest.get("step"):
         pre = point(f"{source}.longest.prefill", longest["prefill"])

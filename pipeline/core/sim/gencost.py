@@ -14,7 +14,7 @@ measured (pipeline/core/profile_file.py, `GenerationCurves`):
 - one decode step: the step curve at the rows in the cache (finished rows not yet compacted
   away count: they are decoded too) plus attention over the cache, `per_row_token_ms` per row
   and cache token past the profiled cache length. That slope is taken from the steps the
-  profile measured at longer caches (its cache sweep, and the longest admissible request).
+  profile measured at a longer cache (the longest admissible request).
 
 `scale` multiplies both: a device that ran slower than when it was profiled (cores shared
 with other processes) is the same device, slower.
