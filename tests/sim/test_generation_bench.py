@@ -103,3 +103,10 @@ def test_cli_prints_the_goodput_table(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["bench", "generation", "--quick", "-s", str(path), "--json", str(tmp_path / "r.json")])
     assert result.exit_code == 0, result.output
     assert "batchtide-default / best peer goodput" in result.output
+
+
+@pytest.mark.parametrize("scheduler", [VLLM(), TGI(), SGLang(), FixedWindowGen()])
+def test_overload_with_deadlines_answers_everyone(scheduler) -> None:
+    scn = parse_gen_scenario({**SMALL, "deadline_ms": 800.0, "phases": [{"duration_s": 4, "rate_per_s": 40}]}, "d.toml")
+    out = simulate_tokens(gen_arrivals(scn), scn.cost, scheduler)
+    assert not np.isnan(out.done_ms).any() and out.expired.any()

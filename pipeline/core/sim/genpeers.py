@@ -273,6 +273,8 @@ def simulate_tokens(arrivals: GenArrivals, cost: GenerationCost, scheduler: Toke
             for r in [r for r in pool if not np.isnan(deadline[r.i]) and deadline[r.i] <= now]:
                 pool.remove(r)
                 answer(r, now, True)
+        if answered >= n:
+            break
         preempt = getattr(scheduler, "preempt", None)
         while preempt is not None and (victim := preempt(running)) is not None:
             running.remove(victim)
