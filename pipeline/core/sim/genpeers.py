@@ -18,6 +18,9 @@ and arrivals as batchtide's decode loop (gensim.py), so a comparison compares sc
 - the field report's fixed window: a static batch of up to `cap` requests once the oldest
   waited `window_ms` (or the cap is reached), decoded until its last row ends.
 
+The servers prefill ragged batches (no padding); the fixed window pads, as a static batch of
+a transformers model does (and as batchtide's decode loop does).
+
 Pure: no clock; deadlines are the client's (a request past it is answered `expired` by
 every scheduler alike).
 """
@@ -201,6 +204,8 @@ class FixedWindowGen:
     cap: int = 48
     kv_tokens: int = 1 << 30
     name: str = "fixed-window"
+    padded: bool = True
+    """The field report's service batches a plain transformers model: prompts left-padded."""
 
     def plan(self, waiting: list[Row], running: list[Row], now: float) -> Plan:
         plan = Plan()
@@ -223,19 +228,23 @@ class FixedWindowGen:
         return plan
 
 
-def iteration_ms(cost: GenerationCost, prefill: list[tuple[Row, int]], decode: list[Row]) -> float:
-    """One iteration: prompt chunks (padded to the longest chunk unless mixed with decodes, which
-    a token-budget scheduler packs without padding) and one decode step of the ready rows."""
+def iteration_ms(cost: GenerationCost, prefill: list[tuple[Row, int]], decode: list[Row], padded: bool) -> float:
+    """One iteration: one decode step of the ready rows, and the prompt chunks. The servers' kernels
+    take a ragged batch (no padding: the chunks' tokens), fused with the step when there is one
+    (its weights are read once: only the tokens' share of a prefill is added); a `padded`
+    scheduler (static batching on a plain transformers model) pays rows x the longest prompt."""
     ms = 0.0
     if decode:
         width = max(r.kv for r in decode)
         ms += cost.step_ms(len(decode), width)
     if prefill:
-        if decode:
-            tokens = sum(t for _, t in prefill)
+        tokens = sum(t for _, t in prefill)
+        if padded:
+            ms += cost.prefill_ms(len(prefill), max(t for _, t in prefill))
+        elif decode:
             ms += max(0.0, cost.prefill_ms(1, tokens) - cost.prefill_ms(1, 1))
         else:
-            ms += cost.prefill_ms(len(prefill), max(t for _, t in prefill))
+            ms += cost.prefill_ms(1, tokens)
     return ms
 
 
@@ -290,7 +299,7 @@ def simulate_tokens(arrivals: GenArrivals, cost: GenerationCost, scheduler: Toke
             if np.isnan(disp[r.i]):
                 disp[r.i] = now
         decode = [r for r in running if r.ready] if plan.decode else []
-        ms = iteration_ms(cost, plan.prefill, decode)
+        ms = iteration_ms(cost, plan.prefill, decode, getattr(scheduler, "padded", False))
         if ms <= 0.0:
             nxt = [float(deliver[k])] if k < n else []
             if plan.wake_at_ms is not None:
