@@ -46,6 +46,8 @@ class GenRow:
     tpot_p99_ms: float
     e2e_p99_ms: float
     expired_share: float
+    longest_gap_ms: float
+    """The longest wait between two tokens of one answer (a prefill that stalled the running set)."""
     runs: int
     wall_s: float
 
@@ -70,6 +72,7 @@ def figures(scn: GenScenario, outcome: GenOutcome) -> dict[str, float]:
         "tpot_p99_ms": _pct(tpot[served & many], 99),
         "e2e_p99_ms": _pct((outcome.done_ms - arr.create_ms)[served], 99),
         "expired_share": float(outcome.expired.mean()) if len(arr) else 0.0,
+        "longest_gap_ms": outcome.longest_gap_ms,
     }
 
 

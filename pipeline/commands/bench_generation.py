@@ -41,12 +41,13 @@ def bench_generation(
         table = Table(title=f"{scn.name}: {report['requests']} requests; objectives TTFT <= {scn.ttft_ms:g} ms, "
                             f"TPOT <= {scn.tpot_ms:g} ms")
         for column in ("system", "goodput req/s", "req/s", "met both", "TTFT p99 ms", "TPOT p99 ms", "e2e p99 ms",
-                       "expired", "runs", "best configuration"):
+                       "expired", "longest gap ms", "runs", "best configuration"):
             table.add_column(column, justify="left" if column in ("system", "best configuration") else "right")
         for row in report["rows"]:
             table.add_row(row["system"], f"{row['goodput_rps']:.2f}", f"{row['throughput_rps']:.2f}",
                           f"{row['attained']:.1%}", _ms(row["ttft_p99_ms"]), _ms(row["tpot_p99_ms"], 1),
-                          _ms(row["e2e_p99_ms"]), f"{row['expired_share']:.1%}", str(row["runs"]), row["config"])
+                          _ms(row["e2e_p99_ms"]), f"{row['expired_share']:.1%}", _ms(row["longest_gap_ms"]), str(row["runs"]),
+                          row["config"])
         print_table(console, table)
         console.print(f"  batchtide-default / best peer goodput: {report['default_vs_best_peer']:.2f}")
     if json_out:

@@ -110,3 +110,18 @@ def test_overload_with_deadlines_answers_everyone(scheduler) -> None:
     scn = parse_gen_scenario({**SMALL, "deadline_ms": 800.0, "phases": [{"duration_s": 4, "rate_per_s": 40}]}, "d.toml")
     out = simulate_tokens(gen_arrivals(scn), scn.cost, scheduler)
     assert not np.isnan(out.done_ms).any() and out.expired.any()
+
+
+def test_chunked_prefill_keeps_running_rows_decoding_through_a_long_prompt() -> None:
+    """A 2,000-token prompt arriving among running rows: prefilled whole, it stalls them for its
+    full prefill; cut into 256-token chunks beside their steps, the longest gap between two of their
+    tokens is a step and one chunk."""
+    n = 9
+    create = np.array([0.0] * 8 + [200.0])
+    arr = GenArrivals(create, create.copy(), np.array([32] * 8 + [2000]), np.array([40] * 8 + [4]),
+                      np.full(n, 64), np.zeros(n, dtype=int), np.zeros(n, dtype=int), np.full(n, np.nan))
+    cost = GenerationCost.linear(10.0, 0.5, 20.0, 0.2)
+    whole = simulate_tokens(arr, cost, VLLM(chunked=False, max_num_batched_tokens=4096))
+    chunked = simulate_tokens(arr, cost, VLLM(chunked=True, max_num_batched_tokens=256))
+    assert whole.longest_gap_ms >= 0.5 * 2000
+    assert chunked.longest_gap_ms < 0.2 * whole.longest_gap_ms

@@ -152,3 +152,8 @@ def test_a_joiner_left_hopeless_runs_once_the_rows_that_made_it_so_expire() -> N
     out = run(arr, LoopSettings(reserve_tokens=4), inflight=4)
     assert out.expired[0] and not out.expired[1]
     assert out.first_ms[1] >= out.done_ms[0]  # it waited (hopeless beside the long row), then ran alone
+
+
+def test_a_joining_prefill_shows_as_the_running_rows_longest_gap() -> None:
+    out = run(arrivals([0.0] + [200.0] * 4, [32, 400, 400, 400, 400], [30, 4, 4, 4, 4]))
+    assert out.longest_gap_ms >= PREFILL_C * 4 * 400  # the group of four, padded, stalled the first row

@@ -49,6 +49,7 @@ class Row:
     emitted: int = 0
     admitted: int = 0
     """Admission order (the newest is preempted first)."""
+    last_ms: float = 0.0
     folded: int = 0
     """Generated tokens folded into `prompt` by a preemption (recomputed with it)."""
 
@@ -266,7 +267,7 @@ def simulate_tokens(arrivals: GenArrivals, cost: GenerationCost, scheduler: Toke
     steps = joins = 0
     deadline = arr.deadline_ms
     deliver = arr.deliver_ms
-    wakes: list[float] = []
+    gap = 0.0
 
     def answer(row: Row, t: float, late: bool) -> None:
         nonlocal answered
@@ -315,13 +316,15 @@ def simulate_tokens(arrivals: GenArrivals, cost: GenerationCost, scheduler: Toke
             steps += 1
             step_rows.append(len(decode))
         for r in decode:
+            gap = max(gap, now - r.last_ms)
+            r.last_ms = now
             r.emitted += 1
         for r, chunk in plan.prefill:
             r.prefilled += chunk
             if r.ready and r.emitted == 0:
                 r.emitted = 1
-                first[r.i] = now
+                r.last_ms = first[r.i] = now
         for r in [r for r in running if r.emitted >= min(arr.emits[r.i], r.limit)]:
             running.remove(r)
             answer(r, now, False)
-    return GenOutcome(arr, disp, first, done, expired, [1] * n, steps, joins, step_rows)
+    return GenOutcome(arr, disp, first, done, expired, [1] * n, steps, joins, step_rows, gap)

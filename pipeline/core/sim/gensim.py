@@ -99,6 +99,7 @@ class _Row:
     reserved: int
     emitted: int = 0
     done: bool = False
+    last_ms: float = 0.0
 
 
 @dataclass
@@ -179,6 +180,8 @@ class GenOutcome:
     joins: int
     step_rows: list[int]
     """Rows decoded at each step (for the mean running set)."""
+    longest_gap_ms: float = 0.0
+    """The longest time between two tokens of one answer (a prefill that stalled the set shows here)."""
 
 
 def simulate_generation(arrivals: GenArrivals, cost: GenerationCost, policies: Sequence[BatchPolicy],
@@ -199,6 +202,7 @@ def simulate_generation(arrivals: GenArrivals, cost: GenerationCost, policies: S
     seq = 0
     wake_version = [0] * lanes
     answered = 0
+    gap = [0.0]
 
     def push(t: float, kind: int, lane: int, data: object = None) -> None:
         nonlocal seq
@@ -284,6 +288,9 @@ def simulate_generation(arrivals: GenArrivals, cost: GenerationCost, policies: S
         """Each row got one token at `now`; those with all theirs leave."""
         loop = loops[lane]
         for row in rows:
+            if row.emitted:
+                gap[0] = max(gap[0], now - row.last_ms)
+            row.last_ms = now
             row.emitted += 1
             if row.emitted >= arr.emits[row.i] or row.emitted >= arr.limit[row.i]:
                 finish_row(lane, row, now, False)
@@ -333,7 +340,7 @@ def simulate_generation(arrivals: GenArrivals, cost: GenerationCost, policies: S
         i += 1
         poll(lane, now)
     return GenOutcome(arr, disp, first, done, expired, sizes, sum(lp.steps for lp in loops),
-                      sum(lp.joins for lp in loops), step_rows)
+                      sum(lp.joins for lp in loops), step_rows, gap[0])
 
 
 @dataclass(frozen=True)
