@@ -11,10 +11,10 @@ decode-step curves from the profile file the consumer loaded.
 
 The device during the recording is not the device when it was profiled: on a shared machine
 the consumer's steps ran slower (other processes held the cores). The recording measures how
-much: each answer's time per output token. The replay scales the profile's curves by the
-median of recorded / simulated time per output token (`device_scale`, found in a few passes,
-each simulating with the last factor), as the request path replays recorded compute times;
-with `calibrate=False` the profile's curves are used as measured.
+much: each answer's time per output token. The replay scales the profile's curves by the one
+factor that makes the simulated median time per output token the recorded one (`device_scale`,
+found by bisection), as the request path replays recorded compute times; with
+`calibrate=False` the profile's curves are used as measured.
 """
 
 from __future__ import annotations

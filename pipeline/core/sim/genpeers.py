@@ -27,7 +27,6 @@ every scheduler alike).
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass, field
 from typing import Protocol
 
