@@ -93,6 +93,7 @@ class Evaluator:
             cand.build(cand.config, LaneContext(
                 len(topo.lane_devices(lane)), max(1, levels), device_cap,
                 cost.profile_points(device_cap, self._mean_tokens, topo.lane_cost_scale(lane)),
+                self.scenario.slo_p99_ms if self.scenario.deadline_ms is not None else None,
             ))
             for lane in range(topo.lanes)
         ]

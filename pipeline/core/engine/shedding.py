@@ -1,0 +1,75 @@
+"""Shedding: answer at once what the queue and the learned t(b) say cannot be served in time.
+
+In overload, a request that waits its full turn only to expire at its deadline
+costs the client the whole deadline and answers nothing useful; one that runs
+and finishes past its SLO takes device time from requests that could still
+have made it. So a request that carries a deadline gets a latest useful finish
+(`ShedRule.limit`): its deadline, or with `shed_when = "slo"` the earlier of
+its deadline and record time + slo_p99_ms. The engine compares that with when
+it would finish (`finish_estimate_ms`: the cost queued ahead of it served in
+batches of the throughput cap, at the learned t(b), from when a slot frees)
+when it arrives and when it reaches the head of the queue, and answers it
+`expired` with the reason as soon as the estimate passes the limit. A request
+without a deadline is never shed. Pure: every time is an argument.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from pipeline.core.config import ShedWhen
+
+DEADLINE_PASSED = "deadline"
+"""Reason of an expiry: its deadline passed while it waited."""
+CANNOT_MEET_DEADLINE = "cannot_meet_deadline"
+"""Reason of a shed: the queue ahead and t(b) put its finish past its deadline."""
+CANNOT_MEET_SLO = "cannot_meet_slo"
+"""Reason of a shed (`shed_when = "slo"`): its finish would pass record time + slo_p99_ms."""
+
+
+@dataclass(frozen=True)
+class ShedRule:
+    """Which finish is too late for a request, and the reason it is answered with."""
+
+    when: ShedWhen
+    slo_ms: float
+
+    def limit(self, enqueue_ms: float, deadline_ms: float | None) -> tuple[float, str] | None:
+        """Latest useful finish and the reason to give if it cannot be met; None: never shed."""
+        if deadline_ms is None or self.when == "never":
+            return None
+        if self.when == "slo":
+            slo_by = enqueue_ms + self.slo_ms
+            if slo_by < deadline_ms:
+                return slo_by, CANNOT_MEET_SLO
+        return deadline_ms, CANNOT_MEET_DEADLINE
+
+
+def finish_estimate_ms(
+    start_ms: float,
+    cost_ahead: float,
+    cap: int,
+    slots: int,
+    batch_ms: Callable[[float], float | None],
+    overhead_ms: float,
+    arrival_cost_per_ms: float = 0.0,
+) -> float | None:
+    """When the last of `cost_ahead` (cost units, the request's own included) completes if
+    batches of `cap` start at `start_ms` on `slots` device streams; None while t(b) is unknown.
+
+    Its own batch is the last, partly filled by what is ahead of it; arrivals until that batch
+    starts (`arrival_cost_per_ms`) join it behind the request and lengthen it, up to the cap."""
+    full = batch_ms(cap)
+    if full is None:
+        return None
+    cost_ahead = max(1.0, cost_ahead)
+    batches = math.ceil(cost_ahead / cap)
+    rounds = math.ceil(batches / max(1, slots))
+    last_start = start_ms + (rounds - 1) * (full + overhead_ms)
+    last_cost = cost_ahead - (batches - 1) * cap + arrival_cost_per_ms * (last_start - start_ms)
+    last = batch_ms(min(cap, last_cost))
+    if last is None:
+        last = full
+    return last_start + last + overhead_ms
