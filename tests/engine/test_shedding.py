@@ -18,11 +18,11 @@ def engine(**profile) -> BatchingEngine:
 
 def test_finish_estimate_counts_full_batches_then_the_last_partial_one() -> None:
     t = {1: 10.0, 8: 40.0, 4: 25.0}.get
-    assert finish_estimate_ms(100.0, 20, 8, 1, t, 1.0) == 100.0 + 2 * 41.0 + 26.0
-    assert finish_estimate_ms(100.0, 20, 8, 3, t, 0.0) == 125.0, "three streams: one round"
-    assert finish_estimate_ms(0.0, 5, 8, 1, lambda b: None, 0.0) is None
-    filled = finish_estimate_ms(100.0, 20, 8, 1, t, 1.0, arrival_cost_per_ms=0.1)
-    assert filled == 100.0 + 2 * 41.0 + 41.0, "8 ms of arrivals (82 ms x 0.1) fill its batch"
+    assert finish_estimate_ms(90.0, 100.0, 20, 8, 1, t, 1.0) == 100.0 + 2 * 41.0 + 26.0
+    assert finish_estimate_ms(90.0, 100.0, 20, 8, 3, t, 0.0) == 125.0, "three streams: one round"
+    assert finish_estimate_ms(90.0, 100.0, 5, 8, 1, lambda b: None, 0.0) is None
+    filled = finish_estimate_ms(90.0, 100.0, 4, 8, 1, t, 0.0, arrival_cost_per_ms=0.4)
+    assert filled == 100.0 + 40.0, "4 more arrive while the device is busy: its batch is full"
 
 
 def test_rule_limits() -> None:

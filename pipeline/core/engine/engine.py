@@ -352,9 +352,8 @@ class BatchingEngine:
     def _finish_ms(self, now_ms: float, cost_ahead: float) -> float | None:
         """Expected finish of a request with `cost_ahead` queued ahead of it (its own included)."""
         curve = self._curve
-        start = self._slot_free_ms(now_ms)
         return finish_estimate_ms(
-            start, cost_ahead, curve.cap, self.profile.max_inflight_batches,
+            now_ms, self._slot_free_ms(now_ms), cost_ahead, curve.cap, self.profile.max_inflight_batches,
             curve.estimate_ms, self.profile.batch_overhead_ms, self._arrival_cost_per_ms(now_ms),
         )
 

@@ -48,7 +48,8 @@ class ShedRule:
 
 
 def finish_estimate_ms(
-    start_ms: float,
+    now_ms: float,
+    slot_free_ms: float,
     cost_ahead: float,
     cap: int,
     slots: int,
@@ -57,18 +58,19 @@ def finish_estimate_ms(
     arrival_cost_per_ms: float = 0.0,
 ) -> float | None:
     """When the last of `cost_ahead` (cost units, the request's own included) completes if
-    batches of `cap` start at `start_ms` on `slots` device streams; None while t(b) is unknown.
+    batches of `cap` start at `slot_free_ms` on `slots` device streams; None while t(b) is unknown.
 
-    Its own batch is the last, partly filled by what is ahead of it; arrivals until that batch
-    starts (`arrival_cost_per_ms`) join it behind the request and lengthen it, up to the cap."""
+    Its own batch is the last, partly filled by what is ahead of it; what arrives from now until
+    that batch starts (`arrival_cost_per_ms`) joins it behind the request and lengthens it, up
+    to the cap."""
     full = batch_ms(cap)
     if full is None:
         return None
     cost_ahead = max(1.0, cost_ahead)
     batches = math.ceil(cost_ahead / cap)
     rounds = math.ceil(batches / max(1, slots))
-    last_start = start_ms + (rounds - 1) * (full + overhead_ms)
-    last_cost = cost_ahead - (batches - 1) * cap + arrival_cost_per_ms * (last_start - start_ms)
+    last_start = slot_free_ms + (rounds - 1) * (full + overhead_ms)
+    last_cost = cost_ahead - (batches - 1) * cap + arrival_cost_per_ms * max(0.0, last_start - now_ms)
     last = batch_ms(min(cap, last_cost))
     if last is None:
         last = full

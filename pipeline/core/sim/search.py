@@ -70,6 +70,7 @@ class Evaluator:
     verdicts: dict[tuple[str, int], bool] = field(default_factory=dict)
     nominal_runs: dict[str, tuple[RunMetrics, RunOutcome | None]] = field(default_factory=dict)
     capacities: dict[str, int] = field(default_factory=dict)
+    load_metrics: dict[tuple[str, int], RunMetrics] = field(default_factory=dict)
     runs: int = 0
     requests_simulated: int = 0
     sim_seconds: float = 0.0
@@ -129,6 +130,15 @@ class Evaluator:
             self.nominal_runs[cand.key] = (measure(self.scenario, outcome), outcome)
             self.verdicts[(cand.key, 0)] = outcome.over_slo <= slo_budget(outcome.requests)
         return self.nominal_runs[cand.key]
+
+    def at_load(self, cand: Candidate, k: int) -> RunMetrics:
+        """Metrics of a full run at load m_k (the nominal run's at k = 0), cached."""
+        if k == 0:
+            return self.nominal(cand)[0]
+        key = (cand.key, k)
+        if key not in self.load_metrics:
+            self.load_metrics[key] = measure(self.scenario, self._run(cand, k, abort=False))
+        return self.load_metrics[key]
 
     def capacity(self, cand: Candidate, at_least: int | None = None) -> int | None:
         """Largest passing k; None when `at_least` is given and the candidate fails there."""
