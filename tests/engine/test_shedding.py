@@ -130,3 +130,15 @@ def test_a_batch_member_with_an_earlier_limit_than_its_head_is_shed_not_run() ->
 def test_unknown_shed_when_is_refused() -> None:
     with pytest.raises(ConfigError, match="shed_when"):
         BatchProfile(shed_when="sometimes")  # type: ignore[arg-type]
+
+
+def test_overruns_stretch_the_estimate_only_where_batch_times_vary() -> None:
+    from pipeline.core.engine.shedding import Overruns
+
+    steady, varied = Overruns(), Overruns()
+    for i in range(64):
+        steady.observe(40.0, 40.0)
+        varied.observe(40.0 * (1.5 if i % 4 == 0 else 0.9), 40.0)
+    assert steady.margin == 1.0
+    assert varied.margin == pytest.approx(1.5)
+    assert finish_estimate_ms(0.0, 0.0, 8, 8, 1, {8: 40.0}.get, 0.0, margin=1.5) == 60.0

@@ -32,7 +32,7 @@ from pipeline.core.engine.decisions import (
     PendingRequest,
 )
 from pipeline.core.engine.pending import PendingQueue
-from pipeline.core.engine.shedding import DEADLINE_PASSED, ShedRule, finish_estimate_ms
+from pipeline.core.engine.shedding import DEADLINE_PASSED, Overruns, ShedRule, finish_estimate_ms
 from pipeline.core.engine.tails import WaitTracker
 from pipeline.core.engine.window import ArrivalRate, paying_wait_ms
 
@@ -68,6 +68,7 @@ class BatchingEngine:
         self._deadlines: list[tuple[float, int, PendingRequest]] = []
         self._shed_rule = ShedRule(profile.shed_when, profile.slo_p99_ms)
         self._shed: list[PendingRequest] = []
+        self._overruns = Overruns()
         """Requests shed since the last poll (answered by it)."""
         self._rate = ArrivalRate(profile.rate_halflife_ms)
         self._waits = WaitTracker(
@@ -215,7 +216,9 @@ class BatchingEngine:
 
     def completed(self, batch: Batch, now_ms: float, compute_ms: float) -> None:
         """The device finished `batch` after `compute_ms` of compute: free its slot, learn t(b)."""
-        self._inflight.pop(batch.batch_id, None)
+        expected_end = self._inflight.pop(batch.batch_id, None)
+        if expected_end is not None:
+            self._overruns.observe(compute_ms, expected_end - batch.record.dispatch_ms)
         self._curve.observe(batch.record.cost, compute_ms)
 
     def stats(self) -> dict[str, Any]:
@@ -355,6 +358,7 @@ class BatchingEngine:
         return finish_estimate_ms(
             now_ms, self._slot_free_ms(now_ms), cost_ahead, curve.cap, self.profile.max_inflight_batches,
             curve.estimate_ms, self.profile.batch_overhead_ms, self._arrival_cost_per_ms(now_ms),
+            self._overruns.margin,
         )
 
     def _arrival_cost_per_ms(self, now_ms: float) -> float:
@@ -383,7 +387,7 @@ class BatchingEngine:
         estimate = self._curve.estimate_ms(cost)
         if estimate is None:
             return requests, cost
-        done = now_ms + estimate + self.profile.batch_overhead_ms
+        done = now_ms + estimate * self._overruns.margin + self.profile.batch_overhead_ms
         kept = [r for r in requests if r.finish_by_ms is None or done <= r.finish_by_ms]
         if len(kept) == len(requests) or not kept:
             return requests, cost

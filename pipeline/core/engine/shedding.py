@@ -16,6 +16,7 @@ without a deadline is never shed. Pure: every time is an argument.
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
@@ -56,13 +57,14 @@ def finish_estimate_ms(
     batch_ms: Callable[[float], float | None],
     overhead_ms: float,
     arrival_cost_per_ms: float = 0.0,
+    margin: float = 1.0,
 ) -> float | None:
     """When the last of `cost_ahead` (cost units, the request's own included) completes if
     batches of `cap` start at `slot_free_ms` on `slots` device streams; None while t(b) is unknown.
 
     Its own batch is the last, partly filled by what is ahead of it; what arrives from now until
     that batch starts (`arrival_cost_per_ms`) joins it behind the request and lengthens it, up
-    to the cap."""
+    to the cap. `margin` stretches that last batch (see `Overruns`)."""
     full = batch_ms(cap)
     if full is None:
         return None
@@ -74,4 +76,26 @@ def finish_estimate_ms(
     last = batch_ms(min(cap, last_cost))
     if last is None:
         last = full
-    return last_start + last + overhead_ms
+    return last_start + last * margin + overhead_ms
+
+
+class Overruns:
+    """How much longer batches ran than t(b) said when they left: the stretch the last batch of
+    an estimate gets. Costs that vary inside one size (long-tailed prompts counted as requests)
+    make the mean t(b) too short for a third of the batches; a request admitted on the mean
+    alone would finish late, having used the device for nothing. A device whose time per size is
+    steady keeps the stretch at 1."""
+
+    def __init__(self, quantile: float = 0.9, window: int = 64, min_samples: int = 8) -> None:
+        self._ratios: deque[float] = deque(maxlen=window)
+        self._quantile = quantile
+        self._min_samples = min_samples
+        self.margin = 1.0
+
+    def observe(self, compute_ms: float, expected_ms: float) -> None:
+        if not expected_ms > 0 or math.isinf(expected_ms):
+            return
+        self._ratios.append(compute_ms / expected_ms)
+        if len(self._ratios) >= self._min_samples:
+            ordered = sorted(self._ratios)
+            self.margin = max(1.0, ordered[min(len(ordered) - 1, int(self._quantile * len(ordered)))])
