@@ -268,11 +268,14 @@ class ModelConfig:
 
     def engine_profile(self) -> BatchProfile:
         """The profile the engine runs: with slo_ms_per_new_token, the derived compute budget is
-        that of a request asking for max_new_tokens (the engine itself never sees tokens asked for)."""
+        that of a request asking for max_new_tokens (the engine itself never sees tokens asked for),
+        and so is the SLO it sheds by (`shed_when = "slo"`): no request is shed for missing an
+        objective shorter than its own."""
         p = self.profile
-        if p.compute_budget_ms is not None or p.slo_ms_per_new_token == 0:
+        if p.slo_ms_per_new_token == 0:
             return p
-        return p.replace(compute_budget_ms=p.budget_ms(self.max_new_tokens))
+        longest = p.slo_p99_ms + self.max_new_tokens * p.slo_ms_per_new_token
+        return p.replace(compute_budget_ms=p.budget_ms(self.max_new_tokens), slo_p99_ms=longest)
 
 
 @dataclass(frozen=True)
