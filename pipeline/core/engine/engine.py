@@ -32,7 +32,7 @@ from pipeline.core.engine.decisions import (
     PendingRequest,
 )
 from pipeline.core.engine.pending import PendingQueue
-from pipeline.core.engine.shedding import DEADLINE_PASSED, Overruns, ShedRule, finish_estimate_ms
+from pipeline.core.engine.shedding import DEADLINE_PASSED, Overruns, ShedRule, finish_estimate_ms, split_late
 from pipeline.core.engine.tails import WaitTracker
 from pipeline.core.engine.window import ArrivalRate, paying_wait_ms
 
@@ -68,8 +68,8 @@ class BatchingEngine:
         self._deadlines: list[tuple[float, int, PendingRequest]] = []
         self._shed_rule = ShedRule(profile.shed_when, profile.slo_p99_ms)
         self._shed: list[PendingRequest] = []
-        self._overruns = Overruns()
         """Requests shed since the last poll (answered by it)."""
+        self._overruns = Overruns()
         self._rate = ArrivalRate(profile.rate_halflife_ms)
         self._waits = WaitTracker(
             profile.wait_sample_window,
@@ -354,17 +354,12 @@ class BatchingEngine:
 
     def _finish_ms(self, now_ms: float, cost_ahead: float) -> float | None:
         """Expected finish of a request with `cost_ahead` queued ahead of it (its own included)."""
-        curve = self._curve
+        curve, rate = self._curve, self._rate
+        arriving = rate.cost_per_ms(now_ms) if self._tokens else rate.requests_per_ms(now_ms)
         return finish_estimate_ms(
             now_ms, self._slot_free_ms(now_ms), cost_ahead, curve.cap, self.profile.max_inflight_batches,
-            curve.estimate_ms, self.profile.batch_overhead_ms, self._arrival_cost_per_ms(now_ms),
-            self._overruns.margin,
+            curve.estimate_ms, self.profile.batch_overhead_ms, arriving, self._overruns.margin,
         )
-
-    def _arrival_cost_per_ms(self, now_ms: float) -> float:
-        """Arrivals per ms in the profile's cost unit (each request costs 1 unit in `requests`)."""
-        rate = self._rate
-        return rate.cost_per_ms(now_ms) if self._tokens else rate.requests_per_ms(now_ms)
 
     def _shed_heads(self, now_ms: float) -> None:
         """Shed the head of the queue while even the next batch cannot finish it in time."""
@@ -388,14 +383,12 @@ class BatchingEngine:
         if estimate is None:
             return requests, cost
         done = now_ms + estimate * self._overruns.margin + self.profile.batch_overhead_ms
-        kept = [r for r in requests if r.finish_by_ms is None or done <= r.finish_by_ms]
-        if len(kept) == len(requests) or not kept:
+        kept, late = split_late(requests, done)
+        if not late:
             return requests, cost
-        for request in requests:
-            if request.finish_by_ms is not None and done > request.finish_by_ms:
-                self._shed_one(request, done)
-        kept_cost = sum(r.cost for r in kept) if self._tokens else len(kept)
-        return kept, kept_cost
+        for request in late:
+            self._shed_one(request, done)
+        return kept, sum(r.cost for r in kept) if self._tokens else len(kept)
 
     def _shed_one(self, request: PendingRequest, done_ms: float) -> None:
         request.expiry = request.finish_by_reason

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from pipeline.core.config import ShedWhen
+from pipeline.core.engine.decisions import PendingRequest
 
 DEADLINE_PASSED = "deadline"
 """Reason of an expiry: its deadline passed while it waited."""
@@ -77,6 +78,16 @@ def finish_estimate_ms(
     if last is None:
         last = full
     return last_start + last * margin + overhead_ms
+
+
+def split_late(requests: list[PendingRequest], done_ms: float) -> tuple[list[PendingRequest], list[PendingRequest]]:
+    """A leaving batch's members that it finishes in time, and those it would finish too late for
+    (a later level's or an older request's limit can be earlier than the head's); all are kept
+    when none would be left, since the head passed the same test with a batch at least as long."""
+    late = [r for r in requests if r.finish_by_ms is not None and done_ms > r.finish_by_ms]
+    if not late or len(late) == len(requests):
+        return requests, []
+    return [r for r in requests if r.finish_by_ms is None or done_ms <= r.finish_by_ms], late
 
 
 class Overruns:
