@@ -8,8 +8,9 @@ have made it. So a request that carries a deadline gets a latest useful finish
 its deadline and record time + slo_p99_ms. The engine compares that with when
 it would finish (`finish_estimate_ms`: the cost queued ahead of it served in
 batches of the throughput cap, at the learned t(b), from when a slot frees)
-when it arrives and when it reaches the head of the queue, and answers it
-`expired` with the reason as soon as the estimate passes the limit. A request
+when it arrives, when it reaches the head of the queue and when its batch
+leaves (`split_late`), and answers it `expired` with the reason as soon as
+the estimate passes the limit. A request
 without a deadline is never shed. Pure: every time is an argument.
 """
 
