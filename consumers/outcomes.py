@@ -4,7 +4,8 @@ Three endings, each a `Reply` for the publisher: a batch the device
 finished (a Result per request, a dead letter too for a request the runner
 failed on alone, a LatencyEvent each and one BatchEvent), requests the
 engine expired before they could run (an `expired` Result and event, never
-dispatched), and records refused at admission (a dead letter, and a
+dispatched: their deadline passed, or the engine shed them at once because
+they could no longer finish in time, and the reason says which), and records refused at admission (a dead letter, and a
 `rejected` Result and event when they carry an id; duplicates get only the
 dead letter, since the first answer stands). The records themselves are
 built by `consumers.answers`; this module decides which ones. No I/O, no
@@ -23,6 +24,7 @@ from consumers.intake import Rejection
 from consumers.runners.base import Output
 from consumers.stats import ConsumerStats
 from pipeline.core.engine.decisions import Batch, PendingRequest
+from pipeline.core.engine.shedding import CANNOT_MEET_SLO
 from pipeline.core.kafka.outbox import Message
 
 
@@ -40,6 +42,17 @@ class Reply:
     def places(self) -> list[tuple[TopicPartition, int]]:
         """Every source record this reply answers, once it is on the broker."""
         return [(held.tp, held.offset) for held in self.answered] + self.offsets
+
+
+def expiry_text(request: PendingRequest) -> str:
+    """The `error` of an expired request's Result: why it never ran (engine/shedding.py)."""
+    if request.expiry in (None, DEADLINE):
+        return "deadline passed before the request could run"
+    objective = "SLO" if request.expiry == CANNOT_MEET_SLO else "deadline"
+    return (
+        f"{request.expiry}: shed before running, the queue ahead and the batch time put its finish at "
+        f"{request.predicted_done_ms:.0f} ms, past its {objective} ({request.finish_by_ms:.0f} ms, epoch)"
+    )
 
 
 class Outcomes:
@@ -90,8 +103,8 @@ class Outcomes:
         timing = BatchTiming(stamp, stamp, stamp, stamp, 0, "none")
         for pr in expired:
             held: Held = pr.payload
-            verdict = Verdict("expired", DEADLINE)
-            reply.messages.append(answers.answered(held, verdict, stamp, error="deadline passed before the request could run"))
+            verdict = Verdict("expired", pr.expiry or DEADLINE)
+            reply.messages.append(answers.answered(held, verdict, stamp, error=expiry_text(pr)))
             reply.messages.append(
                 answers.latency(held, verdict, timing, batch_id=-1, batch_size=0, marked=pr.marked, priority=pr.priority)
             )

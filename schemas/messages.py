@@ -115,7 +115,8 @@ class LatencyEvent(msgspec.Struct, omit_defaults=False):
     (last_token_ms - first_token_ms) / (tokens_out - 1)); 0 when first_token_ms is."""
     reason: str = ""
     """Why a request was not answered `ok` (a rejection's reason such as `schema` or `too_long`,
-    `runner_error`, `deadline`, `oversize`); empty for `ok`."""
+    `runner_error`, `deadline`, `cannot_meet_slo` or `cannot_meet_deadline` (shed before it ran),
+    `oversize`); empty for `ok`."""
     v: int = SCHEMA_VERSION
 
 

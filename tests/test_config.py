@@ -178,8 +178,9 @@ def test_generation_slo_grows_with_max_new_tokens_and_so_does_the_derived_budget
     assert model.engine_profile().compute_budget_ms == 2100.0
     capped = parse_config({"models": {"gen": {"max_new_tokens": 64, "slo_ms_per_new_token": 50.0, "default_deadline_ms": 3000.0}}}).model("gen")
     assert capped.engine_profile().compute_budget_ms == 1500.0, "a shorter default deadline still bounds it"
+    assert model.engine_profile().slo_p99_ms == 4200.0, "shedding judges by the longest request's SLO"
     explicit = parse_config({"models": {"gen": {"slo_ms_per_new_token": 50.0, "compute_budget_ms": 700.0}}}).model("gen")
-    assert explicit.engine_profile() is explicit.profile
+    assert explicit.engine_profile().compute_budget_ms == 700.0
     plain = parse_config({"models": {"enc": {}}}).model("enc")
     assert plain.engine_profile() is plain.profile
 

@@ -7,6 +7,8 @@ seed-baseline (the field report's fixed 20 ms wait, cap 48). `bench_suite`
 runs that on every scenario, compares batchtide-default with each family's
 per-scenario oracle best, and finds the one fixed-window config that does best
 across the whole suite (the operator's real situation: one config, no oracle).
+On a scenario whose requests carry deadlines it also compares goodput
+(pipeline/bench/goodput.py), at the nominal load and in overload.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from pipeline.bench.goodput import GOODPUT_TARGET, goodput_table
 from pipeline.core.sim.families import (
     FIXED_WINDOW,
     SEED_BASELINE,
@@ -46,6 +49,8 @@ class PolicyBench:
     runs: int
     evaluator: Evaluator
     window_effect: dict[str, Any] = field(default_factory=dict)
+    goodput: list[dict[str, Any]] = field(default_factory=list)
+    """Per load, where requests carry deadlines: batchtide-default's goodput against each family's best."""
 
     def row(self, name: str) -> Evaluation | None:
         return next((r for r in self.rows if r.candidate.family == name), None)
@@ -60,6 +65,8 @@ class PolicyBench:
             "simulated_runs": self.runs,
             "policies": [policy_row(r) for r in self.rows],
             "window_effect": self.window_effect,
+            "deadline_ms": self.scenario.deadline_ms,
+            "goodput": self.goodput,
         }
 
 
@@ -98,8 +105,9 @@ def bench_policies(scenario: Scenario, quick: bool = False, progress: Progress |
         rows.append(ev.evaluate(Candidate("batchtide-nomark", nomark)))
     rows.append(ev.evaluate(Candidate("seed-baseline", dict(SEED_BASELINE))))
     effect = window_effect(ev, scenario, quick)
+    goodput = goodput_table(ev, scenario, quick, progress)
     rate = ev.requests_simulated / ev.sim_seconds if ev.sim_seconds > 0 else 0.0
-    return PolicyBench(scenario, rows, physical_limit_rps(scenario), rate, ev.runs, ev, effect)
+    return PolicyBench(scenario, rows, physical_limit_rps(scenario), rate, ev.runs, ev, effect, goodput)
 
 
 def window_effect(ev: Evaluator, scenario: Scenario, quick: bool) -> dict[str, Any]:
@@ -135,7 +143,8 @@ class SuiteResult:
             "best_single_fixed_config": self.best_fixed,
             "batchtide_default_worst": self.default_worst,
             "simulator_requests_per_s": self.simulator_requests_per_s,
-            "targets": {"capacity_ratio_min": CAPACITY_TARGET, "p99_ratio_max": P99_TARGET},
+            "targets": {"capacity_ratio_min": CAPACITY_TARGET, "p99_ratio_max": P99_TARGET,
+                        "goodput_ratio_min": GOODPUT_TARGET},
             "notes": self.notes,
         }
 
@@ -166,6 +175,9 @@ def compare(bench: PolicyBench, subject: str = "batchtide-default") -> dict[str,
         }
     searched = [f.name for f in families()]
     out["meets_all_family_targets"] = all(out["vs"][f]["meets_targets"] for f in searched if f in out["vs"])
+    if bench.goodput:
+        out["goodput_ratio"] = {str(row["load"]): row["ratio"] for row in bench.goodput}
+        out["meets_goodput_target"] = all(row["meets_target"] for row in bench.goodput)
     return out
 
 

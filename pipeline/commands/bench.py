@@ -44,13 +44,13 @@ def _config_text(row: dict[str, Any]) -> str:
 def _policy_table(report: dict[str, Any]) -> Table:
     t = Table(title=f"{report['scenario']}  (SLO p99 {report['slo_p99_ms']:g} ms, "
                     f"physical limit {report['physical_limit_rps']:.0f} req/s)")
-    for col in ("policy", "capacity@SLO", "p50 ms", "p99 ms", "p999 ms", "wait p99", "req/s",
+    for col in ("policy", "capacity@SLO", "p50 ms", "p99 ms", "p999 ms", "wait p99", "req/s", "goodput",
                 "batch", "hit busy/idle", "marked"):
         t.add_column(col, justify="left" if col == "policy" else "right", no_wrap=True)
     for r in report["policies"]:
         t.add_row(
             r["policy"], _fmt(r["capacity_at_slo"], 3), _fmt(r["p50_ms"]), _fmt(r["p99_ms"]),
-            _fmt(r["p999_ms"]), _fmt(r["queue_wait_p99_ms"]), _fmt(r["throughput_rps"]),
+            _fmt(r["p999_ms"]), _fmt(r["queue_wait_p99_ms"]), _fmt(r["throughput_rps"]), _fmt(r["goodput_rps"]),
             _fmt(r["mean_batch_size"], 1),
             f"{_fmt(r['hit_ratio_busy'], 2)}/{_fmt(r['hit_ratio_idle'], 2)}",
             _fmt(r["marked_share"], 3),
@@ -58,8 +58,24 @@ def _policy_table(report: dict[str, Any]) -> Table:
     return t
 
 
+def _goodput_table(report: dict[str, Any]) -> Table:
+    t = Table(title=f"{report['scenario']}: goodput (requests/s served within the {report['slo_p99_ms']:g} ms SLO; "
+                    f"deadline {report['deadline_ms']:g} ms)")
+    for col in ("load", "batchtide-default", "share in SLO", "expired", "best peer", "its goodput", "ratio"):
+        t.add_column(col, justify="left" if col == "best peer" else "right", no_wrap=True)
+    for row in report["goodput"]:
+        me, peer = row["batchtide_default"], row["best_peer"]
+        ratio = f"{row['ratio']:.3f}"
+        t.add_row(f"x{row['load']:.2f}", _fmt(me["goodput_rps"], 1), _fmt(me["good_share"], 3),
+                  _fmt(me["expired_share"], 3), f"{peer['policy']} ({_config_text({'policy': peer['policy'], 'config': peer['config']})})",
+                  _fmt(peer["goodput_rps"], 1), ratio if row["meets_target"] else f"[red]{ratio}[/red]")
+    return t
+
+
 def _print_report(report: dict[str, Any]) -> None:
     print_table(console, _policy_table(report))
+    if report.get("goodput"):
+        print_table(console, _goodput_table(report))
     for r in report["policies"]:
         console.print(f"  [dim]{r['policy']}:[/dim] {_config_text(r)}")
     we = report.get("window_effect")
@@ -169,6 +185,17 @@ def suite(
         console.print(f"best single fixed config across the suite: {bf['config']} — worst capacity ratio "
                       f"{bf['worst_capacity_ratio']:.3f} on {bf['worst_scenario']} "
                       f"(regret {bf['regret']:.1%}), worst p99 ratio {bf['worst_p99_ratio']:.2f}")
+    goodput = [c for c in report["comparisons"] if c.get("goodput_ratio")]
+    if goodput:
+        g = Table(title=f"goodput with deadlines: batchtide-default / the best tuned peer per load "
+                        f"(target >= {report['targets']['goodput_ratio_min']})")
+        g.add_column("scenario")
+        loads = list(goodput[0]["goodput_ratio"])
+        for load in loads:
+            g.add_column(f"x{float(load):.2f}", justify="right")
+        for c in goodput:
+            g.add_row(c["scenario"], *(_fmt(c["goodput_ratio"].get(load), 3) for load in loads))
+        print_table(console, g)
     dw = report["batchtide_default_worst"]
     if dw:
         console.print(f"batchtide-default: worst capacity ratio {dw['worst_capacity_ratio']:.3f} on "

@@ -53,6 +53,7 @@ explicit target) and doubles while bigger batches keep paying."""
 RunnerKind = Literal["transformers", "cost-model", "zero-cost"]
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+ShedWhen = Literal["slo", "deadline", "never"]
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,15 @@ class BatchProfile:
     """Client priority levels; 0 is the most urgent, priority_levels-1 the least."""
     default_deadline_ms: float | None = None
     """Deadline applied to requests that carry none (None: they never expire)."""
+    shed_when: ShedWhen = "slo"
+    """A request with a deadline is answered `expired` at once, with the reason, as soon as
+    the queue ahead of it and the learned t(b) say it cannot finish in time, instead of
+    when its deadline passes: `slo` when it can no longer finish within its deadline nor
+    within slo_p99_ms of its record time (reason `cannot_meet_slo` or
+    `cannot_meet_deadline`: only what can still be served in time runs); `deadline` only
+    when it cannot meet its deadline (a request late for the SLO still runs, for a late
+    answer); `never` expires it only once its deadline passed. Requests without a
+    deadline are never shed."""
     cost_unit: CostUnit = "requests"
     """Unit of target_size and hard_cap: request count, or prompt+output tokens."""
     max_inflight_batches: int = 1
@@ -123,8 +133,9 @@ class BatchProfile:
     rate_halflife_ms: float = 250.0
     """Half-life of the arrival-rate estimate: shorter follows bursts, longer is steadier."""
     slo_p99_ms: float = 1000.0
-    """End-to-end p99 objective, used by reports, the capacity-at-SLO benchmark and
-    (halved) as the default compute budget."""
+    """End-to-end p99 objective, used by reports, the capacity-at-SLO benchmark,
+    (halved) as the default compute budget, and by `shed_when = "slo"` as the latest
+    useful finish of a request with a deadline (record time + this)."""
     slo_ms_per_new_token: float = 0.0
     """Generation: the end-to-end objective grows by this per generated token, so a request's
     SLO is slo_p99_ms + tokens x this (`report` judges each request by its own; the derived
@@ -176,6 +187,8 @@ class BatchProfile:
             p.append(f"max_inflight_batches must be >= 1 (got {self.max_inflight_batches})")
         if self.default_deadline_ms is not None and self.default_deadline_ms <= 0:
             p.append(f"default_deadline_ms must be > 0 (got {self.default_deadline_ms})")
+        if self.shed_when not in get_args(ShedWhen):
+            p.append(f"shed_when must be one of {', '.join(get_args(ShedWhen))} (got {self.shed_when!r})")
         if self.compute_budget_ms is not None and self.compute_budget_ms <= 0:
             p.append(f"compute_budget_ms must be > 0 (got {self.compute_budget_ms})")
         if self.batch_overhead_ms < 0:
@@ -255,11 +268,14 @@ class ModelConfig:
 
     def engine_profile(self) -> BatchProfile:
         """The profile the engine runs: with slo_ms_per_new_token, the derived compute budget is
-        that of a request asking for max_new_tokens (the engine itself never sees tokens asked for)."""
+        that of a request asking for max_new_tokens (the engine itself never sees tokens asked for),
+        and so is the SLO it sheds by (`shed_when = "slo"`): no request is shed for missing an
+        objective shorter than its own."""
         p = self.profile
-        if p.compute_budget_ms is not None or p.slo_ms_per_new_token == 0:
+        if p.slo_ms_per_new_token == 0:
             return p
-        return p.replace(compute_budget_ms=p.budget_ms(self.max_new_tokens))
+        longest = p.slo_p99_ms + self.max_new_tokens * p.slo_ms_per_new_token
+        return p.replace(compute_budget_ms=p.budget_ms(self.max_new_tokens), slo_p99_ms=longest)
 
 
 @dataclass(frozen=True)

@@ -121,6 +121,25 @@ def test_a_request_past_its_deadline_is_answered_expired_and_never_dispatched() 
     assert step.expired == [] and loop.engine.pending == 0
 
 
+def test_what_cannot_be_served_in_time_is_answered_at_once_with_its_reason() -> None:
+    clock = FakeClock()
+    profile = BatchProfile(hard_cap=8, target_size=8, slo_p99_ms=100.0, batch_overhead_ms=0.0)
+    loop = Loop(clock, profile, prior_costs=[(1, 10.0), (8, 40.0)])
+    # 40 ms a batch of 8: two batches fit the 100 ms SLO, a third would end at 120 ms
+    loop.fetch([loop.record(i, timeout_ms=5000) for i in range(24)] + [loop.record(99)])
+    step = poll_engine(loop.engine, clock.now_ms(), computing=1, max_inflight=1, backlog=0)
+    shed = [pr.request_id for pr in step.expired]
+    assert shed == [f"r{i}" for i in range(16, 24)], "r99 has no deadline: never shed"
+    assert loop.engine.pending == 17
+    reply = loop.outcomes.of_expiry(step.expired, clock.now_ms())
+    results = [outcome_of(m) for m in reply.messages if m.topic == TOPICS.results(MODEL)]
+    events = [outcome_of(m) for m in reply.messages if m.topic == TOPICS.latency_events]
+    assert [r["id"] for r in results] == shed == [e["request_id"] for e in events]
+    assert {(r["outcome"], r["error"].split(":")[0]) for r in results} == {("expired", "cannot_meet_slo")}
+    assert {(e["outcome"], e["reason"], e["batch_size"]) for e in events} == {("expired", "cannot_meet_slo", 0)}
+    assert sorted(offset for _, offset in reply.places) == sorted(int(i[1:]) for i in shed)
+
+
 def test_a_request_already_past_its_absolute_deadline_expires_on_the_first_decision() -> None:
     clock = FakeClock()
     loop = Loop(clock, BatchProfile(hard_cap=4, target_size=1))

@@ -102,3 +102,28 @@ def test_bad_scenario_exits_with_a_message(tmp_path):
     result = CliRunner().invoke(app, ["bench", "policies", "--scenario", str(tmp_path / "bad.toml")])
     assert result.exit_code == 2
     assert "needs at least one [[phases]]" in result.output
+
+
+def test_goodput_table_where_requests_carry_deadlines():
+    from pipeline.bench.goodput import GOODPUT_LOADS, goodput_table
+    from pipeline.core.sim.families import families
+
+    s = parse_scenario({"name": "d", "seed": 4, "slo_p99_ms": 200.0, "deadline_ms": 300.0,
+                        "phases": [{"duration_s": 2, "rate_per_s": 500}],
+                        "cost": {"points": [[1, 5.0], [8, 20.0], [32, 60.0]]}})
+    ev = Evaluator(s)
+    rows = goodput_table(ev, s, quick=True)
+    assert [r["load"] for r in rows] == [round(1.02**k, 3) for k in GOODPUT_LOADS]
+    for k, row in zip(GOODPUT_LOADS, rows):
+        peers = {n: f for n, f in row["families"].items() if n != "batchtide"}
+        assert row["best_peer"]["goodput_rps"] == max(f["goodput_rps"] for f in peers.values())
+        for family in families():
+            for cfg in family.configs(s, True):
+                assert ev.at_load(Candidate(family.name, cfg), k).goodput_rps <= row["families"][family.name]["goodput_rps"]
+        mine = row["batchtide_default"]
+        assert row["ratio"] == pytest.approx(mine["goodput_rps"] / row["best_peer"]["goodput_rps"])
+        assert 0 <= mine["good_share"] <= 1 - mine["expired_share"] + 1e-9
+    assert rows[-1]["batchtide_default"]["expired_share"] > 0, "x2 load overloads the device: some are shed"
+    plain = parse_scenario({"name": "p", "seed": 4, "slo_p99_ms": 200.0,
+                            "phases": [{"duration_s": 1, "rate_per_s": 100}], "cost": {"a_ms": 1.0, "c_ms": 0.1}})
+    assert goodput_table(Evaluator(plain), plain, quick=True) == [], "no deadlines: no goodput table"

@@ -149,3 +149,22 @@ def test_token_cost_reaches_a_token_unit_engine():
     outcome = simulate(s, make_arrivals(s), [engine])
     assert max(outcome.batches.size) <= 10, "a 1000-token cap holds ten 100-token requests"
     assert not conservation_problems(outcome)
+
+
+def test_overload_with_deadlines_is_shed_at_arrival_and_raises_goodput():
+    s = scenario(deadline_ms=300.0, slo_p99_ms=200.0, priority={"mix": [1.0]},
+                 phases=[{"duration_s": 3, "rate_per_s": 3000}])
+    arrivals = make_arrivals(s)
+    runs = {when: simulate(s, arrivals, engines(s, slo_p99_ms=200.0, shed_when=when))
+            for when in ("slo", "never")}
+    for out in runs.values():
+        assert conservation_problems(out) == []
+    shed, waited = runs["slo"], runs["never"]
+    answer_ms = (shed.done_ms - arrivals.deliver_ms)[shed.expired]
+    assert shed.expired.mean() > 0.2
+    assert np.median(answer_ms) < 50.0, "shed when the queue says so, not at the 300 ms deadline"
+    assert np.median((waited.done_ms - arrivals.deliver_ms)[waited.expired]) >= 250.0
+    good, late = measure(s, shed), measure(s, waited)
+    assert good.goodput_rps > 1.5 * late.goodput_rps
+    assert good.good_share == pytest.approx(good.goodput_rps * (arrivals.create_ms.max() - arrivals.create_ms.min())
+                                            / 1000.0 / len(arrivals))

@@ -34,6 +34,16 @@ class PendingRequest:
     marked_at_ms: float | None = None
     seq: int = 0
     """The engine's handle for this request while it is pending (see `withdraw`)."""
+    finish_by_ms: float | None = None
+    """Set by the engine: the latest useful finish (deadline, or record time + SLO; see
+    engine/shedding.py); None when the request may wait as long as it takes."""
+    finish_by_reason: str = ""
+    """What missing `finish_by_ms` means: `cannot_meet_deadline` or `cannot_meet_slo`."""
+    expiry: str | None = None
+    """Why it was answered `expired` (set when it was): `deadline` (passed while it waited),
+    `cannot_meet_deadline` or `cannot_meet_slo` (shed: its expected finish was too late)."""
+    predicted_done_ms: float | None = None
+    """A shed request's expected finish when it was shed (after `finish_by_ms`)."""
 
 
 @dataclass(slots=True)
@@ -78,7 +88,7 @@ class Decision:
     """The engine's answer to one poll.
 
     `batch`: run this now (None: nothing to run). `expired`: answer these with an
-    `expired` result, do not run them. `wake_at_ms`: poll again no later than
+    `expired` result, do not run them (each request's `expiry` says why). `wake_at_ms`: poll again no later than
     this even if nothing arrives (None: only an arrival or a completion can
     change the decision).
     """

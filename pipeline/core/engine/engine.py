@@ -4,7 +4,9 @@ Pure and deterministic: every time is passed in by the driver (the live
 consumer's clock or the simulator's virtual one); nothing here reads a clock,
 sleeps, does I/O or draws a random number. One poll decides, in this order:
 
-1. expire requests whose deadline passed (answered, never run);
+1. expire requests whose deadline passed (answered, never run), and shed
+   those the queue and t(b) say can no longer finish in time (shedding.py:
+   at arrival, at the head of the queue, and inside a batch about to leave);
 2. mark tails (wait > tail_mark_ratio x a rolling upper quantile of waits) so
    they go first;
 3. with a free slot: dispatch at the effective cap (`hard_cap`), at the
@@ -30,6 +32,7 @@ from pipeline.core.engine.decisions import (
     PendingRequest,
 )
 from pipeline.core.engine.pending import PendingQueue
+from pipeline.core.engine.shedding import DEADLINE_PASSED, Overruns, ShedRule, finish_estimate_ms, split_late
 from pipeline.core.engine.tails import WaitTracker
 from pipeline.core.engine.window import ArrivalRate, paying_wait_ms
 
@@ -63,6 +66,10 @@ class BatchingEngine:
         start = self._fixed_target or min(AUTO_RAMP_START[profile.cost_unit], ceiling)
         self._queue = PendingQueue(profile.priority_levels, self._tokens)
         self._deadlines: list[tuple[float, int, PendingRequest]] = []
+        self._shed_rule = ShedRule(profile.shed_when, profile.slo_p99_ms)
+        self._shed: list[PendingRequest] = []
+        """Requests shed since the last poll (answered by it)."""
+        self._overruns = Overruns()
         self._rate = ArrivalRate(profile.rate_halflife_ms)
         self._waits = WaitTracker(
             profile.wait_sample_window,
@@ -95,6 +102,8 @@ class BatchingEngine:
         self._last_now = 0.0
         """Latest poll time: stats() takes no clock, it reports as of the last poll."""
         self.expired_total = 0
+        """Requests answered `expired`: their deadline passed, or shed (counted in shed_total too)."""
+        self.shed_total = 0
         self.dispatched_total = 0
 
     @property
@@ -136,6 +145,14 @@ class BatchingEngine:
         deadline = request.deadline_ms
         if deadline is None and self.profile.default_deadline_ms is not None:
             deadline = request.enqueue_ms + self.profile.default_deadline_ms
+        limit = self._shed_rule.limit(request.enqueue_ms, deadline)
+        if limit is not None:
+            request.finish_by_ms, request.finish_by_reason = limit
+            own = request.cost if self._tokens else 1
+            done = self._finish_ms(now_ms, self._queue.cost_ahead(request.priority) + own)
+            if done is not None and done > request.finish_by_ms:
+                self._shed_one(request, done)
+                return
         seq = request.seq = self._queue.add(request)
         if deadline is not None:
             heapq.heappush(self._deadlines, (deadline, seq, request))
@@ -148,6 +165,17 @@ class BatchingEngine:
     def poll(self, now_ms: float, device_free: bool = True, backlog: int = 0) -> Decision:
         """Decide at `now_ms`; after a batch, poll again (another slot may be free)."""
         expired = self._expire(now_ms)
+        self._shed_heads(now_ms)
+        decision = self._decide(now_ms, device_free, backlog, expired)
+        shed = self._shed
+        if shed:
+            decision.expired.extend(shed)
+            self.expired_total += len(shed)
+            self.shed_total += len(shed)
+            self._shed = []
+        return decision
+
+    def _decide(self, now_ms: float, device_free: bool, backlog: int, expired: list[PendingRequest]) -> Decision:
         queue = self._queue
         if queue.count == 0:
             self._held = False
@@ -188,7 +216,9 @@ class BatchingEngine:
 
     def completed(self, batch: Batch, now_ms: float, compute_ms: float) -> None:
         """The device finished `batch` after `compute_ms` of compute: free its slot, learn t(b)."""
-        self._inflight.pop(batch.batch_id, None)
+        expected_end = self._inflight.pop(batch.batch_id, None)
+        if expected_end is not None:
+            self._overruns.observe(compute_ms, expected_end - batch.record.dispatch_ms)
         self._curve.observe(batch.record.cost, compute_ms)
 
     def stats(self) -> dict[str, Any]:
@@ -199,6 +229,7 @@ class BatchingEngine:
             "inflight": len(self._inflight),
             "dispatched": self.dispatched_total,
             "expired": self.expired_total,
+            "shed": self.shed_total,
             "marked_share": self._waits.marked_share,
             "window_ms": self._window_ms,
             "effective_cap": self._curve.cap,
@@ -250,6 +281,7 @@ class BatchingEngine:
         cost_before = queue.cost
         requests = queue.take(take_cap)
         cost = cost_before - queue.cost
+        requests, cost = self._shed_late_members(requests, cost, now_ms)
         waits = [now_ms - request.enqueue_ms for request in requests]
         marked = 0
         for request in requests:
@@ -262,7 +294,7 @@ class BatchingEngine:
         oldest_wait = max(waits) if waits else 0.0
         self._last_batch_id += 1
         batch_id = self._last_batch_id
-        estimate = curve.estimate_ms(cost) if self.profile.max_inflight_batches > 1 else None
+        estimate = curve.estimate_ms(cost)
         self._inflight[batch_id] = now_ms + estimate if estimate is not None else math.inf
         self._held = False
         self.dispatched_total += len(requests)
@@ -298,6 +330,7 @@ class BatchingEngine:
         while deadlines and deadlines[0][0] <= now_ms:
             _, seq, request = heapq.heappop(deadlines)
             if queue.remove(seq, request):
+                request.expiry = DEADLINE_PASSED
                 expired.append(request)
         self.expired_total += len(expired)
         return expired
@@ -308,3 +341,56 @@ class BatchingEngine:
         while deadlines and not queue.is_live(deadlines[0][1]):
             heapq.heappop(deadlines)
         return deadlines[0][0] if deadlines else None
+
+    # ---- shedding (shedding.py) -----------------------------------------------
+
+    def _slot_free_ms(self, now_ms: float) -> float:
+        """When the next batch can start: now with a free slot, else the earliest expected completion."""
+        inflight = self._inflight
+        if len(inflight) < self.profile.max_inflight_batches or not inflight:
+            return now_ms
+        soonest = min(inflight.values())
+        return now_ms if soonest == math.inf else max(now_ms, soonest)
+
+    def _finish_ms(self, now_ms: float, cost_ahead: float) -> float | None:
+        """Expected finish of a request with `cost_ahead` queued ahead of it (its own included)."""
+        curve, rate = self._curve, self._rate
+        arriving = rate.cost_per_ms(now_ms) if self._tokens else rate.requests_per_ms(now_ms)
+        return finish_estimate_ms(
+            now_ms, self._slot_free_ms(now_ms), cost_ahead, curve.cap, self.profile.max_inflight_batches,
+            curve.estimate_ms, self.profile.batch_overhead_ms, arriving, self._overruns.margin,
+        )
+
+    def _shed_heads(self, now_ms: float) -> None:
+        """Shed the head of the queue while even the next batch cannot finish it in time."""
+        queue = self._queue
+        while queue.count:
+            head = queue.head()
+            if head is None or head.finish_by_ms is None:
+                return
+            done = self._finish_ms(now_ms, min(queue.cost, self._curve.cap))
+            if done is None or done <= head.finish_by_ms:
+                return
+            queue.remove(head.seq, head)
+            self._shed_one(head, done)
+
+    def _shed_late_members(
+        self, requests: list[PendingRequest], cost: int, now_ms: float
+    ) -> tuple[list[PendingRequest], int]:
+        """Members of a leaving batch that it would finish too late for (a later level's
+        or a marked request can have an earlier limit than the head's) are shed, not run."""
+        estimate = self._curve.estimate_ms(cost)
+        if estimate is None:
+            return requests, cost
+        done = now_ms + estimate * self._overruns.margin + self.profile.batch_overhead_ms
+        kept, late = split_late(requests, done)
+        if not late:
+            return requests, cost
+        for request in late:
+            self._shed_one(request, done)
+        return kept, sum(r.cost for r in kept) if self._tokens else len(kept)
+
+    def _shed_one(self, request: PendingRequest, done_ms: float) -> None:
+        request.expiry = request.finish_by_reason
+        request.predicted_done_ms = done_ms
+        self._shed.append(request)

@@ -32,6 +32,8 @@ class PendingQueue:
         """Requests pending."""
         self.cost = 0
         """Sum of pending requests' cost in the profile's unit."""
+        self._level_cost = [0] * priority_levels
+        self._marked_cost = 0
 
     def add(self, request: PendingRequest) -> int:
         """Queue a request; returns its sequence number (the handle for `remove`)."""
@@ -42,9 +44,28 @@ class PendingQueue:
             level = 0 if level < 0 else len(levels) - 1
         heapq.heappush(levels[level], (request.enqueue_ms, seq, request))
         self._live.add(seq)
+        cost = request.cost if self._cost_in_tokens else 1
         self.count += 1
-        self.cost += request.cost if self._cost_in_tokens else 1
+        self.cost += cost
+        self._level_cost[level] += cost
         return seq
+
+    def _level_of(self, request: PendingRequest) -> int:
+        return min(max(request.priority, 0), len(self._levels) - 1)
+
+    def cost_ahead(self, priority: int) -> int:
+        """Pending cost a new request of `priority` would wait behind: the marked tails and
+        every level as urgent as its own (it joins the back of its level)."""
+        level = min(max(priority, 0), len(self._levels) - 1)
+        return self._marked_cost + sum(self._level_cost[: level + 1])
+
+    def head(self) -> PendingRequest | None:
+        """The request the next batch would start with."""
+        for heap in (self._marked, *self._levels):
+            entry = self._top(heap)
+            if entry is not None:
+                return entry[2]
+        return None
 
     def remove(self, seq: int, request: PendingRequest) -> bool:
         """Drop a pending request wherever it sits (lazily); False if it already left."""
@@ -52,8 +73,13 @@ class PendingQueue:
             return False
         self._live.discard(seq)
         self._removed.add(seq)
+        cost = request.cost if self._cost_in_tokens else 1
         self.count -= 1
-        self.cost -= request.cost if self._cost_in_tokens else 1
+        self.cost -= cost
+        if request.marked:
+            self._marked_cost -= cost
+        else:
+            self._level_cost[self._level_of(request)] -= cost
         return True
 
     def is_live(self, seq: int) -> bool:
@@ -103,6 +129,9 @@ class PendingQueue:
             request.marked = True
             request.marked_at_ms = entry[0] + threshold_ms
             heapq.heappush(self._marked, entry)
+            cost = request.cost if self._cost_in_tokens else 1
+            self._level_cost[self._level_of(request)] -= cost
+            self._marked_cost += cost
             marked += 1
         return marked
 
@@ -132,6 +161,10 @@ class PendingQueue:
                 live.discard(seq)
                 batch.append(request)
                 total += cost
+                if request.marked:
+                    self._marked_cost -= cost
+                else:
+                    self._level_cost[self._level_of(request)] -= cost
                 if total >= cap:
                     self._account(batch, total)
                     return batch

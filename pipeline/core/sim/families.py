@@ -40,6 +40,9 @@ class LaneContext:
     `hard_cap = "auto"` ceiling, the same one every family's grid reaches."""
     prior_costs: tuple[tuple[int, float], ...] = ()
     """The device profile a consumer loads at start (t(b) measured before the run)."""
+    slo_p99_ms: float | None = None
+    """The scenario's SLO when its requests carry deadlines: an operator whose clients send
+    deadlines states the objective batchtide sheds by (`slo_p99_ms`); None keeps the profile's."""
 
 
 Builder = Callable[[Config, LaneContext], BatchPolicy]
@@ -88,6 +91,8 @@ def build_engine(profile: BatchProfile, ctx: LaneContext) -> BatchPolicy:
 
     if profile.max_inflight_batches != ctx.max_inflight:
         profile = profile.replace(max_inflight_batches=ctx.max_inflight)
+    if ctx.slo_p99_ms is not None:
+        profile = profile.replace(slo_p99_ms=ctx.slo_p99_ms)
     return BatchingEngine(profile, device_cap=ctx.device_cap, prior_costs=ctx.prior_costs)
 
 

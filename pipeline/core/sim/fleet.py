@@ -193,7 +193,7 @@ def simulate_fleet(scenario: Scenario, arrivals: Arrivals) -> FleetOutcome:
                              None if deadline is None else create[i] + deadline, i)
         engines[lane].offer(req, now)
         waiting[lane][i] = req
-        if not busy[lane]:
+        if not busy[lane] or deadline is not None:  # with deadlines, what is shed on arrival is answered now
             poll(lane, now)
 
     def local_view(lane: int, now: float) -> LocalView | None:

@@ -2,7 +2,9 @@
 
 Latency percentiles are over served requests; expired requests are answered
 too (counted in `expired_share`) but have no compute latency. For the SLO test
-an expired request counts as a miss.
+an expired request counts as a miss. Goodput counts the requests answered `ok`
+within the SLO, per second of the arrival span (the same for every policy on
+one load, so goodput ratios are ratios of requests served in time).
 """
 
 from __future__ import annotations
@@ -35,6 +37,10 @@ class RunMetrics:
     unmarked_p99_ms: float
     expired_share: float
     slo_miss_share: float
+    goodput_rps: float
+    """Requests served within the SLO per second of the arrival span."""
+    good_share: float
+    """Share of all requests served within the SLO."""
 
     def as_dict(self) -> dict[str, float]:
         return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in asdict(self).items()}
@@ -61,6 +67,8 @@ def measure(scenario: Scenario, outcome: RunOutcome) -> RunMetrics:
     rates = RateProfile(scenario)
     busy = np.asarray([rates.at(t) >= rates.mean for t in outcome.batches.dispatch_ms], dtype=bool)
     misses = int(outcome.expired.sum()) + int((latency > scenario.slo_p99_ms).sum())
+    good = int((latency <= scenario.slo_p99_ms).sum())
+    arrival_s = max(1e-9, float(arr.create_ms.max() - arr.create_ms.min()) / 1000.0) if n else 1.0
     return RunMetrics(
         requests=n,
         throughput_rps=float(served.sum()) / span_s,
@@ -79,6 +87,8 @@ def measure(scenario: Scenario, outcome: RunOutcome) -> RunMetrics:
         unmarked_p99_ms=_pct(latency[~marked], 99),
         expired_share=_ratio(outcome.expired),
         slo_miss_share=misses / n if n else 0.0,
+        goodput_rps=good / arrival_s,
+        good_share=good / n if n else 0.0,
     )
 
 

@@ -70,6 +70,7 @@ class Evaluator:
     verdicts: dict[tuple[str, int], bool] = field(default_factory=dict)
     nominal_runs: dict[str, tuple[RunMetrics, RunOutcome | None]] = field(default_factory=dict)
     capacities: dict[str, int] = field(default_factory=dict)
+    load_metrics: dict[tuple[str, int], RunMetrics] = field(default_factory=dict)
     runs: int = 0
     requests_simulated: int = 0
     sim_seconds: float = 0.0
@@ -93,6 +94,7 @@ class Evaluator:
             cand.build(cand.config, LaneContext(
                 len(topo.lane_devices(lane)), max(1, levels), device_cap,
                 cost.profile_points(device_cap, self._mean_tokens, topo.lane_cost_scale(lane)),
+                self.scenario.slo_p99_ms if self.scenario.deadline_ms is not None else None,
             ))
             for lane in range(topo.lanes)
         ]
@@ -128,6 +130,15 @@ class Evaluator:
             self.nominal_runs[cand.key] = (measure(self.scenario, outcome), outcome)
             self.verdicts[(cand.key, 0)] = outcome.over_slo <= slo_budget(outcome.requests)
         return self.nominal_runs[cand.key]
+
+    def at_load(self, cand: Candidate, k: int) -> RunMetrics:
+        """Metrics of a full run at load m_k (the nominal run's at k = 0), cached."""
+        if k == 0:
+            return self.nominal(cand)[0]
+        key = (cand.key, k)
+        if key not in self.load_metrics:
+            self.load_metrics[key] = measure(self.scenario, self._run(cand, k, abort=False))
+        return self.load_metrics[key]
 
     def capacity(self, cand: Candidate, at_least: int | None = None) -> int | None:
         """Largest passing k; None when `at_least` is given and the candidate fails there."""

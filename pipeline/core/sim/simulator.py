@@ -5,8 +5,10 @@ live in one heap. Each queue (lane) has its own policy object; a lane owns one
 device (own queues, like Kafka partitions), several lanes share one device
 (models sharing a GPU, served first-ready in alternating order), or one lane
 feeds several devices (shared queue). A policy is polled after every arrival
-that finds a free device, every completion and every wake-up it asked for, and
-learns from `completed()` with the simulated compute time.
+that finds a free device (every arrival when requests carry deadlines, as the
+live consumer does: a policy may answer what it cannot serve in time at once),
+every completion and every wake-up it asked for, and learns from `completed()`
+with the simulated compute time.
 """
 
 from __future__ import annotations
@@ -210,7 +212,7 @@ def simulate(scenario: Scenario, arrivals: Arrivals, policies: Sequence[BatchPol
         )
         i += 1
         events += 1
-        if free_device(lane) >= 0:
+        if free_device(lane) >= 0 or deadline is not None:
             poll(lane, now)
         if over > limit:
             aborted = True
