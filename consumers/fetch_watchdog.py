@@ -43,6 +43,9 @@ STALL_S = 6.0
 """A partition with records to read whose position has not moved this long is stalled."""
 CHECK_S = 1.5
 """How often the watchdog looks."""
+UNBLOCKED = "fetch watchdog: unblocked"
+"""How the log line of each unblock begins (the chaos rows count them in the consumers' logs)."""
+REFRESHED = "fetch watchdog: stalled"
 ASK_TIMEOUT_S = 3.0
 """One question to the broker (end offsets, metadata) gives up after this: a frozen broker never answers."""
 
@@ -150,8 +153,8 @@ class FetchWatchdog:
         self._tracker.idle([tp for tp in suspects if tp not in stalled], now)
         remedy = self._tracker.remedy(stalled, now)
         if remedy.refresh:
-            log.warning("fetch watchdog: no progress on %s for %.0f s: refreshing metadata",
-                        sorted(map(str, remedy.refresh)), self._tracker.stall_s)
+            log.warning("%s: no progress on %s for %.0f s: refreshing metadata",
+                        REFRESHED, sorted(map(str, remedy.refresh)), self._tracker.stall_s)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(consumer._client.force_metadata_update(), ASK_TIMEOUT_S)
         if remedy.reconnect:
@@ -192,7 +195,7 @@ class FetchWatchdog:
             conn = client._conns.get(key)
             if conn is not None and conn.connected():
                 conn.close(reason=CloseReason.CONNECTION_BROKEN)
-                closed.append(key[0])
+                closed.append(f"{key[0]}/{key[1].name.lower()}")
         self._stats.fetch_stalls_unblocked += 1
-        log.warning("fetch watchdog: %s still stalled after a metadata refresh: closed the connections to brokers %s",
-                    sorted(map(str, stalled)), sorted(set(closed)))
+        log.warning("%s %s (still stalled after a metadata refresh): closed the connections %s",
+                    UNBLOCKED, sorted(map(str, stalled)), closed)
