@@ -56,5 +56,5 @@ def test_a_frozen_leader_comes_back_as_a_follower_and_loses_nothing(cluster_stag
     assert d["frozen_s"] >= SIZES.freeze_s, d
     assert d["victim_led_request_partitions"] >= 1
     assert d["leaders_moved_s"] is not None, "the frozen leader's partitions got no new leader while it was frozen"
-    assert d["victim_leads_after"] == 0, "the zombie must rejoin as a follower"
+    assert d["victim_leads_only_as_preferred"], f"the zombie must rejoin as a follower (leads {d['victim_leads_after']})"
     assert d["fetch_stalls_unblocked"] >= 0
