@@ -27,6 +27,7 @@ SIZES = ChaosSizes.quick()
 
 
 def _exactly_once(report: FaultReport) -> dict:
+    print(report.fault, report.details)  # shown by pytest -rA: the row's figures beside its verdict
     assert report.failures == [], report.details
     assert report.lost == 0 and report.duplicated == 0
     assert report.results_out == report.requests_in > 0
