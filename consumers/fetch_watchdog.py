@@ -14,9 +14,13 @@ paused (backpressure), has records to read (the log's end, read_committed,
 is past the fetch position) and whose position has not moved for `STALL_S`
 is stalled. The first remedy is a forced metadata refresh (the leader may
 have moved); if the partition is still stalled `STALL_S / 2` later, the
-client's connections to its leaders, old and new, are closed, which fails
-the fetch in flight so aiokafka reconnects and fetches again from the
+client's fetch connections to its leaders, old and new, are closed, which
+fails the fetch in flight so aiokafka reconnects and fetches again from the
 current leader. Each such close counts in `ConsumerStats.fetch_stalls_unblocked`.
+When the end offsets get no answer within `ASK_TIMEOUT_S` (their leader is
+the broker that stopped answering, or the machine is very busy) the watchdog
+only refreshes metadata and starts a new period: it never closes
+connections on a guess.
 
 The decisions (`StallTracker`) take positions and times as arguments, so they
 are tested without a broker; `FetchWatchdog` is the shell that asks aiokafka.
@@ -150,13 +154,14 @@ class FetchWatchdog:
         if not suspects:
             return
         stalled = await self._with_records(suspects, positions)
+        if stalled is None:  # no answer on the end offsets: refresh, but never reconnect on a guess
+            self._tracker.idle(suspects, now)
+            await self._refresh(suspects, "no answer on their end offsets")
+            return
         self._tracker.idle([tp for tp in suspects if tp not in stalled], now)
         remedy = self._tracker.remedy(stalled, now)
         if remedy.refresh:
-            log.warning("%s: no progress on %s for %.0f s: refreshing metadata",
-                        REFRESHED, sorted(map(str, remedy.refresh)), self._tracker.stall_s)
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(consumer._client.force_metadata_update(), ASK_TIMEOUT_S)
+            await self._refresh(remedy.refresh, "records to read")
         if remedy.reconnect:
             self._reconnect(remedy.reconnect, committed_unknown=any(positions[tp] is None for tp in remedy.reconnect))
 
@@ -168,13 +173,21 @@ class FetchWatchdog:
             return None
         return state.position if state is not None and state.has_valid_position else None
 
-    async def _with_records(self, suspects: list[TopicPartition], positions: Mapping[TopicPartition, int | None]) -> set[TopicPartition]:
-        """The suspects with records past their position (all of them if the end offsets cannot be had:
-        a broker that does not answer is the very thing to cure)."""
+    async def _refresh(self, tps: Iterable[TopicPartition], why: str) -> None:
+        log.warning("%s: no progress on %s for %.0f s (%s): refreshing metadata",
+                    REFRESHED, sorted(map(str, tps)), self._tracker.stall_s, why)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._consumer._client.force_metadata_update(), ASK_TIMEOUT_S)
+
+    async def _with_records(
+        self, suspects: list[TopicPartition], positions: Mapping[TopicPartition, int | None]
+    ) -> set[TopicPartition] | None:
+        """The suspects with records past their position; None when the end offsets cannot be had
+        (a leader that does not answer, or a machine too busy to answer in time)."""
         try:
             ends = await asyncio.wait_for(self._consumer.end_offsets(suspects), ASK_TIMEOUT_S)
-        except Exception:  # noqa: BLE001 - no answer: treat every suspect as stalled
-            return set(suspects)
+        except Exception:  # noqa: BLE001 - no answer: the caller refreshes metadata and looks again
+            return None
         return {tp for tp in suspects if positions[tp] is None or ends.get(tp, 0) > positions[tp]}
 
     def _reconnect(self, stalled: frozenset[TopicPartition], *, committed_unknown: bool) -> None:
