@@ -5,7 +5,8 @@ so a successor fences its predecessor, when `KafkaSettings.transactional`)
 with its outbox; then the size limits of the topics the consumer writes;
 then the group consumer (`read_committed` under transactions, so aborted
 answers are never read back), the publisher that ties producer and
-consumer, and the fetcher. Closing takes what the stop budget gives each
+consumer, the fetcher and its watchdog (`fetch_watchdog.py`: a fetch stuck
+on a broker that stopped answering). Closing takes what the stop budget gives each
 client (aiokafka can wait forever for a broker that is gone).
 """
 
@@ -18,6 +19,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from consumers.clock import Clock
 from consumers.delivery import Delivery
+from consumers.fetch_watchdog import FetchWatchdog
 from consumers.fetcher import Fetcher
 from consumers.publish import Publisher
 from consumers.stats import ConsumerStats
@@ -34,8 +36,10 @@ class KafkaClients:
     consumer: AIOKafkaConsumer
     publisher: Publisher
     fetcher: Fetcher
+    watchdog: FetchWatchdog
 
     async def stop_consumer(self, name: str, timeout_s: float) -> None:
+        await self.watchdog.stop()
         await stop_client(self.consumer.stop, f"{name}: the Kafka consumer", timeout_s)
 
     async def stop_producer(self, name: str, timeout_s: float) -> None:
@@ -90,4 +94,6 @@ async def open_clients(
         stats=stats,
     )
     fetcher = Fetcher(consumer, priority_topic, max_queue, stats)
-    return KafkaClients(producer, outbox, consumer, publisher, fetcher)
+    watchdog = FetchWatchdog(consumer, stats, clock)
+    watchdog.start()
+    return KafkaClients(producer, outbox, consumer, publisher, fetcher, watchdog)

@@ -28,4 +28,6 @@ class ConsumerStats:
     """Records rebuilt to fit their topic or moved off a reply topic that could not take them."""
     delivery_retries: int = 0
     """Produce attempts that had to wait and try again (the broker or one of our topics unavailable)."""
+    fetch_stalls_unblocked: int = 0
+    """Stalled fetches the watchdog broke by closing the leaders' connections (consumers/fetch_watchdog.py)."""
 

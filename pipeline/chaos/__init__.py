@@ -18,6 +18,7 @@ A scenario never decides success by itself being quiet: it returns a
 `FaultReport` whose `failures` list names every broken promise. `steps` holds
 the sizes and the closing steps every scenario shares; one module per fault
 (`consumer_kill`, `broker_restart`, `clickhouse_outage`, `sink_kill`, `poison`,
-`overload`, `rebalance_storm`, `hostile_input`, `cluster_faults`); `catalogue`
+`overload`, `rebalance_storm`, `hostile_input`, and the three-broker rows in
+`cluster_faults` and `leader_kill` over `cluster_load` and `cluster_look`); `catalogue`
 lists them for `batchtide chaos`.
 """

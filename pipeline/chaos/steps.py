@@ -10,7 +10,7 @@ from typing import Any
 
 from pipeline.chaos.deployment import Deployment
 from pipeline.chaos.ledger import EventTally
-from pipeline.devtools.localkafka import port_is_free
+from pipeline.devtools.broker_process import port_is_free
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,8 @@ def consume(
         typer.echo(
             f"[{c.consumer_id}] fetched={s.fetched} ok={s.answered['ok']} expired={s.answered['expired']} "
             f"error={s.answered['error']} rejected={s.answered['rejected']} dlq={s.dead_letters} "
-            f"batches={s.batches} forwarded={s.forwarded} queue={s.queue} backlog={s.backlog} pauses={s.pauses}"
+            f"batches={s.batches} forwarded={s.forwarded} queue={s.queue} backlog={s.backlog} pauses={s.pauses} "
+            f"stalls_unblocked={s.fetch_stalls_unblocked}"
         )
 
     async def main() -> None:

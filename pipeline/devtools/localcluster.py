@@ -17,7 +17,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from pipeline.devtools.localkafka import CLUSTER_FILE, KafkaSetupError, LocalKafka, _kafka_uuid, free_port, port_is_free
+from pipeline.devtools.broker_config import kafka_uuid
+from pipeline.devtools.broker_process import free_port, port_is_free
+from pipeline.devtools.kafka_jars import KafkaSetupError
+from pipeline.devtools.localkafka import CLUSTER_FILE, LocalKafka
 
 QUORUM_FILE = "quorum.json"
 NODE_HEAP_MB = 320
@@ -94,7 +97,7 @@ class LocalCluster:
         if self._layout_file.is_file():
             return
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        cluster_id = _kafka_uuid()
+        cluster_id = kafka_uuid()
         ports = self._ports()
         voters = ",".join(f"{i}@127.0.0.1:{cport}" for i, (_, cport) in enumerate(ports, start=1))
         replicas = min(CLUSTER_REPLICAS, self.size)

@@ -229,10 +229,21 @@ def java_string_hash(text: str) -> int:
     return h - (1 << 32) if h >= 1 << 31 else h
 
 
+def java_abs(n: int) -> int:
+    """Kafka's `Utils.abs` of a Java int: Math.abs, with Integer.MIN_VALUE mapped to 0.
+
+    Not the producer partitioner's `toPositive` (n & 0x7fffffff): for a
+    negative odd hash the two differ modulo 4, so an id chosen with the mask
+    lands on another partition, and another coordinator, about 1 time in 4.
+    """
+    return 0 if n == -(1 << 31) else abs(n)
+
+
 def transaction_partition(transactional_id: str, partitions: int) -> int:
     """The `__transaction_state` partition that holds `transactional_id`: its leader is the id's
-    coordinator (Kafka: Utils.abs(id.hashCode) % transaction.state.log.num.partitions)."""
-    return (java_string_hash(transactional_id) & 0x7FFFFFFF) % partitions
+    coordinator (Kafka 3.9 `TransactionStateManager.partitionFor`: Utils.abs(id.hashCode) %
+    transaction.state.log.num.partitions)."""
+    return java_abs(java_string_hash(transactional_id)) % partitions
 
 
 async def under_replicated(settings: KafkaSettings) -> list[PartitionState]:
