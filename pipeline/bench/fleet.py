@@ -16,7 +16,9 @@ from typing import Any
 
 from pipeline.core.sim.fleet import fleet_variant, simulate_fleet
 from pipeline.core.sim.fleetmetrics import measure_fleet
-from pipeline.core.sim.scenario import Scenario, ScenarioError, load_scenario, make_arrivals
+from pipeline.core.sim.arrivals import make_arrivals
+from pipeline.core.sim.scenario import Scenario, ScenarioError
+from pipeline.core.sim.scenario_file import load_scenario
 
 VARIANTS = ("off", "on", "weighted", "weighted+on", "ideal")
 

@@ -30,7 +30,8 @@ from pipeline.core.sim.families import (
     engine_available,
     families,
 )
-from pipeline.core.sim.scenario import Scenario, load_scenario
+from pipeline.core.sim.scenario import Scenario
+from pipeline.core.sim.scenario_file import load_scenario
 from pipeline.core.sim.search import STEP, Candidate, Evaluation, Evaluator, multiplier
 
 MAX_GRID_CAP = 128

@@ -24,7 +24,8 @@ from pipeline.core.config import BatchProfile
 from pipeline.core.engine import BatchingEngine
 from pipeline.core.sim.device import CostModel, DeviceCurve
 from pipeline.core.sim.metrics import RunMetrics, measure
-from pipeline.core.sim.scenario import Arrivals, LengthDist, Phase, Scenario, Topology
+from pipeline.core.sim.arrivals import Arrivals
+from pipeline.core.sim.scenario import LengthDist, Phase, Scenario, Topology
 from pipeline.core.sim.simulator import simulate
 from pipeline.core.store.traffic import RecordedTraffic
 

@@ -104,7 +104,8 @@ def policies(
     """Grid-search every batching policy family on one scenario and compare with batchtide-default."""
     from pipeline.bench.policy import bench_policies
     from pipeline.core.profile_file import ProfileError, load_profile
-    from pipeline.core.sim.scenario import ScenarioError, load_scenario, with_cost
+    from pipeline.core.sim.scenario import ScenarioError
+    from pipeline.core.sim.scenario_file import load_scenario, with_cost
     from pipeline.core.sim.search import Evaluator
 
     try:

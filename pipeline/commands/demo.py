@@ -151,7 +151,7 @@ def demo(
     local broker, two consumers and the sink; print one report and the verdict."""
     from pipeline.devtools import demo_plan as plan
     from pipeline.devtools.localkafka import LocalKafka
-    from pipeline.core.sim.scenario import load_scenario
+    from pipeline.core.sim.scenario_file import load_scenario
     from pipeline.harness.processes import Processes, cli
 
     if not 0 < derate <= 1 or load <= 0 or llm_load <= 0:

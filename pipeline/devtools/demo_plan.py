@@ -30,7 +30,8 @@ import numpy as np
 
 from pipeline.core.config import ModelConfig
 from pipeline.devtools.producer import Load
-from pipeline.core.sim.scenario import Scenario, make_arrivals
+from pipeline.core.sim.arrivals import make_arrivals
+from pipeline.core.sim.scenario import Scenario
 
 WAITED_1S_MAX = 0.02
 """Share of requests that may wait over 1 s in the queue (issue 11's goal)."""

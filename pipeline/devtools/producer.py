@@ -68,7 +68,8 @@ def poisson_load(rate_per_s: float, duration_s: float, seed: int, *, tokens: int
 
 def scenario_load(path: str, multiplier: float = 1.0, partitions: int | None = None) -> Load:
     """A scenario file's arrival process; its lanes map onto partitions (hot lane 0 = partition 0)."""
-    from pipeline.core.sim.scenario import load_scenario, make_arrivals
+    from pipeline.core.sim.arrivals import make_arrivals
+    from pipeline.core.sim.scenario_file import load_scenario
 
     arrivals = make_arrivals(load_scenario(path), multiplier)
     lanes = arrivals.lane if partitions else None

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from pipeline.commands import bench
 from pipeline.core.sim.families import FIXED_WINDOW
-from pipeline.core.sim.scenario import parse_scenario
+from pipeline.core.sim.scenario_file import parse_scenario
 from pipeline.core.sim.search import Candidate, Evaluator
 
 SCENARIO = """

@@ -10,7 +10,7 @@ import pytest
 
 from pipeline.core.config import ModelConfig
 from pipeline.devtools import demo_plan as plan
-from pipeline.core.sim.scenario import load_scenario
+from pipeline.core.sim.scenario_file import load_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -11,7 +11,9 @@ from pipeline.commands import bench
 from pipeline.core.sim.fleet import fleet_variant, simulate_fleet
 from pipeline.core.sim.fleetmetrics import measure_fleet
 from pipeline.core.sim.fleetspec import range_assignment, weighted_assignment
-from pipeline.core.sim.scenario import ScenarioError, make_arrivals, parse_scenario
+from pipeline.core.sim.arrivals import make_arrivals
+from pipeline.core.sim.scenario import ScenarioError
+from pipeline.core.sim.scenario_file import parse_scenario
 
 
 def fleet_scenario(fleet=None, consumers=2, rate=300.0, duration=10, **extra):
@@ -191,7 +193,7 @@ def test_policy_suite_leaves_fleet_scenarios_to_bench_fleet(tmp_path):
 def test_shipped_fleet_scenarios_load_and_lay_out_their_groups():
     from pathlib import Path
 
-    from pipeline.core.sim.scenario import load_scenario
+    from pipeline.core.sim.scenario_file import load_scenario
 
     root = Path(__file__).resolve().parents[2] / "scenarios"
     files = sorted(root.glob("fleet-*.toml"))

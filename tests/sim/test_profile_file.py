@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from pipeline.cli import app
 from pipeline.core.profile_file import CostPoint, DeviceProfile, ProfileError, load_profile
-from pipeline.core.sim.scenario import load_scenario, with_cost
+from pipeline.core.sim.scenario_file import load_scenario, with_cost
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -22,7 +22,8 @@ from pipeline.cli import app
 from pipeline.core.config import BatchProfile, ClickHouseSettings
 from pipeline.core.engine import BatchingEngine
 from pipeline.bench.replay import ReplayError, replay
-from pipeline.core.sim.scenario import Arrivals, load_scenario, make_arrivals, parse_scenario
+from pipeline.core.sim.arrivals import Arrivals, make_arrivals
+from pipeline.core.sim.scenario_file import load_scenario, parse_scenario
 from pipeline.core.sim.simulator import RunOutcome, simulate
 from pipeline.core.store.client import connect
 from pipeline.core.store.traffic import read_traffic

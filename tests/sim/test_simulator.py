@@ -9,7 +9,8 @@ from pipeline.core.engine.decisions import Decision
 from pipeline.core.sim.families import PEER_FAMILIES, LaneContext
 from pipeline.core.sim.metrics import measure
 from pipeline.core.sim.peers import FixedWindow
-from pipeline.core.sim.scenario import make_arrivals, parse_scenario
+from pipeline.core.sim.arrivals import make_arrivals
+from pipeline.core.sim.scenario_file import parse_scenario
 from pipeline.core.sim.simulator import SimulationError, conservation_problems, simulate
 
 

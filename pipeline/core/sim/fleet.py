@@ -44,7 +44,8 @@ from pipeline.core.engine.fleet import (
 )
 from pipeline.core.sim.families import DEFAULT_DEVICE_CAP, LaneContext, build_engine
 from pipeline.core.sim.fleetspec import FleetSpec
-from pipeline.core.sim.scenario import Arrivals, Scenario
+from pipeline.core.sim.arrivals import Arrivals
+from pipeline.core.sim.scenario import Scenario
 from pipeline.core.sim.simulator import SimulationError
 
 _ARRIVE_FORWARD, _COMPLETE, _WAKE, _SCAN, _BEACON, _BEACON_SEEN = range(6)

@@ -24,22 +24,14 @@ from typing import Any
 import numpy as np
 
 from pipeline.core.config import read_toml
+from pipeline.core.sim.arrivals import (
+    OUTPUT_STREAM, PRIORITY_STREAM, PROMPT_STREAM, arrival_times, categorical, stream_draws,
+)
 from pipeline.core.sim.device import DeviceCurve
 from pipeline.core.sim.gencost import GenerationCost
 from pipeline.core.sim.gensim import GenArrivals
-from pipeline.core.sim.scenario import (
-    OUTPUT_STREAM,
-    PRIORITY_STREAM,
-    PROMPT_STREAM,
-    Scenario,
-    ScenarioError,
-    _arrival_times,
-    _categorical,
-    _curve,
-    _number,
-    _stream_draws,
-    parse_scenario,
-)
+from pipeline.core.sim.scenario import Scenario, ScenarioError
+from pipeline.core.sim.scenario_file import number, parse_curve, parse_scenario
 
 
 @dataclass(frozen=True)
@@ -74,19 +66,19 @@ def parse_gen_scenario(data: dict[str, Any], source: str = "<scenario>") -> GenS
     for key in ("prefill", "step"):
         if not isinstance(gen.get(key), dict):
             raise ScenarioError(f"{where}.{key}: expected a table (a_ms/c_ms or points)")
-    prefill: DeviceCurve = _curve(f"{where}.prefill", gen["prefill"])
-    step: DeviceCurve = _curve(f"{where}.step", gen["step"])
-    cost = GenerationCost(prefill, step, _number(where, gen, "ref_cache", default=0.0, minimum=0.0),
-                          _number(where, gen, "per_row_token_ms", default=0.0, minimum=0.0))
-    max_new = int(_number(where, gen, "max_new_tokens", positive=True))
+    prefill: DeviceCurve = parse_curve(f"{where}.prefill", gen["prefill"])
+    step: DeviceCurve = parse_curve(f"{where}.step", gen["step"])
+    cost = GenerationCost(prefill, step, number(where, gen, "ref_cache", default=0.0, minimum=0.0),
+                          number(where, gen, "per_row_token_ms", default=0.0, minimum=0.0))
+    max_new = int(number(where, gen, "max_new_tokens", positive=True))
     if base.output.dist != "fixed" and base.output.max > max_new or base.output.dist == "fixed" and base.output.value > max_new:
         raise ScenarioError(f"{where}.max_new_tokens: {max_new} is below the longest answer of [tokens.output]")
     return GenScenario(
         base=base, cost=cost,
-        ttft_ms=_number(where, gen, "ttft_ms", positive=True),
-        tpot_ms=_number(where, gen, "tpot_ms", positive=True),
+        ttft_ms=number(where, gen, "ttft_ms", positive=True),
+        tpot_ms=number(where, gen, "tpot_ms", positive=True),
         max_new_tokens=max_new,
-        kv_tokens=int(_number(where, gen, "kv_tokens", positive=True)),
+        kv_tokens=int(number(where, gen, "kv_tokens", positive=True)),
     )
 
 
@@ -98,12 +90,12 @@ def gen_arrivals(scenario: GenScenario, multiplier: float = 1.0) -> GenArrivals:
     """One realisation at `multiplier` x the rates (common random numbers, as make_arrivals):
     request i keeps its prompt, answer length and priority at every load."""
     base = scenario.base
-    create = _arrival_times(base, multiplier)
+    create = arrival_times(base, multiplier)
     n = create.shape[0]
-    prompt = np.maximum(_stream_draws(base.seed, PROMPT_STREAM, n, base.prompt.sample), 1)
-    emits = np.clip(_stream_draws(base.seed, OUTPUT_STREAM, n, base.output.sample), 1, scenario.max_new_tokens)
+    prompt = np.maximum(stream_draws(base.seed, PROMPT_STREAM, n, base.prompt.sample), 1)
+    emits = np.clip(stream_draws(base.seed, OUTPUT_STREAM, n, base.output.sample), 1, scenario.max_new_tokens)
     mix = np.asarray(base.priority_mix, dtype=float)
-    priority = _categorical(base.seed, PRIORITY_STREAM, n, mix) if len(mix) > 1 else np.zeros(n, dtype=np.int64)
+    priority = categorical(base.seed, PRIORITY_STREAM, n, mix) if len(mix) > 1 else np.zeros(n, dtype=np.int64)
     deadline = create + base.deadline_ms if base.deadline_ms is not None else np.full(n, np.nan)
     return GenArrivals(create, create.copy(), prompt, emits, np.full(n, scenario.max_new_tokens, dtype=np.int64),
                        priority, np.zeros(n, dtype=np.int64), deadline)

@@ -14,7 +14,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from pipeline.core.sim.scenario import RateProfile, Scenario
+from pipeline.core.sim.arrivals import RateProfile
+from pipeline.core.sim.scenario import Scenario
 from pipeline.core.sim.simulator import RunOutcome
 
 

@@ -19,7 +19,8 @@ from typing import Callable
 
 from pipeline.core.sim.families import DEFAULT_DEVICE_CAP, Builder, Config, LaneContext, builder
 from pipeline.core.sim.metrics import RunMetrics, measure, slo_budget
-from pipeline.core.sim.scenario import Arrivals, Scenario, make_arrivals
+from pipeline.core.sim.arrivals import Arrivals, make_arrivals
+from pipeline.core.sim.scenario import Scenario
 from pipeline.core.sim.simulator import RunOutcome, simulate
 
 STEP = 1.02

@@ -21,7 +21,8 @@ from typing import Sequence
 import numpy as np
 
 from pipeline.core.engine.decisions import BatchPolicy, PendingRequest
-from pipeline.core.sim.scenario import Arrivals, Scenario
+from pipeline.core.sim.arrivals import Arrivals
+from pipeline.core.sim.scenario import Scenario
 
 _COMPLETE = 0
 _WAKE = 1
