@@ -19,7 +19,7 @@ from pipeline.core.config import ConfigError, ModelConfig, parse_config
 
 
 def _runner(directory: Path) -> TransformersRunner:
-    runner = make_runner(ModelConfig(name="g", model_path=str(directory), torch_threads=1, max_new_tokens=40))
+    runner = make_runner(ModelConfig(name="g", model_path=str(directory), device="cpu", torch_threads=1, max_new_tokens=40))
     assert isinstance(runner, TransformersRunner)
     runner.load()
     return runner
