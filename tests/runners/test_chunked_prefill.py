@@ -106,3 +106,13 @@ def test_a_negative_step_token_budget_is_refused_at_load() -> None:
     with pytest.raises(ConfigError, match="step_token_budget"):
         parse_config({"models": {"g": {"step_token_budget": -1}}})
     assert parse_config({"models": {"g": {"step_token_budget": 0}}}).models["g"].step_token_budget == 0
+
+
+def test_the_model_config_budget_reaches_the_decode_loop(tiny_gpt2_dir: Path) -> None:
+    runner = make_runner(ModelConfig(name="g", model_path=str(tiny_gpt2_dir), device="cpu", batching="iteration", step_token_budget=7))
+    assert isinstance(runner, TransformersRunner)
+    runner.load()
+    try:
+        assert runner.iteration is not None and runner.iteration.step_token_budget == 7
+    finally:
+        runner.close()
