@@ -10,10 +10,14 @@ positions), and once the last column is in, the rows are merged into the
 running set exactly as a one-piece prefill would merge them: the same
 cache, the same first token, so greedy outputs do not change.
 
-How many tokens a step may spend is the model's `step_token_budget`: the
-running rows' decode tokens plus the chunk's (the chunk never gets less
-than a quarter of the budget, so a long prompt always moves). With nobody
-running there is nothing to stall, and the rest is prefilled at once.
+A group is chunked when its prefill would spend more than the model's
+`step_token_budget` leaves beside the decoding rows (one token each). A
+chunk is paced by time: it gets what fits beside a decode step in half of
+that step's time, from the measured cost of a prefill token (so the rows'
+time per output token stays within ~1.5x while a long prompt joins, on any
+device), never more than the budget leaves and never under MIN_CHUNK
+tokens, so the prompt always moves. With nobody decoding there is nothing
+to stall, and the rest is prefilled at once.
 """
 
 from __future__ import annotations
@@ -25,20 +29,45 @@ from .decoding import RunningSet, Sequence, prompt_tensors
 if TYPE_CHECKING:
     import torch
 
-MIN_CHUNK_SHARE = 4
-"""A chunk gets at least budget / this tokens, however many rows are decoding."""
+CHUNK_STEP_SHARE = 0.5
+"""A step that carries a chunk may take this share longer than a plain decode step: the running
+rows' time per output token stays within 1.5x while a long prompt joins."""
+MIN_CHUNK = 8
+"""Prompt tokens a chunk gets at least, however slow a token is next to the step: the prompt moves."""
+PACE_WEIGHT = 0.3
+"""Weight of the latest measurement in the running estimate of a prefill token's cost."""
 
 
-def chunk_tokens(budget: int, decoding_rows: int) -> int:
-    """Prompt tokens one step may prefill next to `decoding_rows` decode tokens."""
-    return max(budget - decoding_rows, max(1, budget // MIN_CHUNK_SHARE))
+class ChunkPacer:
+    """How many prompt tokens the next chunk gets: what fits beside a decode step in
+    CHUNK_STEP_SHARE of that step's time (from the measured cost of a prefill token), within
+    what the step's token budget leaves beside the decoding rows."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.ms_per_token: float | None = None
+        """Running estimate of one prefill token's cost (chunks and one-piece prefills alike)."""
+
+    def observe(self, tokens: int, ms: float) -> None:
+        """A prefill (or chunk) of `tokens` took `ms`."""
+        if tokens <= 0 or ms <= 0:
+            return
+        cost = ms / tokens
+        self.ms_per_token = cost if self.ms_per_token is None else (1 - PACE_WEIGHT) * self.ms_per_token + PACE_WEIGHT * cost
+
+    def tokens(self, decoding_rows: int, step_ms: float) -> int:
+        """Prompt tokens for the next chunk beside `decoding_rows` rows whose last step took `step_ms`."""
+        room = max(self.budget - decoding_rows, MIN_CHUNK)
+        if self.ms_per_token is None or step_ms <= 0:
+            return max(MIN_CHUNK, min(room, self.budget // 4))
+        return max(MIN_CHUNK, min(room, int(CHUNK_STEP_SHARE * step_ms / self.ms_per_token)))
 
 
 def needs_chunks(seqs: list[Sequence], budget: int, decoding_rows: int) -> bool:
     """Whether prefilling `seqs` in one piece would spend more than one step's budget."""
     if budget <= 0 or decoding_rows == 0:
         return False
-    return len(seqs) * max(len(s.prompt) for s in seqs) > chunk_tokens(budget, decoding_rows)
+    return len(seqs) * max(len(s.prompt) for s in seqs) > max(budget - decoding_rows, MIN_CHUNK)
 
 
 def split_long(seqs: list[Sequence], budget: int) -> list[list[Sequence]]:
@@ -77,13 +106,15 @@ class ChunkedPrefill:
     def reserved_tokens(self) -> int:
         return sum(s.reserved_tokens for s in self.seqs)
 
-    def advance(self, tokens: int | None) -> None:
-        """Prefill the next columns, about `tokens` tokens over the group's rows (None: all the rest)."""
+    def advance(self, tokens: int | None) -> int:
+        """Prefill the next columns, about `tokens` tokens over the group's rows (None: all the rest);
+        returns the tokens fed (padding included: it costs the same)."""
         if self.complete:
-            return
+            return 0
         rows = len(self.seqs)
         columns = self.width - self._done if tokens is None else max(1, tokens // rows)
         end = min(self.width, self._done + columns)
+        columns = end - self._done
         out = self.running.model(
             input_ids=self._ids[:, self._done : end],
             attention_mask=self._mask[:, :end],
@@ -96,6 +127,7 @@ class ChunkedPrefill:
         self.chunks += 1
         if self.complete:
             self._first = out.logits[:, -1, :].argmax(-1)
+        return rows * columns
 
     def admit(self) -> list[Sequence]:
         """Merge the prefilled rows into the running set; returns those finished by their first token."""

@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .base import Output, describe_error
-from .chunked_prefill import ChunkedPrefill, chunk_tokens, needs_chunks, split_long
+from .chunked_prefill import ChunkedPrefill, ChunkPacer, needs_chunks, split_long
 from .decoding import RunningSet, Sequence, drop_expired
 
 JOIN_GROUP = 4
@@ -110,6 +110,7 @@ class IterationScheduler:
         self._join_group = join_group
         self._join_wait_steps = join_wait_steps
         self.step_token_budget = step_token_budget
+        self._pacer = ChunkPacer(step_token_budget)
         self._running = new_running()
         self._joiners: deque[Sequence] = deque()
         self._prefills: deque[ChunkedPrefill] = deque()
@@ -243,7 +244,9 @@ class IterationScheduler:
             if self._prefills or needs_chunks(group, self.step_token_budget, len(self._running)):
                 self._prefills.append(ChunkedPrefill(self._running, group))
             else:
+                started = time.perf_counter()
                 finished += self._running.join(group)
+                self._pacer.observe(len(group) * max(len(s.prompt) for s in group), (time.perf_counter() - started) * 1000.0)
                 self._size_at_join = len(self._running)
         return finished
 
@@ -259,7 +262,9 @@ class IterationScheduler:
                 finished += prefill.seqs
                 continue
             decoding = len(self._running)
-            prefill.advance(chunk_tokens(self.step_token_budget, decoding) if decoding else None)
+            started = time.perf_counter()
+            fed = prefill.advance(self._pacer.tokens(decoding, self._last_step_ms) if decoding else None)
+            self._pacer.observe(fed, (time.perf_counter() - started) * 1000.0)
             self.chunks += 1
             if not prefill.complete:
                 break

@@ -240,13 +240,12 @@ class ModelConfig:
     """Generation: `static` runs each dispatched batch to its end; `iteration` lets batches join
     the running decode set between steps (use the profile's layout: hard_cap = the longest admissible
     request, target_size = one profiled request, max_inflight_batches = the running rows + 8; see docs/runners.md)."""
-    step_token_budget: int = 64
+    step_token_budget: int = 128
     """Generation, `iteration` batching: tokens one decode step may process, the running rows' one
-    each plus a chunk of a joining prompt. Joiners whose prefill would take more are prefilled in
-    chunks between steps (never under a quarter of this per step), so a long prompt does not stall
-    the running rows' next token for its whole prefill; outputs are the same. On CPU a token costs
-    about the same in a prefill as in a step: near the running rows' count keeps per-token time
-    within ~2x while a long prompt joins. 0 prefills every group in one piece."""
+    each plus a chunk of a joining prompt. A group whose prefill would take more is prefilled in
+    chunks between steps, each sized to about half a decode step's time (measured), so a long prompt
+    does not stall the running rows' next token; outputs are the same. Short joins stay one piece.
+    0 prefills every group in one piece."""
     cost_points: tuple[tuple[int, float], ...] = ()
     """cost-model runner: measured (batch size, ms) points, interpolated."""
     cost_a_ms: float = 5.0

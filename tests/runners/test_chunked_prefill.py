@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from consumers.runners import make_runner
-from consumers.runners.chunked_prefill import ChunkedPrefill, chunk_tokens, needs_chunks, split_long
+from consumers.runners.chunked_prefill import CHUNK_STEP_SHARE, MIN_CHUNK, ChunkedPrefill, ChunkPacer, needs_chunks, split_long
 from consumers.runners.decoding import Sequence, decode_all
 from consumers.runners.iteration import IterationScheduler
 from consumers.runners.transformers_runner import TransformersRunner
@@ -65,8 +65,8 @@ def test_a_group_prefilled_in_chunks_decodes_what_one_piece_decodes(runner: Tran
 
 
 def test_a_long_prompt_joins_in_chunks_between_the_running_rows_steps(runner: TransformersRunner) -> None:
-    """A 60-token prompt joining one decoding row under a budget of 4 tokens a step: about 20
-    chunks, each beside a decode step, so it gets its first token while that row still decodes;
+    """A 60-token prompt joining one decoding row under a small budget: chunks of MIN_CHUNK
+    tokens, each beside a decode step, so it gets its first token while that row still decodes;
     both answers are what they are alone."""
     rng = random.Random(7)
     short_prompt, long_prompt = _prompt(rng, 6), _prompt(rng, 60)
@@ -84,16 +84,22 @@ def test_a_long_prompt_joins_in_chunks_between_the_running_rows_steps(runner: Tr
     submit("long", long_prompt, 8)
     short.join(60)
     scheduler.close()
-    assert scheduler.chunks >= 60 // 3
+    assert scheduler.chunks >= 60 // MIN_CHUNK
     assert got["long"].first_token_ms is not None and got["short"].last_token_ms is not None
     assert got["long"].first_token_ms < got["short"].last_token_ms
     assert got["short"].generated == _alone(runner, short_prompt, 40)
     assert got["long"].generated == _alone(runner, long_prompt, 8)
 
 
-def test_chunk_sizes_follow_the_budget_and_long_prompts_go_alone() -> None:
-    assert chunk_tokens(64, 10) == 54
-    assert chunk_tokens(64, 60) == 16  # a quarter of the budget at least: the prompt always moves
+def test_chunks_are_paced_to_half_a_step_within_the_budget_and_long_prompts_go_alone() -> None:
+    pacer = ChunkPacer(128)
+    assert pacer.tokens(10, 100.0) == 32  # nothing measured yet: a quarter of the budget
+    pacer.observe(100, 200.0)  # 2 ms a prefill token
+    assert pacer.tokens(10, 100.0) == int(CHUNK_STEP_SHARE * 100.0 / 2.0)  # half a 100 ms step: 25 tokens
+    assert pacer.tokens(10, 1000.0) == 118  # a slow step: what the budget leaves beside 10 rows
+    assert pacer.tokens(10, 5.0) == MIN_CHUNK  # a fast step: the prompt still moves
+    pacer.observe(10, 40.0)  # 4 ms a token: the estimate follows
+    assert 2.0 < (pacer.ms_per_token or 0) < 4.0
     short, other, long = Sequence([1] * 10, 4), Sequence([1] * 3, 4), Sequence([1] * 100, 4)
     assert split_long([short, long, other], 64) == [[short, other], [long]]
     assert split_long([short, long], 0) == [[short, long]]

@@ -122,7 +122,7 @@ def test_the_long_prompt_mixes_serve_one_request_a_batch_with_room_for_the_long_
     assert (model.max_input_tokens, model.step_token_budget) == (LONG_INPUT_TOKENS, 32)
     assert (model.profile.cost_unit, model.profile.hard_cap, model.profile.target_size) == ("requests", 1, 1)
     short = parse_config(tomllib.loads(consumer_config(options.__class__(runner="smollm", llm_mode="iteration", lengths="short"), KafkaSettings()))).model("bench")
-    assert short.profile == model.profile and short.step_token_budget == 64  # the baseline differs only in its prompts (and the budget asked)
+    assert short.profile == model.profile and short.step_token_budget == 128  # the baseline differs only in its prompts (and the budget asked)
 
 
 def test_goodput_counts_requests_within_both_objectives() -> None:
