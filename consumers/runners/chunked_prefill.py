@@ -127,6 +127,10 @@ class ChunkedPrefill:
         self.chunks += 1
         if self.complete:
             self._first = out.logits[:, -1, :].argmax(-1)
+        if str(self.running.device).startswith("cuda"):
+            import torch
+
+            torch.cuda.synchronize()  # the pacer times the chunk: wait for it, not for its launch
         return rows * columns
 
     def admit(self) -> list[Sequence]:
