@@ -22,6 +22,7 @@ to stall, and the rest is prefilled at once.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from .decoding import RunningSet, Sequence, prompt_tensors
@@ -34,33 +35,56 @@ CHUNK_STEP_SHARE = 0.5
 rows' time per output token stays within 1.5x while a long prompt joins."""
 MIN_CHUNK = 8
 """Prompt tokens a chunk gets at least, however slow a token is next to the step: the prompt moves."""
-PACE_WEIGHT = 0.3
-"""Weight of the latest measurement in the running estimate of a prefill token's cost."""
+PACE_WINDOW = 16
+"""Recent prefills (sizes and times) the pacer fits its cost model to."""
 
 
 class ChunkPacer:
-    """How many prompt tokens the next chunk gets: what fits beside a decode step in
-    CHUNK_STEP_SHARE of that step's time (from the measured cost of a prefill token), within
-    what the step's token budget leaves beside the decoding rows."""
+    """How many prompt tokens the next chunk gets.
+
+    A chunk is a forward pass of its own: it costs a fixed part (on a CPU
+    about a decode step of a few rows) plus a part per token, both fitted to
+    the recent prefills and chunks. It gets what fits beside a decode step in
+    CHUNK_STEP_SHARE of that step's time; when the fixed part alone takes
+    more than half of that, it gets as many tokens as the fixed part costs
+    (tiny chunks would be mostly overhead and multiply it). Never more than
+    the step's token budget leaves beside the decoding rows, never under
+    MIN_CHUNK.
+    """
 
     def __init__(self, budget: int) -> None:
         self.budget = budget
-        self.ms_per_token: float | None = None
-        """Running estimate of one prefill token's cost (chunks and one-piece prefills alike)."""
+        self._seen: deque[tuple[int, float]] = deque(maxlen=PACE_WINDOW)
 
     def observe(self, tokens: int, ms: float) -> None:
         """A prefill (or chunk) of `tokens` took `ms`."""
-        if tokens <= 0 or ms <= 0:
-            return
-        cost = ms / tokens
-        self.ms_per_token = cost if self.ms_per_token is None else (1 - PACE_WEIGHT) * self.ms_per_token + PACE_WEIGHT * cost
+        if tokens > 0 and ms > 0:
+            self._seen.append((tokens, ms))
+
+    def cost(self) -> tuple[float, float] | None:
+        """(fixed ms per forward pass, ms per prompt token) fitted by least squares to the recent
+        prefills; all per token when their sizes do not vary; None before any."""
+        if not self._seen:
+            return None
+        xs = [float(t) for t, _ in self._seen]
+        ys = [ms for _, ms in self._seen]
+        n = len(xs)
+        mean_x, mean_y = sum(xs) / n, sum(ys) / n
+        var = sum((x - mean_x) ** 2 for x in xs)
+        slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / var if var > 0 else 0.0
+        if slope <= 0 or mean_y - slope * mean_x < 0:
+            return 0.0, sum(ys) / sum(xs)
+        return mean_y - slope * mean_x, slope
 
     def tokens(self, decoding_rows: int, step_ms: float) -> int:
         """Prompt tokens for the next chunk beside `decoding_rows` rows whose last step took `step_ms`."""
         room = max(self.budget - decoding_rows, MIN_CHUNK)
-        if self.ms_per_token is None or step_ms <= 0:
+        cost = self.cost()
+        if cost is None or step_ms <= 0:
             return max(MIN_CHUNK, min(room, self.budget // 4))
-        return max(MIN_CHUNK, min(room, int(CHUNK_STEP_SHARE * step_ms / self.ms_per_token)))
+        fixed, per_token = cost
+        paced = max(CHUNK_STEP_SHARE * step_ms - fixed, fixed) / per_token
+        return int(max(MIN_CHUNK, min(room, paced)))
 
 
 def needs_chunks(seqs: list[Sequence], budget: int, decoding_rows: int) -> bool:

@@ -94,12 +94,17 @@ def test_a_long_prompt_joins_in_chunks_between_the_running_rows_steps(runner: Tr
 def test_chunks_are_paced_to_half_a_step_within_the_budget_and_long_prompts_go_alone() -> None:
     pacer = ChunkPacer(128)
     assert pacer.tokens(10, 100.0) == 32  # nothing measured yet: a quarter of the budget
-    pacer.observe(100, 200.0)  # 2 ms a prefill token
+    pacer.observe(100, 200.0)  # one size only: 2 ms a token, no fixed part known
     assert pacer.tokens(10, 100.0) == int(CHUNK_STEP_SHARE * 100.0 / 2.0)  # half a 100 ms step: 25 tokens
     assert pacer.tokens(10, 1000.0) == 118  # a slow step: what the budget leaves beside 10 rows
     assert pacer.tokens(10, 5.0) == MIN_CHUNK  # a fast step: the prompt still moves
-    pacer.observe(10, 40.0)  # 4 ms a token: the estimate follows
-    assert 2.0 < (pacer.ms_per_token or 0) < 4.0
+    pacer = ChunkPacer(128)
+    for tokens in (10, 20, 40):
+        pacer.observe(tokens, 30.0 + 2.0 * tokens)  # a forward pass costs 30 ms + 2 ms a token
+    fixed, per_token = pacer.cost() or (0.0, 0.0)
+    assert (fixed, per_token) == (pytest.approx(30.0), pytest.approx(2.0))
+    assert pacer.tokens(10, 200.0) == int((CHUNK_STEP_SHARE * 200.0 - 30.0) / 2.0)  # 35 tokens: 100 ms with the fixed part
+    assert pacer.tokens(10, 80.0) == 15  # the fixed part is over half the share: as many tokens as it costs, not fewer
     short, other, long = Sequence([1] * 10, 4), Sequence([1] * 3, 4), Sequence([1] * 100, 4)
     assert split_long([short, long, other], 64) == [[short, other], [long]]
     assert split_long([short, long], 0) == [[short, long]]
