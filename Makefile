@@ -14,7 +14,7 @@ export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup demo test bench bench-fleet bench-triton clean-venv install-cli uninstall
+.PHONY: setup demo test bench bench-fleet bench-triton gpu-check clean-venv install-cli uninstall
 
 $(VENV)/.ready: pyproject.toml
 	@if [ ! -f $(VENV)/.ready ]; then \
@@ -65,6 +65,13 @@ bench-triton: setup
 	  || exit 1; \
 	done
 	$(PY) peers/triton/compare.py $$(for i in $$(seq 1 $(ROUNDS)); do echo out/triton-$$i.json out/batchtide-minilm-$$i.json; done)
+
+# The CUDA path end to end in under 8 minutes on one GPU: the GPU-marked tests, `profile` of both
+# models and a short generation bench; writes out/gpu-check.json. Without a CUDA device it says so
+# and exits 2 at once. Needs `make setup` done on the machine (venv, model wheel, Kafka jars).
+gpu-check: setup
+	@mkdir -p out
+	$(PY) -m pipeline.devtools.gpu_check --out out/gpu-check.json
 
 clean-venv:
 	rm -rf $(VENV)

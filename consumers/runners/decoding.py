@@ -109,20 +109,16 @@ class RunningSet:
         """Prefill `seqs` and merge them in; returns those already finished by their first token."""
         if not seqs:
             return []
-        import torch
-
-        width = max(len(s.prompt) for s in seqs)
-        ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(seqs), width), dtype=torch.long)
-        for row, s in enumerate(seqs):
-            ids[row, width - len(s.prompt) :] = torch.tensor(s.prompt, dtype=torch.long)
-            mask[row, width - len(s.prompt) :] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
+        ids, mask = prompt_tensors(seqs, self.pad_id, self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
-        cache = out.past_key_values
+        return self.admit(seqs, out.past_key_values, mask, out.logits[:, -1, :].argmax(-1))
+
+    def admit(self, seqs: list[Sequence], cache: Any, mask: "torch.Tensor", first: "torch.Tensor") -> list[Sequence]:
+        """Merge prefilled rows in (their cache, left-padded mask and first tokens, however the
+        prefill was run: in one piece or in chunks); returns those finished by their first token."""
         _check_cache(cache)
-        first = out.logits[:, -1, :].argmax(-1)
+        width = int(mask.shape[1])
         stamp = time.time() * 1000.0
         for s in seqs:
             s.first_token_ms = stamp
@@ -282,6 +278,19 @@ class RunningSet:
         self._mask = torch.cat([_pad_left(self._mask, width), _pad_left(mask, width)], dim=0)
         self._last = torch.cat([self._last, first], dim=0)
         self.rows.extend(seqs)
+
+
+def prompt_tensors(seqs: list[Sequence], pad_id: int, device: str) -> tuple["torch.Tensor", "torch.Tensor"]:
+    """The prompts of `seqs` left-padded to the longest, and their attention mask."""
+    import torch
+
+    width = max(len(s.prompt) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for row, s in enumerate(seqs):
+        ids[row, width - len(s.prompt) :] = torch.tensor(s.prompt, dtype=torch.long)
+        mask[row, width - len(s.prompt) :] = 1
+    return ids.to(device), mask.to(device)
 
 
 def _pad_left(mask: "torch.Tensor", width: int) -> "torch.Tensor":

@@ -27,6 +27,11 @@ bounded). Two bounds keep the running set what the device can hold:
   the throughput knee the profile measured, whatever a step then takes:
   holding it back would make the pipeline slower than its arrivals.
 
+A group whose prompts would spend more than `step_token_budget` tokens in
+one prefill while rows are decoding is prefilled in chunks between steps
+(`chunked_prefill`), so a long prompt never stalls the running rows for
+its whole prefill; a prompt longer than the budget is prefilled alone.
+
 A row whose deadline passes stops between steps (answered `expired` with
 the text so far), a joiner past its deadline is never prefilled, and a
 joiner that could not end by its deadline at the current time per step
@@ -46,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .base import Output, describe_error
+from .chunked_prefill import ChunkedPrefill, ChunkPacer, needs_chunks, split_long
 from .decoding import RunningSet, Sequence, drop_expired
 
 JOIN_GROUP = 4
@@ -94,6 +100,7 @@ class IterationScheduler:
         step_budget_ms: float | None = None,
         join_group: int = JOIN_GROUP,
         join_wait_steps: int = JOIN_WAIT_STEPS,
+        step_token_budget: int = 0,
     ) -> None:
         self._new_running = new_running
         self._to_output = to_output
@@ -102,8 +109,12 @@ class IterationScheduler:
         self._last_step_ms = 0.0
         self._join_group = join_group
         self._join_wait_steps = join_wait_steps
+        self.step_token_budget = step_token_budget
+        self._pacer = ChunkPacer(step_token_budget)
         self._running = new_running()
         self._joiners: deque[Sequence] = deque()
+        self._prefills: deque[ChunkedPrefill] = deque()
+        """Admitted groups whose prompts are prefilled in chunks between steps (the head advances)."""
         self._cond = threading.Condition()
         self._closed = False
         self._size_at_join = 0
@@ -111,6 +122,8 @@ class IterationScheduler:
         """Decode steps run so far."""
         self.joins = 0
         """Prefills (groups admitted) so far."""
+        self.chunks = 0
+        """Forward passes of chunked prefills so far."""
         self._thread = threading.Thread(target=self._loop, name="batchtide-decode", daemon=True)
         self._thread.start()
 
@@ -152,11 +165,15 @@ class IterationScheduler:
             return False
         return now_ms + seq.limit * self._last_step_ms > seq.deadline_ms
 
+    @property
+    def _prefilling_tokens(self) -> int:
+        return sum(p.reserved_tokens for p in self._prefills)
+
     def _admit(self, now_ms: float) -> list[Sequence]:
         """Joiners to prefill now (in dispatch order, hopeless ones left to expire), or none yet."""
         joiners = self._joiners
         running = self._running
-        room = None if self.token_cap is None else self.token_cap - running.reserved_tokens
+        room = None if self.token_cap is None else self.token_cap - running.reserved_tokens - self._prefilling_tokens
         fits: list[Sequence] = []
         for seq in joiners:
             if self._hopeless(seq, now_ms):
@@ -190,9 +207,9 @@ class IterationScheduler:
         with torch.inference_mode():
             while True:
                 with self._cond:
-                    while not self._closed and not self._joiners and not len(self._running):
+                    while not self._closed and not self._joiners and not self._busy:
                         self._cond.wait()
-                    if self._closed and not self._joiners and not len(self._running):
+                    if self._closed and not self._joiners and not self._busy:
                         return
                     now = time.time() * 1000.0
                     finished: list[Sequence] = self._drop_expired(now)
@@ -201,19 +218,62 @@ class IterationScheduler:
                     finished += self._running.expire(now)
                     if joining:
                         self.joins += 1
-                        finished += self._running.join(joining)
-                        self._size_at_join = len(self._running)
+                        finished += self._join(joining)
+                    finished += self._advance_prefill(now)
                     if len(self._running):
                         started = time.perf_counter()
                         finished += self._running.step()
                         self._last_step_ms = (time.perf_counter() - started) * 1000.0
                         self.steps += 1
                 except Exception as e:  # noqa: BLE001 - every row of the set fails; the loop goes on
-                    failing = self._running.live + joining
+                    failing = self._running.live + joining + [s for p in self._prefills for s in p.seqs]
                     self._finish([s for s in finished if s not in failing])
                     self._fail(failing, describe_error(e))
                     continue
                 self._finish(finished)
+
+    @property
+    def _busy(self) -> bool:
+        return bool(len(self._running) or self._prefills)
+
+    def _join(self, joining: list[Sequence]) -> list[Sequence]:
+        """Prefill the admitted joiners now, or queue them for chunked prefill when one piece would
+        spend more than a step's token budget while rows are decoding."""
+        finished: list[Sequence] = []
+        for group in split_long(joining, self.step_token_budget):
+            if self._prefills or needs_chunks(group, self.step_token_budget, len(self._running)):
+                self._prefills.append(ChunkedPrefill(self._running, group))
+            else:
+                started = time.perf_counter()
+                finished += self._running.join(group)
+                self._pacer.observe(len(group) * max(len(s.prompt) for s in group), (time.perf_counter() - started) * 1000.0)
+                self._size_at_join = len(self._running)
+        return finished
+
+    def _advance_prefill(self, now_ms: float) -> list[Sequence]:
+        """One chunk of the oldest queued prefill (all of it when no row is decoding); a group
+        complete is merged into the running set, a group whose every deadline passed is dropped."""
+        finished: list[Sequence] = []
+        while self._prefills:
+            prefill = self._prefills[0]
+            if all(s.deadline_ms is not None and s.deadline_ms <= now_ms for s in prefill.seqs):
+                self._prefills.popleft()
+                drop_expired(prefill.seqs, now_ms)
+                finished += prefill.seqs
+                continue
+            decoding = len(self._running)
+            started = time.perf_counter()
+            fed = prefill.advance(self._pacer.tokens(decoding, self._last_step_ms) if decoding else None)
+            self._pacer.observe(fed, (time.perf_counter() - started) * 1000.0)
+            self.chunks += 1
+            if not prefill.complete:
+                break
+            self._prefills.popleft()
+            finished += prefill.admit()
+            self._size_at_join = len(self._running)
+            if decoding:
+                break
+        return finished
 
     @staticmethod
     def _finish(seqs: list[Sequence]) -> None:
@@ -223,6 +283,7 @@ class IterationScheduler:
     def _fail(self, seqs: list[Sequence], error: str) -> None:
         """A step or prefill raised: the rows it held fail (the caller bisects), the set restarts."""
         self._running = self._new_running()
+        self._prefills.clear()
         self._size_at_join = 0
         failed = {id(s.tag): s.tag for s in seqs}
         with self._cond:

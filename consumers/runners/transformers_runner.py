@@ -212,7 +212,8 @@ class TransformersRunner:
             running_cap = running_token_cap(self._token_cap, profile.max_inflight_batches, target)
             budget = profile.slo_ms_per_new_token or profile.compute_budget_ms or profile.slo_p99_ms / 2.0
             self.iteration = IterationScheduler(
-                self._running_set, self._to_output, token_cap=running_cap, step_budget_ms=budget
+                self._running_set, self._to_output, token_cap=running_cap, step_budget_ms=budget,
+                step_token_budget=self.config.step_token_budget,
             )
 
     def _ids(self, req: Request) -> list[int]:

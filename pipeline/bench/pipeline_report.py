@@ -47,16 +47,22 @@ def stage_line(trial: Trial) -> str:
 
 
 
+def label(run: dict[str, Any]) -> str:
+    """The mode, with the step token budget when the run set one (`iteration/64`)."""
+    budget = run.get("step_token_budget")
+    return run["mode"] if budget is None else f"{run['mode']}/{budget}"
+
+
 def llm_table(out: dict[str, Any]) -> str:
     lines = [
-        f"{'lengths':<8} {'mode':<10} {'req/s':>6} {'answered':>9} {'gen tok/s':>9} {'share':>6} {'p50 ms':>8} {'p99 ms':>8}"
-        f" {'TTFT p99':>9} {'TPOT p99':>9} {'RSS peak MiB':>12}"
+        f"{'lengths':<9} {'mode':<14} {'req/s':>6} {'answered':>9} {'gen tok/s':>9} {'share':>6} {'p50 ms':>8} {'p99 ms':>8}"
+        f" {'TTFT p99':>9} {'TPOT p99':>9} {'goodput':>8} {'RSS peak MiB':>12}"
     ]
     for run in out["llm_runs"]:
         lines.append(
-            f"{run['mix']:<8} {run['mode']:<10} {run['offered_rps']:>6g} {run['answered']:>4}/{run['sent']:<4} "
+            f"{run['mix']:<9} {label(run):<14} {run['offered_rps']:>6g} {run['answered']:>4}/{run['sent']:<4} "
             f"{run['steady_generated_tokens_per_s']:>9.1f} {run['share_of_limit']:>6.2f} {run['p50_ms']:>8.0f} {run['p99_ms']:>8.0f}"
-            f" {run['ttft_p99_ms']:>9.0f} {run['tpot_p99_ms']:>9.1f} {run['rss_peak_mib']:>12.0f}"
+            f" {run['ttft_p99_ms']:>9.0f} {run['tpot_p99_ms']:>9.1f} {run.get('goodput_rps', float('nan')):>8.2f} {run['rss_peak_mib']:>12.0f}"
         )
     return "\n".join(lines)
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from pipeline.bench.pipeline_consumers import BenchConsumers
 from pipeline.bench.pipeline_events import EventFigures, event_figures, percentile
+from pipeline.bench.pipeline_lengths import draw
 from pipeline.bench.pipeline_options import MIXED_NEW_TOKENS, MODEL, BenchOptions
 from pipeline.core.config import KafkaSettings
 from pipeline.core.kafka.client import ensure_topics
@@ -95,6 +96,10 @@ class Trial:
     """Requests the consumers handed to a peer (from their logs' last counters)."""
     p99_by_window_ms: list[float] = field(default_factory=list)
     """e2e p99 of the requests sent in each WINDOW_S of the load, in order."""
+    goodput_rps: float = float("nan")
+    """Generation: requests answered within both the TTFT and the TPOT objective, per second of load."""
+    slo_attainment: float = float("nan")
+    """Generation: the share of the requests sent that met both objectives."""
 
     @property
     def sustained(self) -> bool:
@@ -116,14 +121,15 @@ def skewed(load: Load, partitions: int, hot_share: float, seed: int) -> Load:
 
 
 def with_new_tokens(load: Load, options: BenchOptions, seed: int, fixed: int | None = None) -> Load:
-    """The LLM load's max_new_tokens per request: all equal, or uniform over MIXED_NEW_TOKENS."""
+    """The LLM load's prompt sizes and max_new_tokens per request: `fixed` new tokens (warm-up),
+    all `options.new_tokens` (the `equal` mix), or the options' length mix."""
     if options.runner != "smollm":
         return load
-    count = fixed or options.new_tokens
-    if count:
-        return replace(load, new_tokens=np.full(len(load), count, dtype=np.int64))
-    low, high = MIXED_NEW_TOKENS
-    return replace(load, new_tokens=np.random.default_rng(seed + 11).integers(low, high + 1, size=len(load)))
+    if fixed:
+        return replace(load, new_tokens=np.full(len(load), fixed, dtype=np.int64))
+    name = "equal" if options.new_tokens else options.lengths
+    mix = draw(name, len(load), seed, tokens=options.tokens, equal_tokens=options.new_tokens)
+    return replace(load, tokens=mix.prompts, new_tokens=mix.new_tokens)
 
 
 async def run_trial(
@@ -206,7 +212,12 @@ async def run_trial(
         np.save(workdir / f"{kafka.topic_prefix}-latency.npy", timeline)
         window_ms = (first_send + LLM_STEADY_FROM * options.duration_s * 1000.0, first_send + options.duration_s * 1000.0)
         events = (
-            await event_figures(kafka, {i: arrivals.received_ms[i] for i in answered}, window_ms=window_ms if llm else None)
+            await event_figures(
+                kafka,
+                {i: arrivals.received_ms[i] for i in answered},
+                window_ms=window_ms if llm else None,
+                objectives=(options.ttft_slo_ms, options.tpot_slo_ms) if llm else None,
+            )
             if read_events and answered
             else EventFigures()
         )
@@ -245,6 +256,8 @@ async def run_trial(
             rss_start_mib=rss_start,
             rss_peak_mib=max(rss_peak[0], rss_end),
             rss_end_mib=rss_end,
+            goodput_rps=events.meeting_objectives / options.duration_s if llm and events.tokens else float("nan"),
+            slo_attainment=events.meeting_objectives / max(len(ids), 1) if llm and events.tokens else float("nan"),
         )
     finally:
         await arrivals.stop()

@@ -207,6 +207,11 @@ def bench_pipeline(
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the figures as JSON here."),
     modes: str = typer.Option("static,iteration,fixed", "--modes", help="smollm: batching modes to run (static, iteration, fixed)."),
     equal_tokens: int = typer.Option(64, "--equal-tokens", help="smollm: max_new_tokens of the all-equal load."),
+    lengths: str = typer.Option("mixed,equal", "--lengths", help="smollm: length mixes to run (mixed, equal, lognormal, short, long)."),
+    step_token_budget: Optional[str] = typer.Option(None, "--step-token-budget", help="smollm, iteration: the consumer's step_token_budget (chunked prefill; 0 off); several (0,64) run each."),
+    ttft_slo_ms: float = typer.Option(5000.0, "--ttft-slo-ms", help="smollm: TTFT objective of the goodput column."),
+    tpot_slo_ms: float = typer.Option(500.0, "--tpot-slo-ms", help="smollm: TPOT objective of the goodput column."),
+    profile_in_run: bool = typer.Option(False, "--profile-in-run", help="smollm: profile the model first, in this run, for the machine limit and token cap."),
     llm_profile: Optional[Path] = typer.Option(Path("var/profiles/smollm.json"), "--profile", help="smollm: profile file (token cap, machine limit)."),
     timeout_ms: Optional[int] = typer.Option(None, "--timeout-ms", help="Deadline of every request (expired past it): overload with deadlines; RSS is printed per run."),
     straggler: float = typer.Option(1.0, "--straggler", help="cost-model: consumer 0's t(b) multiplied by this (a slower device in the group)."),
@@ -216,6 +221,7 @@ def bench_pipeline(
     import logging
 
     from pipeline.bench.pipeline import run_bench
+    from pipeline.bench.pipeline_lengths import MIXES
     from pipeline.bench.pipeline_options import BenchOptions
 
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # new topics log transient leader errors
@@ -266,7 +272,20 @@ def bench_pipeline(
         timeout_ms=timeout_ms,
         straggler=straggler,
         slowdown=window,
+        ttft_slo_ms=ttft_slo_ms,
+        tpot_slo_ms=tpot_slo_ms,
     )
+    mix_list = tuple(m.strip() for m in lengths.split(",") if m.strip())
+    if runner == "smollm" and not set(mix_list) <= set(MIXES):
+        typer.echo(f"error: --lengths takes {', '.join(MIXES)} (got {lengths!r})", err=True)
+        raise typer.Exit(2)
+    try:
+        budgets: tuple[int | None, ...] = tuple(int(b) for b in step_token_budget.split(",")) if step_token_budget else (None,)
+    except ValueError:
+        budgets = (-1,)
+    if any(b is not None and b < 0 for b in budgets):
+        typer.echo(f"error: --step-token-budget takes whole numbers >= 0 separated by commas (got {step_token_budget!r})", err=True)
+        raise typer.Exit(2)
     mode_list = tuple(m.strip() for m in modes.split(",") if m.strip())
     if runner == "smollm" and not set(mode_list) <= {"static", "iteration", "fixed"}:
         typer.echo(f"error: --modes takes static, iteration and fixed (got {modes!r})", err=True)
@@ -274,7 +293,7 @@ def bench_pipeline(
     figures = asyncio.run(
         run_bench(
             options, find_max_mode=find_max, rates_mode=bool(offered), say=typer.echo,
-            llm_modes_list=mode_list, equal_tokens=equal_tokens,
+            llm_modes_list=mode_list, equal_tokens=equal_tokens, llm_mixes=mix_list, profile_now=profile_in_run, budgets=budgets,
         )
     )
     if find_max:

@@ -253,6 +253,12 @@ class ModelConfig:
     """Generation: `static` runs each dispatched batch to its end; `iteration` lets batches join
     the running decode set between steps (use the profile's layout: hard_cap = the longest admissible
     request, target_size = one profiled request, max_inflight_batches = the running rows + 8; see docs/runners.md)."""
+    step_token_budget: int = 128
+    """Generation, `iteration` batching: tokens one decode step may process, the running rows' one
+    each plus a chunk of a joining prompt. A group whose prefill would take more is prefilled in
+    chunks between steps, each sized to about half a decode step's time (measured), so a long prompt
+    does not stall the running rows' next token; outputs are the same. Short joins stay one piece.
+    0 prefills every group in one piece."""
     cost_points: tuple[tuple[int, float], ...] = ()
     """cost-model runner: measured (batch size, ms) points, interpolated."""
     cost_a_ms: float = 5.0
@@ -487,6 +493,8 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
                 raise ConfigError(f"{where}.cost_points: expected [[batch, ms], ...]") from None
         fields = _coerce(where, ModelConfig, {"name": name, **rest})
         models[name] = ModelConfig(**fields, profile=_profile(where, prof, defaults))
+        if models[name].step_token_budget < 0:
+            raise ConfigError(f"{where}.step_token_budget: expected 0 (no chunking) or more, got {models[name].step_token_budget}")
     try:
         kafka = KafkaSettings(**_coerce(f"{source} [kafka]", KafkaSettings, data.get("kafka", {})))
     except ConfigError as e:

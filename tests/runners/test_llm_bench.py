@@ -96,3 +96,50 @@ def test_tokens_in_window_spreads_each_request_over_its_token_stamps() -> None:
     assert tokens_in_window(rows, 1000.0, 2000.0) == 5 + 6 + 1 + 1
     assert tokens_in_window([outside], 1000.0, 2000.0) == 0
     assert tokens_in_window(rows, 0.0, 10_000.0) == 5 + 11 + 3 + 1 + 4
+
+
+def test_length_mixes_draw_long_tailed_and_long_prompts() -> None:
+    from pipeline.bench.pipeline_lengths import LOGNORMAL_OUTPUT, LOGNORMAL_PROMPT, LONG_SHARE, TEXT_TOKENS_PER_TOKEN, draw
+
+    logn = draw("lognormal", 4000, 1, tokens=24, equal_tokens=64)
+    prompts = logn.prompts / TEXT_TOKENS_PER_TOKEN
+    assert LOGNORMAL_PROMPT[2] - 1 <= prompts.min() and prompts.max() <= LOGNORMAL_PROMPT[3] + 1
+    assert np.mean(prompts) > 1.2 * np.median(prompts)  # a long tail: the mean well above the median
+    assert LOGNORMAL_OUTPUT[2] <= logn.new_tokens.min() and logn.new_tokens.max() <= LOGNORMAL_OUTPUT[3]
+    short, long = draw("short", 4000, 1, tokens=24, equal_tokens=64), draw("long", 4000, 1, tokens=24, equal_tokens=64)
+    assert (short.new_tokens == long.new_tokens).all() and set(short.prompts.tolist()) == {24}
+    share = float(np.mean(long.prompts > 24))
+    assert abs(share - LONG_SHARE) < 0.03 and long.prompts.max() / TEXT_TOKENS_PER_TOKEN == pytest.approx(512, abs=1)
+    with pytest.raises(ValueError, match="unknown length mix"):
+        draw("bimodal", 10, 1, tokens=24, equal_tokens=64)
+
+
+def test_the_long_prompt_mixes_serve_one_request_a_batch_with_room_for_the_long_prompt() -> None:
+    from pipeline.bench.pipeline_lengths import LONG_INPUT_TOKENS
+
+    options = BenchOptions(runner="smollm", llm_mode="iteration", lengths="long", step_token_budget=32)
+    model = parse_config(tomllib.loads(consumer_config(options, KafkaSettings()))).model("bench")
+    assert (model.max_input_tokens, model.step_token_budget) == (LONG_INPUT_TOKENS, 32)
+    assert (model.profile.cost_unit, model.profile.hard_cap, model.profile.target_size) == ("requests", 1, 1)
+    short = parse_config(tomllib.loads(consumer_config(options.__class__(runner="smollm", llm_mode="iteration", lengths="short"), KafkaSettings()))).model("bench")
+    assert short.profile == model.profile and short.step_token_budget == 128  # the baseline differs only in its prompts (and the budget asked)
+
+
+def test_goodput_counts_requests_within_both_objectives() -> None:
+    from pipeline.bench.pipeline_events import meets_objectives
+
+    ok = {"outcome": "ok", "enqueue_ms": 0, "first_token_ms": 900, "last_token_ms": 900 + 9 * 100, "tokens_out": 10}
+    assert meets_objectives(ok, 1000, 100)
+    assert not meets_objectives(ok, 800, 100)  # first token too late
+    assert not meets_objectives(ok, 1000, 99)  # tokens too far apart
+    assert meets_objectives(ok | {"tokens_out": 1, "last_token_ms": 900}, 1000, 1)  # one token: no time per token
+    assert not meets_objectives(ok | {"outcome": "expired"}, 1000, 100)
+    assert not meets_objectives(ok | {"tokens_out": 0, "first_token_ms": 0}, 1000, 100)
+
+
+def test_machine_limit_scales_the_prefill_to_the_mix_prompt() -> None:
+    profile = {"prefill": [{"size": 8, "tokens": 8 * 32, "median_ms": 400.0}], "points": [{"size": 8, "median_ms": 80.0}]}
+    same, _ = machine_limit(profile, 10.0, 32.0)
+    longer, _ = machine_limit(profile, 10.0, 320.0)
+    assert same == pytest.approx(machine_limit(profile, 10.0)[0])
+    assert longer == pytest.approx(8 * 10 * 1000 / (4000 + 10 * 80))

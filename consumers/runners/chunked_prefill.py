@@ -1,0 +1,163 @@
+"""Chunked prefill: a joining prompt is prefilled a slice of columns at a time, between decode steps.
+
+A prefill in one piece stalls every running row for its whole duration: a
+512-token prompt costs SmolLM2 on one CPU thread about as much as a dozen
+decode steps of a running set, so every row's time per output token jumps
+while it runs. Here the joiners' left-padded prompts are fed to the model
+a few columns per decode step (their own KV cache grows chunk by chunk,
+with the attention mask of every column so far and each row's own
+positions), and once the last column is in, the rows are merged into the
+running set exactly as a one-piece prefill would merge them: the same
+cache, the same first token, so greedy outputs do not change.
+
+A group is chunked when its prefill would spend more than the model's
+`step_token_budget` leaves beside the decoding rows (one token each). A
+chunk is paced by time: it gets what fits beside a decode step in half of
+that step's time, from the measured cost of a prefill token (so the rows'
+time per output token stays within ~1.5x while a long prompt joins, on any
+device), never more than the budget leaves and never under MIN_CHUNK
+tokens, so the prompt always moves. With nobody decoding there is nothing
+to stall, and the rest is prefilled at once.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from .decoding import RunningSet, Sequence, prompt_tensors
+
+if TYPE_CHECKING:
+    import torch
+
+CHUNK_STEP_SHARE = 0.5
+"""A step that carries a chunk may take this share longer than a plain decode step: the running
+rows' time per output token stays within 1.5x while a long prompt joins."""
+MIN_CHUNK = 8
+"""Prompt tokens a chunk gets at least, however slow a token is next to the step: the prompt moves."""
+PACE_WINDOW = 16
+"""Recent prefills (sizes and times) the pacer fits its cost model to."""
+
+
+class ChunkPacer:
+    """How many prompt tokens the next chunk gets.
+
+    A chunk is a forward pass of its own: it costs a fixed part (on a CPU
+    about a decode step of a few rows) plus a part per token, both fitted to
+    the recent prefills and chunks. It gets what fits beside a decode step in
+    CHUNK_STEP_SHARE of that step's time; when the fixed part alone takes
+    more than half of that, it gets as many tokens as the fixed part costs
+    (tiny chunks would be mostly overhead and multiply it). Never more than
+    the step's token budget leaves beside the decoding rows, never under
+    MIN_CHUNK.
+    """
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self._seen: deque[tuple[int, float]] = deque(maxlen=PACE_WINDOW)
+
+    def observe(self, tokens: int, ms: float) -> None:
+        """A prefill (or chunk) of `tokens` took `ms`."""
+        if tokens > 0 and ms > 0:
+            self._seen.append((tokens, ms))
+
+    def cost(self) -> tuple[float, float] | None:
+        """(fixed ms per forward pass, ms per prompt token) fitted by least squares to the recent
+        prefills; all per token when their sizes do not vary; None before any."""
+        if not self._seen:
+            return None
+        xs = [float(t) for t, _ in self._seen]
+        ys = [ms for _, ms in self._seen]
+        n = len(xs)
+        mean_x, mean_y = sum(xs) / n, sum(ys) / n
+        var = sum((x - mean_x) ** 2 for x in xs)
+        slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / var if var > 0 else 0.0
+        if slope <= 0 or mean_y - slope * mean_x < 0:
+            return 0.0, sum(ys) / sum(xs)
+        return mean_y - slope * mean_x, slope
+
+    def tokens(self, decoding_rows: int, step_ms: float) -> int:
+        """Prompt tokens for the next chunk beside `decoding_rows` rows whose last step took `step_ms`."""
+        room = max(self.budget - decoding_rows, MIN_CHUNK)
+        cost = self.cost()
+        if cost is None or step_ms <= 0:
+            return max(MIN_CHUNK, min(room, self.budget // 4))
+        fixed, per_token = cost
+        paced = max(CHUNK_STEP_SHARE * step_ms - fixed, fixed) / per_token
+        return int(max(MIN_CHUNK, min(room, paced)))
+
+
+def needs_chunks(seqs: list[Sequence], budget: int, decoding_rows: int) -> bool:
+    """Whether prefilling `seqs` in one piece would spend more than one step's budget."""
+    if budget <= 0 or decoding_rows == 0:
+        return False
+    return len(seqs) * max(len(s.prompt) for s in seqs) > max(budget - decoding_rows, MIN_CHUNK)
+
+
+def split_long(seqs: list[Sequence], budget: int) -> list[list[Sequence]]:
+    """Prefill groups for joiners admitted together: a prompt longer than the budget is prefilled
+    alone (in one group, every short prompt would be left-padded to its width and prefilled as
+    padding), the short ones together."""
+    if budget <= 0:
+        return [seqs]
+    short = [s for s in seqs if len(s.prompt) <= budget]
+    return ([short] if short else []) + [[s] for s in seqs if len(s.prompt) > budget]
+
+
+class ChunkedPrefill:
+    """The prefill of one group of joiners, advanced a chunk of columns at a time."""
+
+    def __init__(self, running: RunningSet, seqs: list[Sequence]) -> None:
+        self.running = running
+        self.seqs = seqs
+        self._ids, self._mask = prompt_tensors(seqs, running.pad_id, running.device)
+        self._positions = (self._mask.cumsum(-1) - 1).clamp(min=0)
+        self._done = 0
+        self._cache: Any = None
+        self._first: "torch.Tensor | None" = None
+        self.chunks = 0
+        """Forward passes run so far."""
+
+    @property
+    def width(self) -> int:
+        return int(self._ids.shape[1])
+
+    @property
+    def complete(self) -> bool:
+        return self._done >= self.width
+
+    @property
+    def reserved_tokens(self) -> int:
+        return sum(s.reserved_tokens for s in self.seqs)
+
+    def advance(self, tokens: int | None) -> int:
+        """Prefill the next columns, about `tokens` tokens over the group's rows (None: all the rest);
+        returns the tokens fed (padding included: it costs the same)."""
+        if self.complete:
+            return 0
+        rows = len(self.seqs)
+        columns = self.width - self._done if tokens is None else max(1, tokens // rows)
+        end = min(self.width, self._done + columns)
+        columns = end - self._done
+        out = self.running.model(
+            input_ids=self._ids[:, self._done : end],
+            attention_mask=self._mask[:, :end],
+            position_ids=self._positions[:, self._done : end],
+            past_key_values=self._cache,
+            use_cache=True,
+        )
+        self._cache = out.past_key_values
+        self._done = end
+        self.chunks += 1
+        if self.complete:
+            self._first = out.logits[:, -1, :].argmax(-1)
+        if str(self.running.device).startswith("cuda"):
+            import torch
+
+            torch.cuda.synchronize()  # the pacer times the chunk: wait for it, not for its launch
+        return rows * columns
+
+    def admit(self) -> list[Sequence]:
+        """Merge the prefilled rows into the running set; returns those finished by their first token."""
+        assert self.complete and self._first is not None
+        return self.running.admit(self.seqs, self._cache, self._mask, self._first)

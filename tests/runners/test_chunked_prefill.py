@@ -1,0 +1,129 @@
+"""Chunked prefill on tiny real models: the same greedy tokens as a one-piece prefill, interleaved
+with the running rows' decode steps under the step token budget."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from consumers.runners import make_runner
+from consumers.runners.chunked_prefill import CHUNK_STEP_SHARE, MIN_CHUNK, ChunkedPrefill, ChunkPacer, needs_chunks, split_long
+from consumers.runners.decoding import Sequence, decode_all
+from consumers.runners.iteration import IterationScheduler
+from consumers.runners.transformers_runner import TransformersRunner
+from pipeline.core.config import ConfigError, ModelConfig, parse_config
+
+
+def _runner(directory: Path) -> TransformersRunner:
+    runner = make_runner(ModelConfig(name="g", model_path=str(directory), device="cpu", torch_threads=1, max_new_tokens=40))
+    assert isinstance(runner, TransformersRunner)
+    runner.load()
+    return runner
+
+
+@pytest.fixture(scope="module", params=["gpt2", "llama"])
+def runner(request: pytest.FixtureRequest, tiny_gpt2_dir: Path, tiny_llama_dir: Path) -> TransformersRunner:
+    return _runner(tiny_gpt2_dir if request.param == "gpt2" else tiny_llama_dir)
+
+
+def _prompt(rng: random.Random, length: int) -> list[int]:
+    return [rng.randrange(3, 200) for _ in range(length)]
+
+
+def _alone(runner: TransformersRunner, prompt: list[int], limit: int) -> list[int]:
+    seq = Sequence(list(prompt), limit)
+    decode_all(runner._running_set(), [seq])
+    return seq.generated
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7, 16])
+def test_a_group_prefilled_in_chunks_decodes_what_one_piece_decodes(runner: TransformersRunner, chunk: int) -> None:
+    """Left-padded rows of different lengths, fed `chunk` tokens a row at a time, then decoded
+    together with a row that was already running: every row's tokens equal its one-piece run."""
+    rng = random.Random(chunk)
+    prompts = [_prompt(rng, n) for n in (23, 5, 40)]
+    early = _prompt(rng, 9)
+    running = runner._running_set()
+    first = Sequence(list(early), 20)
+    running.join([first])
+    for _ in range(3):
+        running.step()
+    group = [Sequence(list(p), 12) for p in prompts]
+    prefill = ChunkedPrefill(running, group)
+    while not prefill.complete:
+        prefill.advance(chunk * len(group))
+    assert prefill.chunks == -(-40 // chunk)
+    prefill.admit()
+    while len(running):
+        running.step()
+    assert [s.generated for s in group] == [_alone(runner, p, 12) for p in prompts]
+    assert first.generated == _alone(runner, early, 20)
+
+
+def test_a_long_prompt_joins_in_chunks_between_the_running_rows_steps(runner: TransformersRunner) -> None:
+    """A 60-token prompt joining one decoding row under a small budget: chunks of MIN_CHUNK
+    tokens, each beside a decode step, so it gets its first token while that row still decodes;
+    both answers are what they are alone."""
+    rng = random.Random(7)
+    short_prompt, long_prompt = _prompt(rng, 6), _prompt(rng, 60)
+    scheduler = IterationScheduler(runner._running_set, lambda s: s, step_token_budget=4)  # type: ignore[arg-type, return-value]
+    got: dict[str, Sequence] = {}
+
+    def submit(name: str, prompt: list[int], limit: int) -> None:
+        (got[name],) = scheduler.run([Sequence(list(prompt), limit)])  # type: ignore[misc]
+
+    short = threading.Thread(target=submit, args=("short", short_prompt, 40))
+    short.start()
+    deadline = time.monotonic() + 30
+    while scheduler.steps < 1 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    submit("long", long_prompt, 8)
+    short.join(60)
+    scheduler.close()
+    assert scheduler.chunks >= 60 // MIN_CHUNK
+    assert got["long"].first_token_ms is not None and got["short"].last_token_ms is not None
+    assert got["long"].first_token_ms < got["short"].last_token_ms
+    assert got["short"].generated == _alone(runner, short_prompt, 40)
+    assert got["long"].generated == _alone(runner, long_prompt, 8)
+
+
+def test_chunks_are_paced_to_half_a_step_within_the_budget_and_long_prompts_go_alone() -> None:
+    pacer = ChunkPacer(128)
+    assert pacer.tokens(10, 100.0) == 32  # nothing measured yet: a quarter of the budget
+    pacer.observe(100, 200.0)  # one size only: 2 ms a token, no fixed part known
+    assert pacer.tokens(10, 100.0) == int(CHUNK_STEP_SHARE * 100.0 / 2.0)  # half a 100 ms step: 25 tokens
+    assert pacer.tokens(10, 1000.0) == 118  # a slow step: what the budget leaves beside 10 rows
+    assert pacer.tokens(10, 5.0) == MIN_CHUNK  # a fast step: the prompt still moves
+    pacer = ChunkPacer(128)
+    for tokens in (10, 20, 40):
+        pacer.observe(tokens, 30.0 + 2.0 * tokens)  # a forward pass costs 30 ms + 2 ms a token
+    fixed, per_token = pacer.cost() or (0.0, 0.0)
+    assert (fixed, per_token) == (pytest.approx(30.0), pytest.approx(2.0))
+    assert pacer.tokens(10, 200.0) == int((CHUNK_STEP_SHARE * 200.0 - 30.0) / 2.0)  # 35 tokens: 100 ms with the fixed part
+    assert pacer.tokens(10, 80.0) == 15  # the fixed part is over half the share: as many tokens as it costs, not fewer
+    short, other, long = Sequence([1] * 10, 4), Sequence([1] * 3, 4), Sequence([1] * 100, 4)
+    assert split_long([short, long, other], 64) == [[short, other], [long]]
+    assert split_long([short, long], 0) == [[short, long]]
+    assert not needs_chunks([long], 64, 0)  # nobody decoding: nothing to stall
+    assert needs_chunks([long], 64, 1) and not needs_chunks([long], 0, 5)
+    assert needs_chunks([short] * 7, 64, 1) and not needs_chunks([short] * 6, 64, 1)
+
+
+def test_a_negative_step_token_budget_is_refused_at_load() -> None:
+    with pytest.raises(ConfigError, match="step_token_budget"):
+        parse_config({"models": {"g": {"step_token_budget": -1}}})
+    assert parse_config({"models": {"g": {"step_token_budget": 0}}}).models["g"].step_token_budget == 0
+
+
+def test_the_model_config_budget_reaches_the_decode_loop(tiny_gpt2_dir: Path) -> None:
+    runner = make_runner(ModelConfig(name="g", model_path=str(tiny_gpt2_dir), device="cpu", batching="iteration", step_token_budget=7))
+    assert isinstance(runner, TransformersRunner)
+    runner.load()
+    try:
+        assert runner.iteration is not None and runner.iteration.step_token_budget == 7
+    finally:
+        runner.close()
