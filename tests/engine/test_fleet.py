@@ -111,3 +111,38 @@ def test_ties_go_to_the_peer_after_the_forwarder_so_forwarders_spread() -> None:
     first = plan_forwards(10, [True] * 10, local, peers_after("c2", views), 0.0, ForwardRule())
     assert first[0].member_id == "c3"
     assert {f.member_id for f in first} == {"c3", "c4", "c1"}, "each forward raises a peer's start: the next peer"
+
+
+def test_a_clearly_less_loaded_peer_relieves_a_hot_consumer_but_a_twin_at_the_same_load_does_not() -> None:
+    # a hot consumer on an equal device, mid-batch: the requests it keeps now will have company by dispatch
+    hot = LocalView(busy_for_ms=40.0, cap=128, t_ms=FAST, served_per_ms=0.4, load=1.2)
+    cool = MemberView("cool", 0.0, 20.0, FAST(10), 460.0, (0,), load=0.4)
+    twin = MemberView("twin", 0.0, 20.0, FAST(10), 460.0, (0,), load=1.1)
+    relieved = plan_forwards(12, [True] * 12, hot, [cool], 0.0, ForwardRule())
+    kept_for_twin = 12 - len(plan_forwards(12, [True] * 12, hot, [twin], 0.0, ForwardRule()))
+    assert relieved, "the cooler peer takes the back of the queue"
+    assert 12 - len(relieved) < kept_for_twin, "a twin at the same load keeps the full margin: less moves"
+    # the kept request's prediction counts the 16 requests that join its batch before the device frees
+    assert local_finish_ms(0, 1, hot, joining=True) == 40.0 + FAST(17)
+    assert local_finish_ms(0, 1, hot) == 40.0 + FAST(1)
+
+
+def test_load_in_the_view_is_offered_rate_over_capacity() -> None:
+    from pipeline.core.engine.fleet import Flow, beacon_view, curve_view
+
+    class Curve:
+        cap = 10
+
+        def estimate_ms(self, size: int) -> float:
+            return 20.0 + 2.0 * size  # 10 per 40 ms: 250 per second
+
+    flow = Flow(halflife_ms=1000.0)
+    for k in range(4000):  # 100 per second offered for 40 s, every second one served
+        flow.offered(k * 10.0, 1)
+        if k % 2:
+            flow.served(k * 10.0, 1)
+    offered, served = flow.rates_per_ms(40000.0)
+    view = curve_view(Curve(), 0.0, offered, served)  # type: ignore[arg-type]
+    assert view is not None
+    assert abs(view.load - 0.4) < 0.03 and abs(view.served_per_ms - 0.05) < 0.005
+    assert beacon_view("me", 0.0, 0, view, 0.0, (0,)).load == view.load
