@@ -94,7 +94,7 @@ def test_forwards_are_never_forwarded_again_and_a_busy_peer_stays_busy_until_it_
     assert plan and all(movable[f.index] for f in plan)
     busy_then = peer("fast", start_in=400.0, at=0.0)
     assert plan_forwards(10, [True] * 10, local, [busy_then], 0.0, ForwardRule()) == []
-    assert plan_forwards(10, [True] * 10, local, [busy_then], 400.0, ForwardRule()) == [], "a beacon is not aged"
+    assert plan_forwards(10, [True] * 10, local, [busy_then], 400.0, ForwardRule()) == [], "a queue ahead is not aged away"
 
 
 def test_the_beacon_start_time_is_the_full_batches_ahead() -> None:
@@ -146,3 +146,14 @@ def test_load_in_the_view_is_offered_rate_over_capacity() -> None:
     assert view is not None
     assert abs(view.load - 0.4) < 0.03 and abs(view.served_per_ms - 0.05) < 0.005
     assert beacon_view("me", 0.0, 0, view, 0.0, (0,)).load == view.load
+
+
+def test_a_running_batch_ages_with_the_beacon_down_to_half_a_batch_but_a_queue_does_not() -> None:
+    rule = ForwardRule(hop_ms=10.0)
+    mid_batch = MemberView("p", 0.0, 40.0, 40.0, 460.0, (0,))
+    assert peer_finish_ms(mid_batch, 0, rule, age_ms=10.0) == 10.0 + 30.0 + 40.0
+    assert peer_finish_ms(mid_batch, 0, rule, age_ms=90.0) == 10.0 + 20.0 + 40.0, "phase unknown: half a batch"
+    nearly_free = MemberView("p", 0.0, 5.0, 40.0, 460.0, (0,))
+    assert peer_finish_ms(nearly_free, 0, rule, age_ms=90.0) == 10.0 + 5.0 + 40.0, "never later than it said"
+    queued = MemberView("p", 0.0, 300.0, 40.0, 460.0, (0,))
+    assert peer_finish_ms(queued, 0, rule, age_ms=200.0) == 10.0 + 300.0 + 40.0

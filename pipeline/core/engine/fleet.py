@@ -29,10 +29,16 @@ batches of ~40 (1.6x, 1.1x with them). Between equal devices neither
 applies, so they forward no more than before. Each request
 forwarded to a peer adds one request's share of its time (1 / capacity) to
 its predicted start until the peer's next beacon, so one scan never floods
-it. Neither is aged by the beacon's age: the peer keeps receiving its own
-traffic meanwhile, and in the simulator aged views made a fleet of 16 with
-two stragglers flood its fastest-looking peers (p99 2.9x the all-fast fleet
-against 1.35x), and equal consumers forward back and forth. A peer that has
+it. A start time within one batch (only the running batch ahead, no
+queue) is aged by the beacon's age, and only down to `phase_share` of the
+peer's batch time: a beacon older than its start time describes a device
+that has since begun another batch, at a phase the forwarder cannot know
+(half a batch on average). A longer start time is not aged at all: the
+peer keeps receiving its own traffic meanwhile. Aged to zero, views made a fleet of 16 with two
+stragglers flood its fastest-looking peers in the simulator (p99 2.9x the
+all-fast fleet against 1.35x) and equal consumers forward back and forth;
+aged to half a batch, the 2-consumer straggler went from 1.91x to 1.79x
+and equal consumers forward as before. A peer that has
 measured nothing yet (it joined, or its partitions are quiet) is assumed as
 fast as the forwarding consumer and gets one request per beacon, enough for
 it to measure itself; peers without priority partitions get none. A request
@@ -112,6 +118,8 @@ class ForwardRule:
     """A peer whose load is at most this times the local load is clearly less loaded."""
     relief_gain_ms: float = DEFAULT_RELIEF_GAIN_MS
     """The margin a forward to a clearly less loaded peer must gain."""
+    phase_share: float = 0.5
+    """A peer's start time ages with its beacon down to this share of its batch time, no lower."""
 
 
 @dataclass(frozen=True)
@@ -143,12 +151,15 @@ def relieved(peer: MemberView, local: LocalView, rule: ForwardRule) -> bool:
     )
 
 
-def peer_finish_ms(peer: MemberView, extra: int, rule: ForwardRule, unmeasured_ms: float = 0.0) -> float:
+def peer_finish_ms(
+    peer: MemberView, extra: int, rule: ForwardRule, unmeasured_ms: float = 0.0, age_ms: float = 0.0
+) -> float:
     """When `peer` would finish one more request handed to it now, after `extra` already sent
-    since its beacon (`unmeasured_ms`: its batch time while it has measured none).
-
-    The beacon's start time is taken as it was said, not aged (see the module's docstring)."""
+    since its beacon (`unmeasured_ms`: its batch time while it has measured none), its beacon
+    `age_ms` old (the start time ages down to `rule.phase_share` of a batch: the module's docstring)."""
     start = peer.start_in_ms
+    if 0 < age_ms and start <= peer.batch_ms:
+        start = max(start - age_ms, min(start, rule.phase_share * peer.batch_ms))
     if peer.capacity_per_s <= 0:
         return math.inf if extra else rule.hop_ms + start + unmeasured_ms
     return rule.hop_ms + start + extra * 1000.0 / peer.capacity_per_s + peer.batch_ms
@@ -179,7 +190,7 @@ def plan_forwards(
     margin = max(rule.min_gain_ms, rule.gain_share * single)
 
     def finish(peer: MemberView) -> float:
-        return peer_finish_ms(peer, sent.get(peer.member_id, 0), rule, single)
+        return peer_finish_ms(peer, sent.get(peer.member_id, 0), rule, single, now_ms - peer.at_ms)
 
     chosen: list[Forward] = []
     remaining = queue_len
