@@ -240,5 +240,6 @@ class FleetBeacon(msgspec.Struct, omit_defaults=False):
     partitions: list[int]
     """Partitions of the model's priority topic it owns."""
     load: float | None = None
-    """Cost units offered to it per second over its capacity (null from consumers before it)."""
+    """Cost units of its own traffic (forwards in left out) offered to it per second over its capacity
+    (null from consumers before it)."""
     v: int = SCHEMA_VERSION

@@ -15,7 +15,7 @@ Clearly sooner means by at least `min_gain_ms` and by `gain_share` of the
 local device's time for a batch of one: between equal consumers the
 predictions differ by noise of about a batch, and a forward costs two Kafka
 hops and a commit, so they keep their own work. A peer that is clearly
-less loaded (its offered load over its capacity at most `relief_load`
+less loaded (its own traffic over its capacity at most `relief_load`
 times the local one: a faster device, or one off the hot partition) is
 not noise, and two things change for it (`relieved`): the margin drops to
 `relief_gain_ms`, and the local prediction counts the requests that will
@@ -26,7 +26,9 @@ requests arriving after that prediction grew the batch past it: in the
 simulator the 2-consumer straggler ran batches of 8-10 on its slow device
 (p99 2.2x the all-fast group's, 1.9x with them) and the hot partition of 4
 batches of ~40 (1.6x, 1.1x with them). Between equal devices neither
-applies, so they forward no more than before. Each request
+applies, so they forward no more than before; `relief_load` is 0.6, not
+closer to 1, because a learned capacity under CPU contention is noisy by
+tens of percent, and equal consumers must not read that as relief. Each request
 forwarded to a peer adds one request's share of its time (1 / capacity) to
 its predicted start until the peer's next beacon, so one scan never floods
 it. A start time within one batch (only the running batch ahead, no
@@ -60,7 +62,7 @@ from pipeline.core.engine.window import ArrivalRate
 
 DEFAULT_MIN_GAIN_MS = 20.0
 DEFAULT_GAIN_SHARE = 0.35
-DEFAULT_RELIEF_LOAD = 0.8
+DEFAULT_RELIEF_LOAD = 0.6
 DEFAULT_RELIEF_GAIN_MS = 5.0
 RATE_HALFLIFE_MS = 1000.0
 """Half-life of the offered and served rates behind `load` and `served_per_ms`: a second, so
@@ -84,8 +86,11 @@ class MemberView:
     partitions: tuple[int, ...]
     """Partitions of the model's priority topic it owns: where work for it goes."""
     load: float | None = None
-    """Cost units offered to it per second (its own partitions and forwards in) over its capacity;
-    None when its beacon does not say (an older consumer)."""
+    """Cost units of its own traffic offered to it per second (its partitions, forwards in left
+    out) over its capacity; None when its beacon does not say (an older consumer). Forwards in
+    are left out so that the balance never feeds its own measure: counted, the requests one
+    consumer handed to another made that one look loaded, and it handed its own on in turn (live,
+    four consumers under CPU contention forwarded 97% of the requests)."""
 
 
 @dataclass(frozen=True)
@@ -274,7 +279,7 @@ def beacon_view(
 
 class Flow:
     """A consumer's offered and served rates in cost units (the balance's `load` and
-    `served_per_ms`): offered counts every request that reaches its queue, forwards in included;
+    `served_per_ms`): offered counts its own traffic (forwards in left out, `MemberView.load`);
     served counts what it dispatches."""
 
     def __init__(self, halflife_ms: float = RATE_HALFLIFE_MS) -> None:

@@ -196,7 +196,8 @@ def simulate_fleet(scenario: Scenario, arrivals: Arrivals) -> FleetOutcome:
         req = PendingRequest(str(i), create[i], tokens[i] if token_cost else 1, priority,
                              None if deadline is None else create[i] + deadline, i)
         engines[lane].offer(req, now)
-        flows[lane].offered(now, req.cost)
+        if not forwarded_in[i]:
+            flows[lane].offered(now, req.cost)
         waiting[lane][i] = req
         if not busy[lane]:
             drive(lane, now)
