@@ -157,3 +157,12 @@ def test_a_running_batch_ages_with_the_beacon_down_to_half_a_batch_but_a_queue_d
     assert peer_finish_ms(nearly_free, 0, rule, age_ms=90.0) == 10.0 + 5.0 + 40.0, "never later than it said"
     queued = MemberView("p", 0.0, 300.0, 40.0, 460.0, (0,))
     assert peer_finish_ms(queued, 0, rule, age_ms=200.0) == 10.0 + 300.0 + 40.0
+
+
+def test_a_beacon_says_the_batch_its_waiting_queue_makes_not_only_its_recent_one() -> None:
+    from pipeline.core.engine.fleet import beacon_view
+
+    view = LocalView(busy_for_ms=10.0, cap=128, t_ms=FAST)
+    assert beacon_view("b", 0.0, 3, view, 40.0, (0,)).batch_ms == 40.0, "a short queue: the recent batch time"
+    filling = beacon_view("b", 0.0, 100, view, 40.0, (0,))
+    assert filling.start_in_ms == 10.0 and filling.batch_ms == FAST(101), "100 waiting: the batch they make"

@@ -267,13 +267,22 @@ def recent_batch_ms(previous: float, took_ms: float, rule: ForwardRule) -> float
 def beacon_view(
     member_id: str, now_ms: float, queue_len: int, local: LocalView | None, batch_ms: float, partitions: tuple[int, ...]
 ) -> MemberView:
-    """What a consumer says of itself: its start time, its recent batch time (t(1) before any
-    batch), its capacity and load; all zero before it has measured anything."""
+    """What a consumer says of itself: its start time, the time of the batch a request handed to
+    it now would run in (its recent batch time, t(1) before any batch, and never less than its
+    partial batch waiting now makes it), its capacity and load; all zero before it has measured
+    anything.
+
+    The waiting partial batch matters: a consumer whose queue is short of a full batch says it can
+    start at once, and with its recent batch time alone its peers read it as fast while the batch
+    its queue makes is long; live, four equal consumers under CPU contention then forwarded most
+    of their requests to each other, each forward growing the next batch of its receiver."""
     if local is None:
         return MemberView(member_id, now_ms, 0.0, 0.0, 0.0, partitions)
+    cap = max(1, local.cap)
+    partial = min(cap, queue_len % cap + 1)
     return MemberView(
-        member_id, now_ms, start_in_ms(queue_len, local), batch_ms or local.t_ms(1), capacity_per_s(local), partitions,
-        local.load,
+        member_id, now_ms, start_in_ms(queue_len, local), max(batch_ms or local.t_ms(1), local.t_ms(partial)),
+        capacity_per_s(local), partitions, local.load,
     )
 
 
