@@ -12,8 +12,8 @@ when the peer is clearly sooner the request goes to a partition of the
 priority topic that the peer owns, which it pulls first.
 
 Clearly sooner means by at least `min_gain_ms` and by `gain_share` of the
-local device's time for a batch of one: between equal consumers the
-predictions differ by noise of about a batch, and a forward costs two Kafka
+local device's time for the batch its queue makes now: between equal
+consumers the predictions differ by noise of about a batch, and a forward costs two Kafka
 hops and a commit, so they keep their own work. A peer that is clearly
 less loaded (its own traffic over its capacity at most `relief_load`
 times the local one: a faster device, or one off the hot partition) is
@@ -192,7 +192,7 @@ def plan_forwards(
     if not usable or queue_len == 0:
         return []
     single = local.t_ms(1)
-    margin = max(rule.min_gain_ms, rule.gain_share * single)
+    margin = max(rule.min_gain_ms, rule.gain_share * local.t_ms(min(max(1, local.cap), queue_len)))
 
     def finish(peer: MemberView) -> float:
         return peer_finish_ms(peer, sent.get(peer.member_id, 0), rule, single, now_ms - peer.at_ms)
