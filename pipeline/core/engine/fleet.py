@@ -13,39 +13,40 @@ priority topic that the peer owns, which it pulls first.
 
 Clearly sooner means by at least `min_gain_ms` and by `gain_share` of the
 local device's time for the batch its queue makes now: between equal
-consumers the predictions differ by noise of about a batch, and a forward costs two Kafka
-hops and a commit, so they keep their own work. A peer that is clearly
-less loaded (its own traffic over its capacity at most `relief_load`
-times the local one: a faster device, or one off the hot partition) is
-not noise, and two things change for it (`relieved`): the margin drops to
-`relief_gain_ms`, and the local prediction counts the requests that will
-join the request's batch before the device frees (the local served rate x
-the device time left). Without them a loaded consumer kept every request
-whose predicted finish was within the margin of its peer's, and the
-requests arriving after that prediction grew the batch past it: in the
-simulator the 2-consumer straggler ran batches of 8-10 on its slow device
-(p99 2.2x the all-fast group's, 1.9x with them) and the hot partition of 4
-batches of ~40 (1.6x, 1.1x with them). Between equal devices neither
-applies, so they forward no more than before; `relief_load` is 0.6, not
+consumers the predictions differ by noise of about a batch, and a forward
+costs two Kafka hops and a commit, so they keep their own work.
+
+A peer that is clearly less loaded (its own traffic over its capacity at
+most `relief_load` times the local one: a faster device, or one off the hot
+partition) is not noise, and two things change for it (`relieved`): the
+margin drops to `relief_gain_ms`, and the local prediction counts the
+requests that will join the request's batch before the device frees (the
+local served rate x the device time left). Without them a loaded consumer
+kept every request whose predicted finish was within the margin of its
+peer's, and the requests arriving after that prediction grew the batch past
+it: in the simulator the slow device of the 2-consumer straggler ran
+batches of 8-10 (p99 2.46x the all-fast group's, 1.90x with relief) and the
+hot consumer of 4 batches of ~40 (1.70x, 1.13x). `relief_load` is 0.6, not
 closer to 1, because a learned capacity under CPU contention is noisy by
-tens of percent, and equal consumers must not read that as relief. Each request
-forwarded to a peer adds one request's share of its time (1 / capacity) to
-its predicted start until the peer's next beacon, so one scan never floods
-it. A start time within one batch (only the running batch ahead, no
-queue) is aged by the beacon's age, and only down to `phase_share` of the
-peer's batch time: a beacon older than its start time describes a device
-that has since begun another batch, at a phase the forwarder cannot know
-(half a batch on average). A longer start time is not aged at all: the
-peer keeps receiving its own traffic meanwhile. Aged to zero, views made a fleet of 16 with two
-stragglers flood its fastest-looking peers in the simulator (p99 2.9x the
-all-fast fleet against 1.35x) and equal consumers forward back and forth;
-aged to half a batch, the 2-consumer straggler went from 1.91x to 1.79x
-and equal consumers forward as before. A peer that has
-measured nothing yet (it joined, or its partitions are quiet) is assumed as
-fast as the forwarding consumer and gets one request per beacon, enough for
-it to measure itself; peers without priority partitions get none. A request
-that arrived as a forward is never forwarded again (the caller leaves it
-out), so nothing ping-pongs.
+tens of percent, and twins must not read that as relief.
+
+Each request forwarded to a peer adds one request's share of its time
+(1 / capacity) to its predicted start until the peer's next beacon, so one
+scan never floods it. A start time within one batch (only the running
+batch ahead, no queue) ages with the beacon, down to `phase_share` of the
+peer's batch time and no lower: a beacon older than its start time
+describes a device that has since begun another batch, at a phase the
+forwarder cannot know (half a batch on average); this took the straggler
+from 1.90x to 1.82x. A longer start time is not aged: the peer keeps
+receiving its own traffic meanwhile. Aged to zero, views made a fleet of 16
+with two stragglers flood its fastest-looking peers (p99 2.9x the all-fast
+fleet against 1.35x) and equal consumers forward back and forth.
+
+A peer that has measured nothing yet (it joined, or its partitions are
+quiet) is assumed as fast as the forwarding consumer and gets one request
+per beacon, enough for it to measure itself; peers without priority
+partitions get none. A request that arrived as a forward is never forwarded
+again (the caller leaves it out), so nothing ping-pongs.
 
 Pure: no clock, no Kafka. The consumer calls it with wall-clock times and
 its beacons; the simulator with virtual ones.
