@@ -51,6 +51,9 @@ class Admission:
         self._waiting_ids: set[str] = set()
         self._running_ids: set[str] = set()
         """Ids of dispatched requests until their answers are published (then `answered` knows them)."""
+        self.offered_cost = 0
+        """Cost units of its own traffic (forwards in left out) offered to the engine so far: the
+        group's balance reads its rate."""
 
     def intake(
         self, records: dict[TopicPartition, list[ConsumerRecord]], now_ms: float, tracker: OffsetTracker[TopicPartition],
@@ -67,6 +70,8 @@ class Admission:
                     rejected.append((record, admitted))
                 else:
                     engine.offer(admitted, now_ms)
+                    if not admitted.payload.forwarded_in:
+                        self.offered_cost += admitted.cost
         return rejected
 
     def admit(self, tp: TopicPartition, record: ConsumerRecord, fetch_ms: int) -> PendingRequest | Rejection:

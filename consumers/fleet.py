@@ -106,6 +106,7 @@ class Fleet:
             batch_ms=beacon.batch_ms,
             capacity_per_s=beacon.capacity_per_s,
             partitions=tuple(beacon.partitions),
+            load=beacon.load,
         )
         self.sent.pop(beacon.member_id, None)
 

@@ -5,8 +5,11 @@ from the peers' beacons (`consumers.fleet` publishes this consumer's and
 reads theirs). `PeerForwarding` is this consumer's side of that balance:
 what its beacon says (how soon it could start one more request, from the
 engine's learned t(b) and the batches on its device), and, at most every
-`FORWARD_SCAN_INTERVAL_MS`, which waiting requests leave and the records
-they travel as. The loop then withdraws them from the engine and publishes.
+`FORWARD_SCAN_INTERVAL_MS` and before every poll of the engine with a free
+device slot (the batch about to start is the one a peer may relieve), which
+waiting requests leave and the records they travel as (the loop then
+withdraws them from the engine and publishes). Its offered and served
+rates (`Flow`) make its load, which its beacon carries.
 
 The forward carries the original record time in a header (waiting keeps
 counting from the first enqueue), and the header doubles as the loop guard:
@@ -29,7 +32,9 @@ from consumers.intake import ORIG_TS_HEADER
 from pipeline.core.config import ConsumerSettings, KafkaSettings
 from pipeline.core.engine.decisions import Batch, PendingRequest, ServingPolicy
 from pipeline.core.engine.fleet import (
+    Flow,
     ForwardRule,
+    LocalView,
     beacon_view,
     curve_view,
     dispatch_order,
@@ -59,8 +64,9 @@ class PeerForwarding:
 
     def __init__(
         self, consumer_id: str, model: str, group_id: str, priority_topic: str, settings: ConsumerSettings,
-        engine: ServingPolicy, clock: Clock,
+        engine: ServingPolicy, clock: Clock, offered_total: Callable[[], int] = lambda: 0,
     ) -> None:
+        """`offered_total()`: cost units offered to the engine so far (from the intake)."""
         self._consumer_id = consumer_id
         self._model = model
         self._group_id = group_id
@@ -72,6 +78,9 @@ class PeerForwarding:
         self._last_scan_ms = 0.0
         self._batch_ms = 0.0
         """Recent batch compute time (a moving average): what the group is told a forward costs here."""
+        self._offered_total = offered_total
+        self._offered_seen = 0
+        self._flow = Flow()
         self._busy_until: dict[int, float] = {}
         """Expected end (wall-clock ms, from the learned t(b)) of each batch on the device."""
         self.fleet: Fleet | None = None
@@ -90,6 +99,7 @@ class PeerForwarding:
     # ---- the device's state, as the group is told it ----------------------------
 
     def dispatched(self, batch: Batch, now_ms: float) -> None:
+        self._flow.served(now_ms, batch.record.cost)
         self._busy_until[batch.batch_id] = now_ms + (self._engine.curve.estimate_ms(batch.record.cost) or 0.0)
 
     def left_device(self, batch: Batch) -> None:
@@ -98,6 +108,14 @@ class PeerForwarding:
     def measured(self, compute_ms: float) -> None:
         self._batch_ms = recent_batch_ms(self._batch_ms, compute_ms, self._rule)
 
+    def view(self, now_ms: float) -> LocalView | None:
+        """This consumer's state for the balance: device time left, learned t(b), offered and served rates."""
+        total = self._offered_total()
+        if total > self._offered_seen:
+            self._flow.offered(now_ms, total - self._offered_seen)
+            self._offered_seen = total
+        return curve_view(self._engine.curve, self.busy_for(now_ms), *self._flow.rates_per_ms(now_ms))
+
     def busy_for(self, now_ms: float) -> float:
         """Device time left on the batches running now, as t(b) predicted them."""
         return max(0.0, max((end - now_ms for end in self._busy_until.values()), default=0.0))
@@ -105,10 +123,7 @@ class PeerForwarding:
     def beacon(self, now_ms: float, partitions: tuple[int, ...]) -> FleetBeacon:
         """What this consumer tells its group: how soon it could start one more request."""
         engine = self._engine
-        view = beacon_view(
-            self._consumer_id, now_ms, engine.pending, curve_view(engine.curve, self.busy_for(now_ms)),
-            self._batch_ms, partitions,
-        )
+        view = beacon_view(self._consumer_id, now_ms, engine.pending, self.view(now_ms), self._batch_ms, partitions)
         return FleetBeacon(
             member_id=view.member_id,
             model=self._model,
@@ -118,13 +133,17 @@ class PeerForwarding:
             batch_ms=view.batch_ms,
             capacity_per_s=view.capacity_per_s,
             partitions=list(view.partitions),
+            load=view.load,
         )
 
     # ---- which requests leave --------------------------------------------------
 
-    def due(self, now_ms: float) -> bool:
-        """Time for a scan (and it counts as made)."""
-        if not self._scanning or now_ms - self._last_scan_ms < FORWARD_SCAN_INTERVAL_MS:
+    def due(self, now_ms: float, device_free: bool = False) -> bool:
+        """Time for a scan (and it counts as made): every scan interval, and before a poll with a
+        free device slot while more than one request waits."""
+        if not self._scanning:
+            return False
+        if not (device_free and self._engine.pending > 1) and now_ms - self._last_scan_ms < FORWARD_SCAN_INTERVAL_MS:
             return False
         self._last_scan_ms = now_ms
         return True
@@ -139,7 +158,7 @@ class PeerForwarding:
         engine = self._engine
         if fleet is None or engine.pending <= 1:
             return []
-        view = curve_view(engine.curve, self.busy_for(now_ms))
+        view = self.view(now_ms)
         peers = fleet.peers()
         if view is None or not peers:
             return []

@@ -118,7 +118,8 @@ class Consumer:
         self._limits = TopicLimits(kafka)
         self._outcomes = Outcomes(Answers(model.name, self.consumer_id, self.topics, self._limits), self.stats)
         self.forwarding = PeerForwarding(
-            self.consumer_id, model.name, self.group_id, self.priority_topic, settings, engine, self.clock
+            self.consumer_id, model.name, self.group_id, self.priority_topic, settings, engine, self.clock,
+            lambda: self._admission.offered_cost,
         )
         self.membership = Membership(self.consumer_id, self.priority_topic, engine, self._admission, self._work.settle)
         self._clients: KafkaClients | None = None
@@ -237,10 +238,10 @@ class Consumer:
         """Ask the engine what to do now; called on arrivals, completions and wake-ups."""
         if self._failure is not None:
             return
-        now = self.clock.now_ms()
-        step = poll_engine(
-            self.engine, now, self._device.computing, self.model.profile.max_inflight_batches, self.stats.backlog
-        )
+        now, slots = self.clock.now_ms(), self.model.profile.max_inflight_batches
+        if self.forwarding.due(now, device_free=self._device.computing < slots):
+            self._forward(now)
+        step = poll_engine(self.engine, now, self._device.computing, slots, self.stats.backlog)
         if step.expired:
             for pr in step.expired:
                 self._admission.unwait(pr.payload)
@@ -248,8 +249,6 @@ class Consumer:
         for batch in step.batches:
             self._dispatch(batch, now)
         self._alarm.set(step.wake_at_ms)
-        if self.forwarding.due(now):
-            self._forward(now)
         self.stats.queue = queued = self.engine.pending
         if queued < self.settings.max_queue:
             self._room.set()

@@ -240,4 +240,7 @@ class FleetBeacon(msgspec.Struct, omit_defaults=False):
     """Cost units per second at its knee; 0 before it measured a batch."""
     partitions: list[int]
     """Partitions of the model's priority topic it owns."""
+    load: float | None = None
+    """Cost units of its own traffic (forwards in left out) offered to it per second over its capacity
+    (null from consumers before it)."""
     v: int = SCHEMA_VERSION

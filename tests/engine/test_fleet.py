@@ -28,15 +28,17 @@ def peer(name: str, t=FAST, *, start_in: float = 0.0, capacity: float = 460.0, a
 
 
 def test_a_slow_consumer_hands_the_back_of_its_queue_to_a_fast_idle_peer_and_keeps_the_front() -> None:
-    local = LocalView(busy_for_ms=0.0, cap=85, t_ms=SLOW)
+    local = LocalView(busy_for_ms=0.0, cap=85, t_ms=SLOW, load=1.0)
     rule = ForwardRule(hop_ms=5.0)
-    fast = peer("fast")
+    fast = peer("fast")  # an older consumer's beacon: no load, so no relief, the full margin
     plan = plan_forwards(10, [True] * 10, local, [fast], 0.0, rule)
     kept = 10 - len(plan)
     assert [f.index for f in plan] == list(range(9, kept - 1, -1)), "from the back, without gaps"
-    assert 1 <= kept <= 3
+    assert 1 <= kept <= 4
     # the first kept request finishes here within twice what the peer would now need for it
     assert local_finish_ms(kept - 1, kept, local) < 2 * peer_finish_ms(fast, len(plan), rule)
+    relieving = MemberView("fast", 0.0, 0.0, FAST(4), 460.0, (0, 1), load=0.3)
+    assert len(plan_forwards(10, [True] * 10, local, [relieving], 0.0, rule)) > len(plan), "a clearly less loaded peer takes more"
     assert {f.member_id for f in plan} == {"fast"}
     assert sorted({f.partition for f in plan}) == [0, 1], "spread over the peer's priority partitions"
 
@@ -94,7 +96,7 @@ def test_forwards_are_never_forwarded_again_and_a_busy_peer_stays_busy_until_it_
     assert plan and all(movable[f.index] for f in plan)
     busy_then = peer("fast", start_in=400.0, at=0.0)
     assert plan_forwards(10, [True] * 10, local, [busy_then], 0.0, ForwardRule()) == []
-    assert plan_forwards(10, [True] * 10, local, [busy_then], 400.0, ForwardRule()) == [], "a beacon is not aged"
+    assert plan_forwards(10, [True] * 10, local, [busy_then], 400.0, ForwardRule()) == [], "a queue ahead is not aged away"
 
 
 def test_the_beacon_start_time_is_the_full_batches_ahead() -> None:
@@ -111,3 +113,58 @@ def test_ties_go_to_the_peer_after_the_forwarder_so_forwarders_spread() -> None:
     first = plan_forwards(10, [True] * 10, local, peers_after("c2", views), 0.0, ForwardRule())
     assert first[0].member_id == "c3"
     assert {f.member_id for f in first} == {"c3", "c4", "c1"}, "each forward raises a peer's start: the next peer"
+
+
+def test_a_clearly_less_loaded_peer_relieves_a_hot_consumer_but_a_twin_at_the_same_load_does_not() -> None:
+    # a hot consumer on an equal device, mid-batch: the requests it keeps now will have company by dispatch
+    hot = LocalView(busy_for_ms=40.0, cap=128, t_ms=FAST, served_per_ms=0.4, load=1.2)
+    cool = MemberView("cool", 0.0, 20.0, FAST(10), 460.0, (0,), load=0.4)
+    twin = MemberView("twin", 0.0, 20.0, FAST(10), 460.0, (0,), load=1.1)
+    relieved = plan_forwards(12, [True] * 12, hot, [cool], 0.0, ForwardRule())
+    kept_for_twin = 12 - len(plan_forwards(12, [True] * 12, hot, [twin], 0.0, ForwardRule()))
+    assert relieved, "the cooler peer takes the back of the queue"
+    assert 12 - len(relieved) < kept_for_twin, "a twin at the same load keeps the full margin: less moves"
+    # the kept request's prediction counts the 16 requests that join its batch before the device frees
+    assert local_finish_ms(0, 1, hot, joining=True) == 40.0 + FAST(17)
+    assert local_finish_ms(0, 1, hot) == 40.0 + FAST(1)
+
+
+def test_load_in_the_view_is_offered_rate_over_capacity() -> None:
+    from pipeline.core.engine.fleet import Flow, beacon_view, curve_view
+
+    class Curve:
+        cap = 10
+
+        def estimate_ms(self, size: int) -> float:
+            return 20.0 + 2.0 * size  # 10 per 40 ms: 250 per second
+
+    flow = Flow(halflife_ms=1000.0)
+    for k in range(4000):  # 100 per second offered for 40 s, every second one served
+        flow.offered(k * 10.0, 1)
+        if k % 2:
+            flow.served(k * 10.0, 1)
+    offered, served = flow.rates_per_ms(40000.0)
+    view = curve_view(Curve(), 0.0, offered, served)  # type: ignore[arg-type]
+    assert view is not None
+    assert abs(view.load - 0.4) < 0.03 and abs(view.served_per_ms - 0.05) < 0.005
+    assert beacon_view("me", 0.0, 0, view, 0.0, (0,)).load == view.load
+
+
+def test_a_running_batch_ages_with_the_beacon_down_to_half_a_batch_but_a_queue_does_not() -> None:
+    rule = ForwardRule(hop_ms=10.0)
+    mid_batch = MemberView("p", 0.0, 40.0, 40.0, 460.0, (0,))
+    assert peer_finish_ms(mid_batch, 0, rule, age_ms=10.0) == 10.0 + 30.0 + 40.0
+    assert peer_finish_ms(mid_batch, 0, rule, age_ms=90.0) == 10.0 + 20.0 + 40.0, "phase unknown: half a batch"
+    nearly_free = MemberView("p", 0.0, 5.0, 40.0, 460.0, (0,))
+    assert peer_finish_ms(nearly_free, 0, rule, age_ms=90.0) == 10.0 + 5.0 + 40.0, "never later than it said"
+    queued = MemberView("p", 0.0, 300.0, 40.0, 460.0, (0,))
+    assert peer_finish_ms(queued, 0, rule, age_ms=200.0) == 10.0 + 300.0 + 40.0
+
+
+def test_a_beacon_says_the_batch_its_waiting_queue_makes_not_only_its_recent_one() -> None:
+    from pipeline.core.engine.fleet import beacon_view
+
+    view = LocalView(busy_for_ms=10.0, cap=128, t_ms=FAST)
+    assert beacon_view("b", 0.0, 3, view, 40.0, (0,)).batch_ms == 40.0, "a short queue: the recent batch time"
+    filling = beacon_view("b", 0.0, 100, view, 40.0, (0,))
+    assert filling.start_in_ms == 10.0 and filling.batch_ms == FAST(101), "100 waiting: the batch they make"

@@ -74,6 +74,17 @@ def test_straggler_forwarding_cuts_the_group_p99_and_only_the_slow_one_forwards(
     assert on.consumers[0].share > on.consumers[1].share  # the fast device carries more
 
 
+def test_a_hot_partition_on_equal_devices_is_relieved_by_its_cooler_peers():
+    """Equal devices, so only the load in the beacons tells the hot consumer from its twins."""
+    s = fleet_scenario({"partitions": 8, "hot": {"partition": 0, "share": 0.5}}, consumers=4, rate=1113.0)
+    on_out, on = run(s, "on")
+    _, off = run(s, "off")
+    _, ideal = run(s, "ideal")
+    assert off.p99_ms > 5 * ideal.p99_ms  # the hot consumer is overloaded
+    assert on.p99_ms < 1.4 * ideal.p99_ms
+    assert on_out.forwards_out[0] > 0.9 * on_out.forwards_out.sum(), "the hot consumer hands on, the others keep"
+
+
 def test_every_request_answered_once_with_forwards_and_deadlines():
     s = fleet_scenario({"slow": {"consumers": [0], "factor": 4.0}}, consumers=3, rate=600.0, duration=6,
                        deadline_ms=400.0)

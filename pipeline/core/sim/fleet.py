@@ -10,8 +10,9 @@ forwarding on, every consumer:
   request handed to it would start (`start_in_ms` over its queue and its
   learned curve), its recent batch time, its capacity and its priority partitions. Peers see
   it one hop later and until the next one: beacons are as stale as live;
-- every `scan_interval_ms` calls `plan_forwards` over its waiting requests in
-  dispatch order, with the running batch's time left as its engine
+- every `scan_interval_ms`, and whenever its device is free and it is about
+  to poll its engine (a completion, an arrival), calls `plan_forwards` over
+  its waiting requests in dispatch order, with the running batch's time left as its engine
   predicted it at dispatch (the consumer knows no better) and its peers'
   beacons from the one after it (`peers_after`), and hands each chosen request to the peer one
   hop later, with its original record time and priority 0 (the priority
@@ -32,6 +33,7 @@ from pipeline.core.config import BatchProfile
 from pipeline.core.engine import BatchingEngine
 from pipeline.core.engine.decisions import PendingRequest
 from pipeline.core.engine.fleet import (
+    Flow,
     ForwardRule,
     LocalView,
     MemberView,
@@ -133,9 +135,10 @@ def simulate_fleet(scenario: Scenario, arrivals: Arrivals) -> FleetOutcome:
 
     busy = [False] * consumers
     busy_until_est = [0.0] * consumers
+    """When the running batch ends by the engine's own estimate at dispatch."""
     batch_ms = [0.0] * consumers
     """Each consumer's recent batch time, as its beacon says it."""
-    """When the running batch ends by the engine's own estimate at dispatch."""
+    flows = [Flow() for _ in range(consumers)]
     waiting: list[dict[int, PendingRequest]] = [{} for _ in range(consumers)]
     board: list[MemberView | None] = [None] * consumers
     """The beacons every consumer sees now (the fleet topic, one hop behind), by member id."""
@@ -183,6 +186,7 @@ def simulate_fleet(scenario: Scenario, arrivals: Arrivals) -> FleetOutcome:
             busy[lane] = True
             busy_until_est[lane] = now + (engine.curve.estimate_ms(batch.record.cost) or 0.0)
             sizes.append(size)
+            flows[lane].served(now, batch.record.cost)
             push(now + compute, _COMPLETE, lane, (batch, compute))
             return
         if decision.wake_at_ms is not None and not busy[lane]:
@@ -193,13 +197,25 @@ def simulate_fleet(scenario: Scenario, arrivals: Arrivals) -> FleetOutcome:
         req = PendingRequest(str(i), create[i], tokens[i] if token_cost else 1, priority,
                              None if deadline is None else create[i] + deadline, i)
         engines[lane].offer(req, now)
+        if not forwarded_in[i]:
+            flows[lane].offered(now, req.cost)
         waiting[lane][i] = req
-        if not busy[lane] or deadline is not None:  # with deadlines, what is shed on arrival is answered now
+        if deadline is not None:  # with deadlines, what is shed on arrival is answered before a scan can pick it
+            poll(lane, now)
+        if not busy[lane]:
+            drive(lane, now)
+
+    def drive(lane: int, now: float) -> None:
+        """Poll the free device's engine, forwarding first what a peer would finish sooner (as the
+        live consumer does before each poll with a free device slot)."""
+        if forwarding and len(waiting[lane]) > 1:
+            scan(lane, now)
+        if not busy[lane]:
             poll(lane, now)
 
     def local_view(lane: int, now: float) -> LocalView | None:
         busy_for = max(0.0, busy_until_est[lane] - now) if busy[lane] else 0.0
-        return curve_view(engines[lane].curve, busy_for)
+        return curve_view(engines[lane].curve, busy_for, *flows[lane].rates_per_ms(now))
 
     def beacon(lane: int, now: float) -> None:
         view = local_view(lane, now)
@@ -208,15 +224,15 @@ def simulate_fleet(scenario: Scenario, arrivals: Arrivals) -> FleetOutcome:
             push(now + fleet.hop_ms, _BEACON_SEEN, lane, member)
         push(now + fleet.beacon_interval_ms, _BEACON, lane, None)
 
-    def scan(lane: int, now: float) -> None:
-        push(now + fleet.scan_interval_ms, _SCAN, lane, None)
+    def scan(lane: int, now: float) -> bool:
+        """Forward what peers would finish sooner; True when something left."""
         queue = waiting[lane]
         if not queue:
-            return
+            return False
         view = local_view(lane, now)
         peers = peers_after(str(lane), (m for m in board if m is not None))
         if view is None or not peers:
-            return
+            return False
         counts, since = sent[lane], sent_since[lane]
         for m in peers:
             if since.get(m.member_id) != m.at_ms:
@@ -234,8 +250,7 @@ def simulate_fleet(scenario: Scenario, arrivals: Arrivals) -> FleetOutcome:
             forwarded[i] = True
             forwards_out[lane] += 1
             push(now + fleet.hop_ms, _ARRIVE_FORWARD, int(f.member_id), i)
-        if plan and not busy[lane]:
-            poll(lane, now)
+        return bool(plan)
 
     if forwarding:
         for lane in range(consumers):
@@ -265,7 +280,7 @@ def simulate_fleet(scenario: Scenario, arrivals: Arrivals) -> FleetOutcome:
                 answered += len(batch.requests)
                 engines[lane].completed(batch, now, compute)
                 batch_ms[lane] = recent_batch_ms(batch_ms[lane], compute, rule)
-                poll(lane, now)
+                drive(lane, now)
             elif kind == _WAKE:
                 if data == wake_version[lane] and not busy[lane]:
                     poll(lane, now)
@@ -275,7 +290,9 @@ def simulate_fleet(scenario: Scenario, arrivals: Arrivals) -> FleetOutcome:
                 forwards_in[lane] += 1
                 offer(lane, j, 0, now)
             elif kind == _SCAN:
-                scan(lane, now)
+                push(now + fleet.scan_interval_ms, _SCAN, lane, None)
+                if scan(lane, now) and not busy[lane]:
+                    poll(lane, now)
             elif kind == _BEACON:
                 beacon(lane, now)
             else:
