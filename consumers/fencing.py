@@ -31,6 +31,10 @@ from consumers.clock import Clock
 
 FRESH_FRACTION = 0.5
 """A heartbeat older than this share of the session timeout makes the membership stale."""
+SELF_FENCED = "self-fenced:"
+"""Starts every log line of a transaction aborted or a commit skipped here (the chaos rows count them)."""
+LEFT_FOR_OWNERS = "self-fenced: records left"
+"""Starts the log line of a transaction given up because the generation moved."""
 NO_GENERATION = -1
 """aiokafka's generation while it is not a member (never joined, or reset after an expulsion)."""
 

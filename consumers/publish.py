@@ -35,7 +35,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import CommitFailedError, KafkaError
 
 from consumers.delivery import Delivery
-from consumers.fencing import NO_GENERATION, MembershipGuard
+from consumers.fencing import LEFT_FOR_OWNERS, NO_GENERATION, SELF_FENCED, MembershipGuard
 from consumers.membership import commit_points
 from pipeline.core.kafka.offsets import OffsetTracker
 from pipeline.core.kafka.outbox import Failure, Message, Outbox
@@ -145,9 +145,9 @@ class Publisher:
             except _SelfFenced as fenced:
                 self._stats.transactions_self_fenced += 1
                 if len(generations) > 1 or self._guard.generation not in generations - {NO_GENERATION}:
-                    log.warning("transaction aborted, records left for the partitions' owners: %s", fenced)
+                    log.warning("%s for the partitions' owners, transaction aborted: %s", LEFT_FOR_OWNERS, fenced)
                     return False
-                log.warning("transaction aborted until a heartbeat is accepted: %s", fenced)
+                log.warning("%s transaction aborted until a heartbeat is accepted: %s", SELF_FENCED, fenced)
                 await asyncio.sleep(SELF_FENCED_RETRY_S)
 
     async def _attempts(self, messages: Sequence[Message], done: Sequence[Place], generations: set[int]) -> None:
@@ -208,7 +208,7 @@ class Publisher:
                 return
             if why := self._guard.stale(self._guard.generation):
                 self._stats.transactions_self_fenced += 1
-                log.warning("commit of %s skipped, the next owner re-reads from the last commit: %s", offsets, why)
+                log.warning("%s commit of %s skipped, the next owner re-reads from the last commit: %s", SELF_FENCED, offsets, why)
                 return
             async with producer.transaction():
                 await producer.send_offsets_to_transaction(offsets, self._group_id)
