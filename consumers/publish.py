@@ -109,13 +109,16 @@ class Publisher:
     async def _publish_transaction(self, messages: Sequence[Message], done: Sequence[Place]) -> bool:
         """Queue the batch; whoever gets the lock next publishes everything queued in one transaction."""
         mine: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._txn_queue.append((messages, done, self._guard.generation, mine))
+        generation = self._guard.generation
+        self._txn_queue.append((messages, done, generation, mine))
         async with self._txn_lock:
             if not mine.done():
-                queued, self._txn_queue = self._txn_queue, []
+                # one generation per transaction: a batch of another waits for its own
+                queued = [q for q in self._txn_queue if q[2] == generation]
+                self._txn_queue = [q for q in self._txn_queue if q[2] != generation]
                 try:
                     published = await self._transaction(
-                        [m for q in queued for m in q[0]], [p for q in queued for p in q[1]], {q[2] for q in queued}
+                        [m for q in queued for m in q[0]], [p for q in queued for p in q[1]], generation
                     )
                 except BaseException as e:
                     for _, _, _, waiting in queued:
@@ -130,31 +133,26 @@ class Publisher:
                         waiting.set_result(published)
         return await mine
 
-    def _fenced(self, generations: set[int]) -> str | None:
-        """Why this consumer must not commit offsets for batches published under `generations` now."""
-        if len(generations) > 1:
-            return f"batches of generations {sorted(generations)} in one transaction"
-        return self._guard.stale(next(iter(generations)))
-
-    async def _transaction(self, messages: Sequence[Message], done: Sequence[Place], generations: set[int]) -> bool:
-        """One transaction for `messages` and the offsets `done` frees; False when self-fenced for good."""
+    async def _transaction(self, messages: Sequence[Message], done: Sequence[Place], generation: int) -> bool:
+        """One transaction for `messages` and the offsets `done` frees, published under `generation`;
+        False when self-fenced for good."""
         while True:
             try:
-                await self._attempts(messages, done, generations)
+                await self._attempts(messages, done, generation)
                 return True
             except _SelfFenced as fenced:
                 self._stats.transactions_self_fenced += 1
-                if len(generations) > 1 or self._guard.generation not in generations - {NO_GENERATION}:
+                if generation == NO_GENERATION or self._guard.generation != generation:
                     log.warning("%s for the partitions' owners, transaction aborted: %s", LEFT_FOR_OWNERS, fenced)
                     return False
                 log.warning("%s transaction aborted until a heartbeat is accepted: %s", SELF_FENCED, fenced)
                 await asyncio.sleep(SELF_FENCED_RETRY_S)
 
-    async def _attempts(self, messages: Sequence[Message], done: Sequence[Place], generations: set[int]) -> None:
+    async def _attempts(self, messages: Sequence[Message], done: Sequence[Place], generation: int) -> None:
         producer, outbox = self._producer, self._outbox
 
         async def attempt(batch: Sequence[Message]) -> list[Failure]:
-            if done and (why := self._fenced(generations)):
+            if done and (why := self._guard.stale(generation)):
                 raise _SelfFenced(why)
             try:
                 async with producer.transaction():
@@ -167,7 +165,7 @@ class Publisher:
                     offsets = self._commit_points()
                     if offsets:
                         await producer.send_offsets_to_transaction(offsets, self._group_id)
-                        if why := self._fenced(generations):
+                        if why := self._guard.stale(generation):
                             raise _SelfFenced(why)
             except _Refused as refusal:
                 return refusal.failures
