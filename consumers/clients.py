@@ -5,7 +5,8 @@ so a successor fences its predecessor, when `KafkaSettings.transactional`)
 with its outbox; then the size limits of the topics the consumer writes;
 then the group consumer (`read_committed` under transactions, so aborted
 answers are never read back), the publisher that ties producer and
-consumer, the fetcher and its watchdog (`fetch_watchdog.py`: a fetch stuck
+consumer, the membership guard that lets a transaction commit offsets only
+while the group membership is fresh (`fencing.py`), the fetcher and its watchdog (`fetch_watchdog.py`: a fetch stuck
 on a broker that stopped answering). Closing takes what the stop budget gives each
 client (aiokafka can wait forever for a broker that is gone).
 """
@@ -19,6 +20,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from consumers.clock import Clock
 from consumers.delivery import Delivery
+from consumers.fencing import MembershipGuard
 from consumers.fetch_watchdog import FetchWatchdog
 from consumers.fetcher import Fetcher
 from consumers.publish import Publisher
@@ -84,6 +86,8 @@ async def open_clients(
         request_timeout_ms=kafka.request_timeout_ms,
     )
     await consumer.start()
+    guard = MembershipGuard(clock)
+    guard.attach(consumer)
     publisher = Publisher(
         transactional=kafka.transactional,
         group_id=group_id,
@@ -92,6 +96,7 @@ async def open_clients(
         outbox=outbox,
         delivery=delivery,
         stats=stats,
+        guard=guard,
     )
     fetcher = Fetcher(consumer, priority_topic, max_queue, stats)
     watchdog = FetchWatchdog(consumer, stats, clock)

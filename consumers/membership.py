@@ -37,6 +37,8 @@ class Committer(Protocol):
 
     async def commit(self, partitions: set[TopicPartition] | None = None) -> None: ...
 
+    def joined(self) -> None: ...
+
 
 def commit_points(
     tracker: OffsetTracker[TopicPartition], owned: set[TopicPartition], partitions: set[TopicPartition] | None = None
@@ -106,4 +108,6 @@ class Membership(ConsumerRebalanceListener):
         log.info("consumer %s: revoked %d partitions", self._consumer_id, len(lost))
 
     async def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
+        if self._publisher is not None:
+            self._publisher.joined()
         log.info("consumer %s: assigned %s", self._consumer_id, sorted(f"{tp.topic}:{tp.partition}" for tp in assigned))

@@ -16,6 +16,13 @@ caps a consumer at a few dozen batches a second: on a three-broker cluster the
 answers of small batches queued behind each other for 15-20 s. So batches that
 finish while a transaction is in flight wait for it together and go out in
 the next one (group commit): one transaction carries every answer ready by then.
+
+Before a transaction that carries offsets commits, the consumer checks that
+its group membership is fresh (`consumers.fencing`: the broker cannot fence
+an expelled member's offsets for aiokafka). If it is not, the transaction is
+aborted (`transactions_self_fenced`); while the generation holds, it runs
+again once a heartbeat is accepted; once the generation moved, its records
+are left unanswered for whoever owns their partitions now.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import CommitFailedError, KafkaError
 
 from consumers.delivery import Delivery
+from consumers.fencing import LEFT_FOR_OWNERS, NO_GENERATION, SELF_FENCED, MembershipGuard
 from consumers.membership import commit_points
 from pipeline.core.kafka.offsets import OffsetTracker
 from pipeline.core.kafka.outbox import Failure, Message, Outbox
@@ -47,6 +55,14 @@ class _Refused(Exception):
         self.failures = failures
 
 
+class _SelfFenced(Exception):
+    """Aborts a transaction whose offsets this consumer may no longer own."""
+
+
+SELF_FENCED_RETRY_S = 0.5
+"""How often a self-fenced transaction looks again at the membership."""
+
+
 class Publisher:
     """Publishes records for source offsets and commits the contiguous answered prefix."""
 
@@ -60,6 +76,7 @@ class Publisher:
         outbox: Outbox,
         delivery: Delivery,
         stats: ConsumerStats,
+        guard: MembershipGuard,
     ) -> None:
         self.transactional = transactional
         self.tracker: OffsetTracker[TopicPartition] = OffsetTracker()
@@ -69,49 +86,74 @@ class Publisher:
         self._outbox = outbox
         self._delivery = delivery
         self._stats = stats
+        self._guard = guard
         self._txn_lock = asyncio.Lock()
-        self._txn_queue: list[tuple[Sequence[Message], Sequence[Place], asyncio.Future[None]]] = []
-        """Batches waiting for the next transaction (see the module's note on group commit)."""
+        self._txn_queue: list[tuple[Sequence[Message], Sequence[Place], int, asyncio.Future[bool]]] = []
+        """Batches waiting for the next transaction (see the module's note on group commit), with
+        the group generation each was published under."""
 
-    async def publish(self, messages: Sequence[Message], done: Sequence[Place]) -> None:
-        """Produce `messages` (or what `Delivery` makes of them); then `done` counts as answered."""
+    async def publish(self, messages: Sequence[Message], done: Sequence[Place]) -> bool:
+        """Produce `messages` (or what `Delivery` makes of them); then `done` counts as answered.
+        False: self-fenced, nothing published, the records are the partitions' new owners' to answer."""
         delivery = self._delivery
         try:
             if self.transactional:
-                await self._publish_transaction(messages, done)
-            else:
-                await delivery.deliver(messages)
-                for tp, offset in done:
-                    self.tracker.answered(tp, offset)
+                return await self._publish_transaction(messages, done)
+            await delivery.deliver(messages)
+            for tp, offset in done:
+                self.tracker.answered(tp, offset)
+            return True
         finally:
             self._stats.rebuilt, self._stats.delivery_retries = delivery.rebuilt, delivery.retries
 
-    async def _publish_transaction(self, messages: Sequence[Message], done: Sequence[Place]) -> None:
+    async def _publish_transaction(self, messages: Sequence[Message], done: Sequence[Place]) -> bool:
         """Queue the batch; whoever gets the lock next publishes everything queued in one transaction."""
-        mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._txn_queue.append((messages, done, mine))
+        mine: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        generation = self._guard.generation
+        self._txn_queue.append((messages, done, generation, mine))
         async with self._txn_lock:
             if not mine.done():
-                queued, self._txn_queue = self._txn_queue, []
+                # one generation per transaction: a batch of another waits for its own
+                queued = [q for q in self._txn_queue if q[2] == generation]
+                self._txn_queue = [q for q in self._txn_queue if q[2] != generation]
                 try:
-                    await self._transaction([m for q in queued for m in q[0]], [p for q in queued for p in q[1]])
+                    published = await self._transaction(
+                        [m for q in queued for m in q[0]], [p for q in queued for p in q[1]], generation
+                    )
                 except BaseException as e:
-                    for _, _, waiting in queued:
+                    for _, _, _, waiting in queued:
                         if waiting is not mine and not waiting.done():
                             if isinstance(e, asyncio.CancelledError):
                                 waiting.cancel()
                             else:
                                 waiting.set_exception(e)
                     raise
-                for _, _, waiting in queued:
+                for _, _, _, waiting in queued:
                     if not waiting.done():
-                        waiting.set_result(None)
-        await mine
+                        waiting.set_result(published)
+        return await mine
 
-    async def _transaction(self, messages: Sequence[Message], done: Sequence[Place]) -> None:
+    async def _transaction(self, messages: Sequence[Message], done: Sequence[Place], generation: int) -> bool:
+        """One transaction for `messages` and the offsets `done` frees, published under `generation`;
+        False when self-fenced for good."""
+        while True:
+            try:
+                await self._attempts(messages, done, generation)
+                return True
+            except _SelfFenced as fenced:
+                self._stats.transactions_self_fenced += 1
+                if generation == NO_GENERATION or self._guard.generation != generation:
+                    log.warning("%s for the partitions' owners, transaction aborted: %s", LEFT_FOR_OWNERS, fenced)
+                    return False
+                log.warning("%s transaction aborted until a heartbeat is accepted: %s", SELF_FENCED, fenced)
+                await asyncio.sleep(SELF_FENCED_RETRY_S)
+
+    async def _attempts(self, messages: Sequence[Message], done: Sequence[Place], generation: int) -> None:
         producer, outbox = self._producer, self._outbox
 
         async def attempt(batch: Sequence[Message]) -> list[Failure]:
+            if done and (why := self._guard.stale(generation)):
+                raise _SelfFenced(why)
             try:
                 async with producer.transaction():
                     errors = await outbox.send_all(batch)
@@ -123,6 +165,8 @@ class Publisher:
                     offsets = self._commit_points()
                     if offsets:
                         await producer.send_offsets_to_transaction(offsets, self._group_id)
+                        if why := self._guard.stale(generation):
+                            raise _SelfFenced(why)
             except _Refused as refusal:
                 return refusal.failures
             self.tracker.committed(offsets)
@@ -130,6 +174,10 @@ class Publisher:
             return []
 
         await self._delivery.until_accepted(messages, attempt, all_or_nothing=True)
+
+    def joined(self) -> None:
+        """The group assigned partitions: membership is confirmed as of now."""
+        self._guard.joined()
 
     def _commit_points(self, partitions: set[TopicPartition] | None = None) -> dict[TopicPartition, int]:
         return commit_points(self.tracker, self._consumer.assignment(), partitions)
@@ -155,6 +203,10 @@ class Publisher:
         async with self._txn_lock:
             offsets = self._commit_points(partitions)
             if not offsets:
+                return
+            if why := self._guard.stale(self._guard.generation):
+                self._stats.transactions_self_fenced += 1
+                log.warning("%s commit of %s skipped, the next owner re-reads from the last commit: %s", SELF_FENCED, offsets, why)
                 return
             async with producer.transaction():
                 await producer.send_offsets_to_transaction(offsets, self._group_id)

@@ -30,4 +30,6 @@ class ConsumerStats:
     """Produce attempts that had to wait and try again (the broker or one of our topics unavailable)."""
     fetch_stalls_unblocked: int = 0
     """Stalled fetches the watchdog broke by closing the leaders' connections (consumers/fetch_watchdog.py)."""
-
+    transactions_self_fenced: int = 0
+    """Transactions aborted, and commits skipped, because the group membership was not fresh
+    (consumers/fencing.py)."""

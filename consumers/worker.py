@@ -12,12 +12,11 @@ A record's path, and the module for each step (this file ties them together):
                                     gets (answers.py builds each record)
   publish  consumers/publish.py     on the broker in some form (delivery.py), then answered
   commit   consumers/membership.py  up to each partition's first unanswered record;
-                                    rebalances (or in the batch's transaction: publish.py)
+                                    rebalances (or in the batch's transaction: publish.py, fencing.py)
 
-Around the path: the Kafka clients (clients.py), the batches and publishes in
-flight (tasks.py), warm-up (warm_up.py), the stop budget (stop_budget.py),
-time (clock.py), one consumer process (serving.py), counters (stats.py),
-consumer lag (lag.py).
+Around the path: Kafka clients (clients.py), batches and publishes in flight
+(tasks.py), warm-up (warm_up.py), the stop budget (stop_budget.py), time
+(clock.py), one process (serving.py), counters (stats.py), lag (lag.py).
 """
 
 from __future__ import annotations
@@ -292,8 +291,8 @@ class Consumer:
         self._work.publish(self._publish(reply, remember=remember))
 
     async def _publish(self, reply: Reply, *, remember: bool = True) -> None:
-        """Publish, then count the requests (and the reply's offsets) as answered."""
+        """Publish, then count the requests (and the reply's offsets) as answered (unless self-fenced)."""
         assert self._clients is not None
-        await self._clients.publisher.publish(reply.messages, reply.places)
-        self._admission.published([h.request.id for h in reply.answered], remember=remember)
+        if await self._clients.publisher.publish(reply.messages, reply.places):
+            self._admission.published([h.request.id for h in reply.answered], remember=remember)
 

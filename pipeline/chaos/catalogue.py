@@ -15,7 +15,7 @@ from typing import Any
 
 from pipeline.chaos.broker_restart import broker_restart
 from pipeline.chaos.clickhouse_outage import clickhouse_outage
-from pipeline.chaos.cluster_faults import broker_freeze, controller_kill, leader_kill, rolling_restart
+from pipeline.chaos.cluster_faults import broker_freeze, controller_kill, coordinator_freeze, leader_kill, rolling_restart
 from pipeline.chaos.consumer_kill import consumer_kill, consumer_kill_transactional
 from pipeline.chaos.deployment import Stage
 from pipeline.chaos.steps import ChaosSizes
@@ -56,6 +56,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("hostile-input", hostile_input),
         Scenario("leader-kill", leader_kill, cluster=True),
         Scenario("broker-freeze", broker_freeze, cluster=True),
+        Scenario("coordinator-freeze", coordinator_freeze, cluster=True),
         Scenario("rolling-restart", rolling_restart, cluster=True),
         Scenario("controller-kill", controller_kill, cluster=True),
     )

@@ -30,10 +30,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 
 from pipeline.chaos.cluster_load import Injection, under_load
 from pipeline.chaos.cluster_look import (
     busiest,
+    group_coordinator_of,
     leaders_moved_off,
     look,
     new_controller,
@@ -49,7 +51,7 @@ from pipeline.chaos.steps import ChaosSizes
 from pipeline.core.kafka.cluster import leader_counts, quorum
 from pipeline.devtools.localcluster import LocalCluster
 
-__all__ = ["broker_freeze", "controller_kill", "leader_kill", "rolling_restart"]
+__all__ = ["broker_freeze", "controller_kill", "coordinator_freeze", "leader_kill", "rolling_restart"]
 
 
 async def broker_freeze(stage: Stage, sizes: ChaosSizes) -> FaultReport:
@@ -62,9 +64,30 @@ async def broker_freeze(stage: Stage, sizes: ChaosSizes) -> FaultReport:
     the newly elected one rebalances leadership right away. So `victim_leads_after` is reported,
     and what is checked is that it leads only partitions whose preferred replica it is."""
 
+    async def busiest_leader(d: Deployment) -> int:
+        return busiest(await request_leaders(d))
+
+    return await _freeze(stage, sizes, f"leader SIGSTOP {sizes.freeze_s:g} s, SIGCONT", busiest_leader)
+
+
+async def coordinator_freeze(stage: Stage, sizes: ChaosSizes) -> FaultReport:
+    """`broker-freeze` of the consumers' group coordinator: with a freeze longer than their session,
+    the group expels members that cannot know it yet, whose transactions must not commit offsets
+    (aiokafka cannot let the broker fence them: the consumers fence themselves, consumers/fencing.py)."""
+
+    async def group_coordinator(d: Deployment) -> int:
+        return await group_coordinator_of(d)
+
+    return await _freeze(stage, sizes, f"group coordinator SIGSTOP {sizes.freeze_s:g} s, SIGCONT", group_coordinator)
+
+
+async def _freeze(
+    stage: Stage, sizes: ChaosSizes, label: str, choose: Callable[[Deployment], Awaitable[int]]
+) -> FaultReport:
     async def inject(d: Deployment, cluster: LocalCluster) -> Injection:
         leaders = await request_leaders(d)
-        victim = busiest(leaders)
+        victim = await choose(d)
+        group_coordinator = await group_coordinator_of(d)
         led = leader_counts(leaders).get(victim, 0)
         spared = without(cluster, d.settings, victim)
         start = time.time()
@@ -83,6 +106,7 @@ async def broker_freeze(stage: Stage, sizes: ChaosSizes) -> FaultReport:
             recovered,
             details={
                 "victim": victim,
+                "victim_is_group_coordinator": victim == group_coordinator,
                 "victim_led_request_partitions": led,
                 "frozen_s": round(back - start, 1),
                 "leaders_moved_s": moved_s,
@@ -95,7 +119,7 @@ async def broker_freeze(stage: Stage, sizes: ChaosSizes) -> FaultReport:
             },
         )
 
-    return await under_load(stage, sizes, f"leader SIGSTOP {sizes.freeze_s:g} s, SIGCONT", inject)
+    return await under_load(stage, sizes, label, inject)
 
 
 async def rolling_restart(stage: Stage, sizes: ChaosSizes) -> FaultReport:

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from consumers.fencing import LEFT_FOR_OWNERS, SELF_FENCED
 from consumers.fetch_watchdog import REFRESHED, UNBLOCKED
 from pipeline.chaos.cluster_look import cluster_of, replication_settled
 from pipeline.chaos.deployment import Deployment, Device, Stage
@@ -145,10 +146,13 @@ def answer_gap(d: Deployment, start: float, end: float) -> float:
 
 
 def fetch_watchdog_counts(d: Deployment) -> dict[str, int]:
-    """How often the consumers' fetch watchdogs found a stalled partition and had to reconnect,
-    counted in their logs (`consumers/fetch_watchdog.py`)."""
+    """How often the consumers' fetch watchdogs found a stalled partition and had to reconnect
+    (`consumers/fetch_watchdog.py`), and how often a consumer self-fenced a transaction
+    (`consumers/fencing.py`), counted in their logs."""
     logs = [proc.log_text() for proc in d.consumers.values()]
     return {
         "fetch_stalls_seen": sum(text.count(REFRESHED) for text in logs),
         "fetch_stalls_unblocked": sum(text.count(UNBLOCKED) for text in logs),
+        "transactions_self_fenced": sum(text.count(SELF_FENCED) for text in logs),
+        "self_fenced_records_left": sum(text.count(LEFT_FOR_OWNERS) for text in logs),
     }

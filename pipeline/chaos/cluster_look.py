@@ -17,6 +17,7 @@ from pipeline.chaos.steps import port_released
 from pipeline.core.config import KafkaSettings
 from pipeline.core.kafka.cluster import (
     PartitionState,
+    group_coordinator,
     leader_counts,
     metadata_leaders,
     partition_states,
@@ -96,6 +97,11 @@ async def transaction_state(d: Deployment, timeout_s: float = 30.0) -> list[Part
         if time.monotonic() > deadline:
             raise HarnessError(f"{TRANSACTION_STATE} has partitions without a leader: {states}")
         await asyncio.sleep(0.3)
+
+
+async def group_coordinator_of(d: Deployment) -> int:
+    """The broker that coordinates the consumers' group now (FindCoordinator for the group)."""
+    return await look(group_coordinator(d.settings, consumer_group(d.settings, CHAOS_MODEL)))
 
 
 async def coordinator_of(d: Deployment, consumer_id: str) -> int:

@@ -27,8 +27,8 @@ from pipeline.core.config import KafkaSettings
 from pipeline.core.kafka.client import client_options
 
 METADATA_TOPIC = "__cluster_metadata"
-TRANSACTION_COORDINATOR = 1
-"""FindCoordinator key type of a transactional id (0 is a consumer group)."""
+GROUP_COORDINATOR, TRANSACTION_COORDINATOR = 0, 1
+"""FindCoordinator key types: a consumer group, a transactional id."""
 
 
 class DescribeQuorumResponse_v0(Response):
@@ -157,16 +157,25 @@ async def transaction_coordinator(settings: KafkaSettings, transactional_id: str
     Retried while the coordinator is not available: the transaction state topic
     is created on first use, and its partition may be between leaders.
     """
+    return await _coordinator(settings, transactional_id, TRANSACTION_COORDINATOR, timeout_s)
+
+
+async def group_coordinator(settings: KafkaSettings, group_id: str, timeout_s: float = 15.0) -> int:
+    """The broker that coordinates consumer group `group_id` (FindCoordinator, key type 0)."""
+    return await _coordinator(settings, group_id, GROUP_COORDINATOR, timeout_s)
+
+
+async def _coordinator(settings: KafkaSettings, key: str, key_type: int, timeout_s: float) -> int:
     deadline = time.monotonic() + timeout_s
     client = await _client(settings)
     try:
         while True:
-            response = await _send_to_any(client, FindCoordinatorRequest(transactional_id, TRANSACTION_COORDINATOR))
+            response = await _send_to_any(client, FindCoordinatorRequest(key, key_type))
             error = for_code(response.error_code) if response.error_code else None
             if error is None:
                 return int(response.coordinator_id)
             if not error.retriable or time.monotonic() > deadline:
-                raise error(f"FindCoordinator failed for {transactional_id!r}")
+                raise error(f"FindCoordinator failed for {key!r}")
             await asyncio.sleep(0.2)
     finally:
         await client.close()
