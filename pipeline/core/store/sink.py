@@ -59,6 +59,19 @@ log = logging.getLogger("batchtide.sink")
 STATS_INTERVAL_S = 10.0
 READY_ATTEMPT_S = 15.0
 """One attempt to reach ClickHouse or Kafka at start-up gives up after this long and is retried."""
+METADATA_MAX_AGE_S = 5.0
+"""How stale the sink's consumer may let its view of partition leaders get (aiokafka's default: 5 min).
+
+After a rebalance, a partition with no committed offset (faust's own
+`__assignor-__leader` topic always; an events partition that never had a
+record) gets its position from a ListOffsets request to the leader aiokafka
+believes in. When that leader has moved (a frozen or restarted broker), the
+answer is NotLeaderForPartition, which aiokafka retries every 100 ms without
+refreshing its metadata, and while any partition of a broker awaits such a
+reset aiokafka sends that broker no fetch at all: every events partition
+it believes the old leader holds stops being read, silently, until the
+periodic metadata refresh (the Java client refreshes on this error:
+KAFKA-9535). A refresh every few seconds bounds that stall to seconds."""
 
 
 async def wait_until_ready(
@@ -235,6 +248,7 @@ def build_sink(
         # faust's default (60 s) leaves a restarted sink's partitions unread for a
         # minute after a crash; 10 s is Kafka's own consumer default.
         broker_session_timeout=10.0,
+        consumer_metadata_max_age_ms=int(METADATA_MAX_AGE_S * 1000),
         stream_buffer_maxsize=max(ch.insert_batch_size, 1000),
         # Unacked events are simply redelivered to whoever owns the partition next;
         # waiting for them at a rebalance or stop would hang for as long as ClickHouse is down.
