@@ -110,6 +110,7 @@ def test_sink_reads_on_after_its_leader_and_coordinator_was_frozen(
         try:
             await _produce(config, before)
             await until_stored(len(before), 90, "before the freeze")
+            generation = sink.app.consumer_generation_id
             cluster.freeze(victim)
             try:
                 await asyncio.sleep(FREEZE_S)
@@ -117,6 +118,7 @@ def test_sink_reads_on_after_its_leader_and_coordinator_was_frozen(
                 cluster.thaw(victim)
             await _produce(config, after)
             await until_stored(len(events), CATCH_UP_S, "after the thaw")
+            assert sink.app.consumer_generation_id != generation, "the freeze must rebalance the sink's group"
         finally:
             await sink.app.stop()
             sink.store.close()
