@@ -1,0 +1,116 @@
+"""The recorded device, moment by moment: what a replayed batch costs at the time it runs.
+
+A recording stamps every batch: when it was dispatched, how long it computed,
+how long it waited between dispatch and the start of compute (the thread hop,
+tokenising) and how long its answers took to be published after compute. On
+a shared machine the device's speed changes from second to second (other
+processes take the cores), so one curve, or the recorded times of a size
+replayed in any order, moves a slow stretch to where it did not happen. Here
+a batch dispatched at virtual time t on a lane draws one of the recorded
+batches dispatched near t on that lane (within `near_ms`, else the nearest)
+and takes its speed (measured time / the curve's time at its size, applied to
+the simulated batch's size), its start gap (the device is held for it) and
+its publish gap (added to its requests' latency). Draws are seeded: several
+replays with different seeds show the spread of a prediction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeline.core.config import CostUnit
+from pipeline.core.sim.device import DeviceCurve
+
+NEAR_MS = 500.0
+"""Recorded batches dispatched this close to a replayed one are its candidates."""
+
+
+@dataclass(frozen=True)
+class LaneStamps:
+    """One lane's recorded batches, ordered by dispatch (ms from the replay's start)."""
+
+    dispatch_ms: np.ndarray
+    speed: np.ndarray
+    """Measured compute time / the curve's time at the batch's size."""
+    start_gap_ms: np.ndarray
+    publish_gap_ms: np.ndarray
+
+
+@dataclass(frozen=True)
+class BatchTime:
+    """What one replayed batch costs: compute, the wait before it, the publish after it."""
+
+    compute_ms: float
+    start_gap_ms: float
+    publish_gap_ms: float
+
+
+def lane_stamps(curve: DeviceCurve, x: np.ndarray, dispatch_ms: np.ndarray, compute_ms: np.ndarray,
+                start_gap_ms: np.ndarray, publish_gap_ms: np.ndarray) -> LaneStamps:
+    """Stamps of one lane from recorded batches (`x`: size or cost in the curve's unit);
+    batches without a compute time are left out, unknown gaps count as 0."""
+    ok = (x > 0) & (compute_ms > 0)
+    order = np.argsort(dispatch_ms[ok], kind="stable")
+    expected = np.array([curve.ms(float(v)) for v in x[ok]], dtype=float)
+    speed = compute_ms[ok] / np.maximum(expected, 1e-9)
+    return LaneStamps(
+        dispatch_ms=dispatch_ms[ok][order],
+        speed=speed[order],
+        start_gap_ms=np.nan_to_num(start_gap_ms[ok][order], nan=0.0).clip(min=0.0),
+        publish_gap_ms=np.nan_to_num(publish_gap_ms[ok][order], nan=0.0).clip(min=0.0),
+    )
+
+
+class Timeline:
+    """The recorded speed and gaps of each lane's device over the window (see the module doc)."""
+
+    def __init__(self, curve: DeviceCurve, unit: CostUnit, lanes: list[LaneStamps], *, seed: int = 0,
+                 speed: bool = True, start_gap: bool = True, publish_gap: bool = True,
+                 near_ms: float = NEAR_MS) -> None:
+        self.curve = curve
+        self.unit = unit
+        self._lanes = lanes
+        self._rng = np.random.default_rng(seed)
+        self.speed = speed
+        self.start_gap = start_gap
+        self.publish_gap = publish_gap
+        self._near_ms = near_ms
+
+    @property
+    def parts(self) -> tuple[str, ...]:
+        """The recorded parts this timeline adds to the curve, for the report."""
+        named = (("device speed", self.speed), ("start gap", self.start_gap), ("publish gap", self.publish_gap))
+        return tuple(name for name, on in named if on)
+
+    def reseeded(self, seed: int) -> "Timeline":
+        return Timeline(self.curve, self.unit, self._lanes, seed=seed, speed=self.speed,
+                        start_gap=self.start_gap, publish_gap=self.publish_gap, near_ms=self._near_ms)
+
+    def _draw(self, lane: int, now_ms: float) -> int:
+        stamps = self._lanes[lane]
+        times = stamps.dispatch_ms
+        lo = int(np.searchsorted(times, now_ms - self._near_ms, side="left"))
+        hi = int(np.searchsorted(times, now_ms + self._near_ms, side="right"))
+        if hi > lo:
+            return int(self._rng.integers(lo, hi))
+        nearest = int(np.searchsorted(times, now_ms))
+        if nearest >= len(times):
+            return len(times) - 1
+        if nearest > 0 and now_ms - times[nearest - 1] < times[nearest] - now_ms:
+            return nearest - 1
+        return nearest
+
+    def batch(self, lane: int, size: int, tokens: int, now_ms: float) -> BatchTime:
+        """The time a batch of `size` requests (`tokens` in all) dispatched at `now_ms` takes."""
+        base = self.curve.ms(float(tokens if self.unit == "tokens" else size))
+        stamps = self._lanes[lane] if lane < len(self._lanes) else None
+        if stamps is None or stamps.dispatch_ms.size == 0:
+            return BatchTime(base, 0.0, 0.0)
+        k = self._draw(lane, now_ms)
+        return BatchTime(
+            compute_ms=base * float(stamps.speed[k]) if self.speed else base,
+            start_gap_ms=float(stamps.start_gap_ms[k]) if self.start_gap else 0.0,
+            publish_gap_ms=float(stamps.publish_gap_ms[k]) if self.publish_gap else 0.0,
+        )
