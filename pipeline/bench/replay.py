@@ -30,7 +30,7 @@ from pipeline.core.sim.metrics import RunMetrics, measure
 from pipeline.core.sim.arrivals import Arrivals
 from pipeline.core.sim.scenario import LengthDist, Phase, Scenario, Topology
 from pipeline.core.sim.simulator import simulate
-from pipeline.core.sim.timeline import LaneStamps, Timeline, lane_stamps
+from pipeline.core.sim.timeline import LaneStamps, Timeline, lane_stamps, speed_curve
 from pipeline.core.store.traffic import RecordedTraffic
 
 VALIDATE_TOLERANCE = 0.15
@@ -241,13 +241,14 @@ def traffic_timeline(traffic: RecordedTraffic, scenario: Scenario) -> Timeline |
     nan = np.full(x.shape, np.nan)
     start = traffic.batch_start_gap_ms if traffic.batch_start_gap_ms is not None else nan
     publish = traffic.batch_publish_gap_ms if traffic.batch_publish_gap_ms is not None else nan
+    curve = speed_curve(x, traffic.batch_compute_ms) or scenario.cost.base
     lanes: list[LaneStamps] = []
     for lane in range(scenario.topology.lanes):
         mine = traffic.batch_consumer == lane
-        lanes.append(lane_stamps(scenario.cost.base, x[mine], traffic.batch_dispatch_ms[mine] - t0,
+        lanes.append(lane_stamps(curve, x[mine], traffic.batch_dispatch_ms[mine] - t0,
                                  traffic.batch_compute_ms[mine], start[mine], publish[mine]))
     stamped = traffic.stamped
-    return Timeline(scenario.cost.base, unit, lanes, start_gap=stamped, publish_gap=stamped)
+    return Timeline(curve, unit, lanes, start_gap=stamped, publish_gap=stamped)
 
 
 def _run(profile: BatchProfile, scenario: Scenario, arrivals: Arrivals, device_cap: int | None,

@@ -7,11 +7,17 @@ a shared machine the device's speed changes from second to second (other
 processes take the cores), so one curve, or the recorded times of a size
 replayed in any order, moves a slow stretch to where it did not happen. Here
 a batch dispatched at virtual time t on a lane draws one of the recorded
-batches dispatched near t on that lane (within `near_ms`, else the nearest)
-and takes its speed (measured time / the curve's time at its size, applied to
-the simulated batch's size), its start gap (the device is held for it) and
-its publish gap (added to its requests' latency). Draws are seeded: several
-replays with different seeds show the spread of a prediction.
+batches that were running on that lane near t (within `near_ms`, else the
+nearest) and takes its speed (measured time / the curve's time at its size,
+applied to the simulated batch's size), its start gap (the device is held for
+it) and its publish gap (added to its requests' latency). A long, slow batch
+covers much of the window, so its moment stays slow in the replay whatever
+size runs then. Draws are seeded: several replays with different seeds show
+the spread of a prediction.
+
+The curve the speeds are measured against is one affine fit of the recorded
+times (`speed_curve`), not the median per size: a size that ran once, in a
+slow moment, would otherwise carry that moment to wherever the replay uses it.
 """
 
 from __future__ import annotations
@@ -23,8 +29,27 @@ import numpy as np
 from pipeline.core.config import CostUnit
 from pipeline.core.sim.device import DeviceCurve
 
-NEAR_MS = 500.0
-"""Recorded batches dispatched this close to a replayed one are its candidates."""
+NEAR_MS = 250.0
+"""Recorded batches running this close to a replayed one's dispatch are its candidates."""
+
+
+def speed_curve(x: np.ndarray, compute_ms: np.ndarray) -> DeviceCurve | None:
+    """t(x) = a + c x fitted to the median time per recorded size, weighted by how often
+    the size ran (None: fewer than two sizes, or no positive slope to fit)."""
+    ok = (x > 0) & (compute_ms > 0)
+    sizes = np.unique(x[ok])
+    if sizes.size < 2:
+        return None
+    medians = np.array([np.median(compute_ms[ok][x[ok] == v]) for v in sizes])
+    weights = np.array([np.sum(x[ok] == v) for v in sizes], dtype=float)
+    mean_x = np.average(sizes, weights=weights)
+    mean_t = np.average(medians, weights=weights)
+    spread = np.sum(weights * (sizes - mean_x) ** 2)
+    slope = np.sum(weights * (sizes - mean_x) * (medians - mean_t)) / spread if spread > 0 else 0.0
+    if slope <= 0:
+        return None
+    intercept = max(0.0, mean_t - slope * mean_x)
+    return DeviceCurve(a_ms=float(intercept), c_ms=float(slope))
 
 
 @dataclass(frozen=True)
@@ -32,6 +57,8 @@ class LaneStamps:
     """One lane's recorded batches, ordered by dispatch (ms from the replay's start)."""
 
     dispatch_ms: np.ndarray
+    end_ms: np.ndarray
+    """Dispatch + start gap + compute: when the batch freed its device."""
     speed: np.ndarray
     """Measured compute time / the curve's time at the batch's size."""
     start_gap_ms: np.ndarray
@@ -55,10 +82,12 @@ def lane_stamps(curve: DeviceCurve, x: np.ndarray, dispatch_ms: np.ndarray, comp
     order = np.argsort(dispatch_ms[ok], kind="stable")
     expected = np.array([curve.ms(float(v)) for v in x[ok]], dtype=float)
     speed = compute_ms[ok] / np.maximum(expected, 1e-9)
+    start = np.nan_to_num(start_gap_ms[ok][order], nan=0.0).clip(min=0.0)
     return LaneStamps(
         dispatch_ms=dispatch_ms[ok][order],
+        end_ms=dispatch_ms[ok][order] + start + compute_ms[ok][order],
         speed=speed[order],
-        start_gap_ms=np.nan_to_num(start_gap_ms[ok][order], nan=0.0).clip(min=0.0),
+        start_gap_ms=start,
         publish_gap_ms=np.nan_to_num(publish_gap_ms[ok][order], nan=0.0).clip(min=0.0),
     )
 
@@ -91,7 +120,9 @@ class Timeline:
     def _draw(self, lane: int, now_ms: float) -> int:
         stamps = self._lanes[lane]
         times = stamps.dispatch_ms
-        lo = int(np.searchsorted(times, now_ms - self._near_ms, side="left"))
+        # batches of one lane run one after another: those running within near_ms of
+        # now end after now - near_ms and start before now + near_ms
+        lo = int(np.searchsorted(np.maximum.accumulate(stamps.end_ms), now_ms - self._near_ms, side="left"))
         hi = int(np.searchsorted(times, now_ms + self._near_ms, side="right"))
         if hi > lo:
             return int(self._rng.integers(lo, hi))
