@@ -33,6 +33,11 @@ NEAR_MS = 250.0
 """Recorded batches running this close to a replayed one's dispatch are its candidates."""
 
 
+FIT_SAMPLES = 3
+"""Batches a size needs to enter the fit (when two sizes have that many): one that ran
+once or twice tells its moment's speed more than the device's curve."""
+
+
 def speed_curve(x: np.ndarray, compute_ms: np.ndarray) -> DeviceCurve | None:
     """t(x) = a + c x fitted to the median time per recorded size, weighted by how often
     the size ran (None: fewer than two sizes, or no positive slope to fit)."""
@@ -42,6 +47,9 @@ def speed_curve(x: np.ndarray, compute_ms: np.ndarray) -> DeviceCurve | None:
         return None
     medians = np.array([np.median(compute_ms[ok][x[ok] == v]) for v in sizes])
     weights = np.array([np.sum(x[ok] == v) for v in sizes], dtype=float)
+    sampled = weights >= FIT_SAMPLES
+    if sampled.sum() >= 2:
+        sizes, medians, weights = sizes[sampled], medians[sampled], weights[sampled]
     mean_x = np.average(sizes, weights=weights)
     mean_t = np.average(medians, weights=weights)
     spread = np.sum(weights * (sizes - mean_x) ** 2)
