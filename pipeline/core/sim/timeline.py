@@ -6,14 +6,17 @@ tokenising) and how long its answers took to be published after compute. On
 a shared machine the device's speed changes from second to second (other
 processes take the cores), so one curve, or the recorded times of a size
 replayed in any order, moves a slow stretch to where it did not happen. Here
-a batch dispatched at virtual time t on a lane draws one of the recorded
-batches that were running on that lane near t (within `near_ms`, else the
-nearest) and takes its speed (measured time / the curve's time at its size,
-applied to the simulated batch's size), its start gap (the device is held for
-it) and its publish gap (added to its requests' latency). A long, slow batch
-covers much of the window, so its moment stays slow in the replay whatever
-size runs then. Draws are seeded: several replays with different seeds show
-the spread of a prediction.
+each recorded batch gives the device's speed from its start of compute to
+the next one's (measured time / the curve's time at its size), and a
+replayed batch computes through that piecewise speed: its curve time is
+spent at each stretch's pace, so a slow stretch stays where it happened
+whatever size runs then, and a long batch averages over the stretches it
+spans instead of taking one moment's speed for all of it. A batch dispatched
+at virtual time t on a lane also draws one of the recorded batches running
+on that lane near t (within `near_ms`, else the nearest) and takes its start
+gap (the device is held for it) and its publish gap (added to its requests'
+latency). Draws are seeded: several replays with different seeds show the
+spread of a prediction.
 
 The curve the speeds are measured against is one affine fit of the recorded
 times (`speed_curve`), not the median per size: a size that ran once, in a
@@ -22,6 +25,8 @@ slow moment, would otherwise carry that moment to wherever the replay uses it.
 
 from __future__ import annotations
 
+import bisect
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,6 +72,8 @@ class LaneStamps:
     dispatch_ms: np.ndarray
     end_ms: np.ndarray
     """Dispatch + start gap + compute: when the batch freed its device."""
+    start_ms: np.ndarray
+    """Dispatch + start gap: where the batch's speed starts to hold (until the next start)."""
     speed: np.ndarray
     """Measured compute time / the curve's time at the batch's size."""
     start_gap_ms: np.ndarray
@@ -94,6 +101,7 @@ def lane_stamps(curve: DeviceCurve, x: np.ndarray, dispatch_ms: np.ndarray, comp
     return LaneStamps(
         dispatch_ms=dispatch_ms[ok][order],
         end_ms=dispatch_ms[ok][order] + start + compute_ms[ok][order],
+        start_ms=dispatch_ms[ok][order] + start,
         speed=speed[order],
         start_gap_ms=start,
         publish_gap_ms=np.nan_to_num(publish_gap_ms[ok][order], nan=0.0).clip(min=0.0),
@@ -114,6 +122,8 @@ class Timeline:
         self.start_gap = start_gap
         self.publish_gap = publish_gap
         self._near_ms = near_ms
+        self._pace = [(stamps.start_ms.tolist(), stamps.speed.tolist(),
+                       float(np.median(stamps.speed)) if stamps.speed.size else 1.0) for stamps in lanes]
 
     @property
     def parts(self) -> tuple[str, ...]:
@@ -141,6 +151,20 @@ class Timeline:
             return nearest - 1
         return nearest
 
+    def _compute_ms(self, lane: int, start_ms: float, work_ms: float) -> float:
+        """Time to compute `work_ms` of curve time from `start_ms` at the recorded pace
+        (past the recording: its median speed)."""
+        starts, speeds, median = self._pace[lane]
+        i = bisect.bisect_right(starts, start_ms) - 1
+        t, left = start_ms, work_ms
+        while True:
+            speed = speeds[i] if 0 <= i < len(starts) else (speeds[0] if i < 0 else median)
+            end = starts[i + 1] if i + 1 < len(starts) else math.inf
+            if (end - t) >= left * speed:
+                return t + left * speed - start_ms
+            left -= (end - t) / speed
+            t, i = end, i + 1
+
     def batch(self, lane: int, size: int, tokens: int, now_ms: float) -> BatchTime:
         """The time a batch of `size` requests (`tokens` in all) dispatched at `now_ms` takes."""
         base = self.curve.ms(float(tokens if self.unit == "tokens" else size))
@@ -148,8 +172,9 @@ class Timeline:
         if stamps is None or stamps.dispatch_ms.size == 0:
             return BatchTime(base, 0.0, 0.0)
         k = self._draw(lane, now_ms)
+        gap = float(stamps.start_gap_ms[k]) if self.start_gap else 0.0
         return BatchTime(
-            compute_ms=base * float(stamps.speed[k]) if self.speed else base,
-            start_gap_ms=float(stamps.start_gap_ms[k]) if self.start_gap else 0.0,
+            compute_ms=self._compute_ms(lane, now_ms + gap, base) if self.speed else base,
+            start_gap_ms=gap,
             publish_gap_ms=float(stamps.publish_gap_ms[k]) if self.publish_gap else 0.0,
         )
