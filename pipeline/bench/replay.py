@@ -5,12 +5,15 @@ Nothing here is generated: the arrivals are the recorded record times, tokens,
 priorities and serving consumers (one queue per consumer, as the group had),
 each reaching its consumer after its recorded fetch lag (broker and fetch
 time; under backpressure also the pauses the profile that ran caused);
-the device's t(b) is the recorded compute times per batch size (per cost
-when the unit is tokens), replayed in order with their spread, and their
-median for sizes that never ran. What the simulator does not model
-(publishing the answer) is measured from the same window as the median of
-e2e - wait - compute and added to every predicted latency, so a prediction
-and a recording compare end to end.
+the device's t(b) is the median recorded compute time per batch size (per
+cost when the unit is tokens), and the device runs at the recorded speed
+moment by moment (pipeline/core/sim/timeline.py): a batch replayed at time t
+takes the speed of a recorded batch dispatched near t, is held for that
+batch's dispatch-to-start gap and answers after its publish gap, so a
+prediction and a recording compare end to end. The draws are seeded and each
+candidate is replayed `replays` times (the figures are the medians). A window
+whose answers carry no compute stamps adds the median of e2e - wait - compute
+to every predicted latency instead of the gaps.
 """
 
 from __future__ import annotations
@@ -27,11 +30,14 @@ from pipeline.core.sim.metrics import RunMetrics, measure
 from pipeline.core.sim.arrivals import Arrivals
 from pipeline.core.sim.scenario import LengthDist, Phase, Scenario, Topology
 from pipeline.core.sim.simulator import simulate
+from pipeline.core.sim.timeline import LaneStamps, Timeline, lane_stamps, speed_curve
 from pipeline.core.store.traffic import RecordedTraffic
 
 VALIDATE_TOLERANCE = 0.15
 """--validate: predicted p99 and throughput must each be within this share of the recording."""
 SEGMENT_MS = 1000.0
+REPLAYS = 9
+"""Replays per candidate (seeded draws from the recorded timeline); the prediction is their median."""
 
 
 class ReplayError(ValueError):
@@ -83,6 +89,10 @@ class Replay:
     arrivals: Arrivals | None
     recorded: Recorded
     predictions: list[Prediction]
+    parts: tuple[str, ...] = ()
+    """What the replay added to the median t(b) from the recording (device speed, start gap,
+    publish gap); empty for a generating model's replay."""
+    replays: int = 1
 
     @property
     def ran(self) -> Prediction:
@@ -221,34 +231,75 @@ def candidates(ran: BatchProfile) -> list[tuple[str, BatchProfile]]:
     return unique
 
 
-def _predict(name: str, profile: BatchProfile, scenario: Scenario, arrivals: Arrivals,
-             device_cap: int | None, prior: list[tuple[int, float]], overhead_ms: float) -> Prediction:
+def traffic_timeline(traffic: RecordedTraffic, scenario: Scenario) -> Timeline | None:
+    """The recorded device's speed and gaps per consumer over the window (None: no batch stamps)."""
+    if traffic.batch_dispatch_ms is None or traffic.batch_consumer is None or traffic.batch_dispatch_ms.size == 0:
+        return None
+    t0 = float(traffic.enqueue_ms.min())
+    unit = scenario.cost.unit
+    x = (traffic.batch_cost if unit == "tokens" else traffic.batch_size).astype(float)
+    nan = np.full(x.shape, np.nan)
+    start = traffic.batch_start_gap_ms if traffic.batch_start_gap_ms is not None else nan
+    publish = traffic.batch_publish_gap_ms if traffic.batch_publish_gap_ms is not None else nan
+    curve = speed_curve(x, traffic.batch_compute_ms) or scenario.cost.base
+    lanes: list[LaneStamps] = []
+    for lane in range(scenario.topology.lanes):
+        mine = traffic.batch_consumer == lane
+        lanes.append(lane_stamps(curve, x[mine], traffic.batch_dispatch_ms[mine] - t0,
+                                 traffic.batch_compute_ms[mine], start[mine], publish[mine]))
+    stamped = traffic.stamped
+    return Timeline(curve, unit, lanes, start_gap=stamped, publish_gap=stamped)
+
+
+def _run(profile: BatchProfile, scenario: Scenario, arrivals: Arrivals, device_cap: int | None,
+         prior: list[tuple[int, float]], timeline: Timeline | None) -> RunMetrics:
     if isinstance(scenario.cost, RecordedCost):
         scenario.cost.used.clear()
     lanes = scenario.topology.lanes
     engines = [BatchingEngine(profile, device_cap=device_cap, prior_costs=prior) for _ in range(lanes)]
-    outcome = simulate(scenario, arrivals, engines)
-    m: RunMetrics = measure(scenario, outcome)
+    return measure(scenario, simulate(scenario, arrivals, engines, timeline=timeline))
+
+
+def _predict(name: str, profile: BatchProfile, scenario: Scenario, arrivals: Arrivals,
+             device_cap: int | None, prior: list[tuple[int, float]], overhead_ms: float,
+             timeline: Timeline | None, replays: int) -> Prediction:
+    runs = [_run(profile, scenario, arrivals, device_cap, prior, timeline.reseeded(seed) if timeline else None)
+            for seed in range(replays if timeline is not None else 1)]
+
+    def median(field_: str) -> float:
+        return float(np.median([getattr(m, field_) for m in runs]))
+
     return Prediction(
         name=name, profile=profile,
-        p50_ms=m.p50_ms + overhead_ms, p99_ms=m.p99_ms + overhead_ms, p999_ms=m.p999_ms + overhead_ms,
-        throughput_rps=m.throughput_rps, hit_ratio=m.hit_ratio, expired_share=m.expired_share,
-        marked_share=m.marked_share, mean_batch=m.mean_batch_size,
+        p50_ms=median("p50_ms") + overhead_ms, p99_ms=median("p99_ms") + overhead_ms,
+        p999_ms=median("p999_ms") + overhead_ms,
+        throughput_rps=median("throughput_rps"), hit_ratio=median("hit_ratio"),
+        expired_share=median("expired_share"), marked_share=median("marked_share"),
+        mean_batch=median("mean_batch_size"),
     )
 
 
 def replay(traffic: RecordedTraffic, ran: BatchProfile, *, device_cap: int | None = None,
-           prior_costs: list[tuple[int, float]] | None = None) -> Replay:
+           prior_costs: list[tuple[int, float]] | None = None, replays: int = REPLAYS,
+           timeline: bool = True) -> Replay:
     """Predict the profile that ran and the candidate grid on the recorded arrivals.
 
     `device_cap` and `prior_costs` come from the device profile file the consumer
-    loaded, when there was one (the engines start as the live one did)."""
+    loaded, when there was one (the engines start as the live one did). `timeline`
+    False replays the recorded times per size in order, as before the stamps were read."""
+    if replays < 1:
+        raise ValueError(f"replays must be >= 1 (got {replays})")
     scenario, arrivals = traffic_scenario(traffic, ran, device_cap)
     recorded = recorded_figures(traffic)
     prior = list(prior_costs or [])
-    predictions = [_predict(name, profile, scenario, arrivals, device_cap, prior, recorded.overhead_ms)
+    line = traffic_timeline(traffic, scenario) if timeline else None
+    parts = line.parts if line is not None else ()
+    # the gaps, when stamped, are in the timeline; else the window's median of both is added
+    overhead = 0.0 if line is not None and line.start_gap else recorded.overhead_ms
+    predictions = [_predict(name, profile, scenario, arrivals, device_cap, prior, overhead, line, replays)
                    for name, profile in candidates(ran)]
-    return Replay(scenario, arrivals, recorded, predictions)
+    return Replay(scenario, arrivals, recorded, predictions, parts=parts,
+                  replays=replays if line is not None else 1)
 
 
 def scenario_toml(replay_: Replay) -> str:

@@ -7,7 +7,8 @@ each) run as separate processes. Each model is profiled here first (a quick
 consumer starts from that profile; each scenario's load is sized to the
 measured capacity (pipeline/devtools/demo_plan.py). Once every request is
 answered and every event is in ClickHouse, one report covering both models
-is printed with a verdict on the demo's goals, and the local board is written.
+(or the one `--only` names: a single-model recording in less time) is
+printed with a verdict on the demo's goals, and the local board is written.
 A request of the demo's own load that is refused, fails or is never answered
 fails the verdict; refusals are printed by reason.
 """
@@ -62,14 +63,17 @@ SMOLLM = DemoModel(
 MODELS = (MINILM, SMOLLM)
 
 
-def _write_config(target: Path, bootstrap: str, data_dir: Path, torch_threads: int, sized: dict[str, dict[str, float]]) -> None:
-    """The demo's config: both models (with the keys sized from their profiles), pointed at this
+def _write_config(
+    target: Path, bootstrap: str, data_dir: Path, torch_threads: int, sized: dict[str, dict[str, float]],
+    chosen: tuple[DemoModel, ...] = MODELS,
+) -> None:
+    """The demo's config: its models (with the keys sized from their profiles), pointed at this
     run's broker and store."""
     from pipeline.harness.config_file import toml_text
 
     models = {
         f"models.{m.name}": m.keys | {"torch_threads": torch_threads} | {k: round(v) for k, v in sized.get(m.name, {}).items()}
-        for m in MODELS
+        for m in chosen
     }
     target.write_text(toml_text({
         **models,
@@ -146,6 +150,7 @@ def demo(
     profile_cache: Annotated[Path, typer.Option(help="Profiles measured here, keyed by model set-up and machine.")] = PROFILE_CACHE,
     reprofile: Annotated[bool, typer.Option(help="Measure again even when a cached profile fits.")] = False,
     bootstrap: Annotated[Optional[str], typer.Option(help="Use this Kafka instead of starting a local broker.")] = None,
+    only: Annotated[Optional[str], typer.Option(help="Run one model only (minilm or smollm): a single-model recording in less time.")] = None,
 ) -> None:
     """Profile MiniLM and SmolLM2 here, size real traffic to what they measured, run it through a
     local broker, two consumers and the sink; print one report and the verdict."""
@@ -156,6 +161,10 @@ def demo(
 
     if not 0 < derate <= 1 or load <= 0 or llm_load <= 0:
         typer.echo("error: --derate must be in (0, 1], --load and --llm-load > 0", err=True)
+        raise typer.Exit(2)
+    chosen = tuple(m for m in MODELS if only is None or m.name == only)
+    if not chosen:
+        typer.echo(f"error: --only takes one of {', '.join(m.name for m in MODELS)} (got {only!r})", err=True)
         raise typer.Exit(2)
     if workdir.exists():
         shutil.rmtree(workdir)
@@ -171,28 +180,33 @@ def demo(
     config = workdir / "batchtide.toml"
 
     typer.echo("==> profiling each model on this machine (or reusing this machine's cached profile)")
-    _write_config(config, bootstrap or "127.0.0.1:9092", workdir, torch_threads, {})
+    _write_config(config, bootstrap or "127.0.0.1:9092", workdir, torch_threads, {}, chosen)
     measured: dict[str, dict[str, Any]] = {}
-    for model in MODELS:
+    for model in chosen:
         t0 = time.time()
         source, cached = _profile(model, config, profile_cache, reprofile, env, logs / "profile.log")
         shutil.copyfile(source, profiles / f"{model.name}.json")
         measured[model.name] = json.loads(source.read_text())
         how = "cached" if cached else f"measured in {time.time() - t0:.0f} s"
         typer.echo(f"    {model.name}: {source} ({how})")
-    slo_ms = {MINILM.name: 1000.0, SMOLLM.name: plan.generation_slo_ms(measured[SMOLLM.name], SMOLLM.max_new_tokens)}
-    llm_caps = measured[SMOLLM.name]["recommended"]
-    sized = {
-        MINILM.name: {"slo_p99_ms": slo_ms[MINILM.name]},
+    slo_ms: dict[str, float] = {}
+    sized: dict[str, dict[str, float]] = {}
+    if MINILM in chosen:
+        slo_ms[MINILM.name] = 1000.0
+        sized[MINILM.name] = {"slo_p99_ms": slo_ms[MINILM.name]}
+    if SMOLLM in chosen:
+        slo_ms[SMOLLM.name] = plan.generation_slo_ms(measured[SMOLLM.name], SMOLLM.max_new_tokens)
+        llm_caps = measured[SMOLLM.name]["recommended"]
         # the profile's recommended layout: a cap holding the longest request the model admits (none is
         # refused by it), a target of one profiled request, and the running set (batches in flight x
         # the target) the generation runner bounds its KV cache by
-        SMOLLM.name: {"slo_p99_ms": slo_ms[SMOLLM.name], **{k: llm_caps[k] for k in ("hard_cap", "target_size", "max_inflight_batches")}},
-    }
+        sized[SMOLLM.name] = {"slo_p99_ms": slo_ms[SMOLLM.name], **{k: llm_caps[k] for k in ("hard_cap", "target_size", "max_inflight_batches")}}
 
     loads = {}
     typer.echo(f"==> sizing the load: busy phases at {load:.0%} (MiniLM) and {llm_load:.0%} (SmolLM2) of the knee capacity x {derate} (shared cores)")
     for model, share in ((MINILM, load), (SMOLLM, llm_load)):
+        if model not in chosen:
+            continue
         scenario = load_scenario(model.scenario)
         cap = plan.capacity(measured[model.name], model.max_new_tokens)
         scale = plan.multiplier(scenario, cap.requests_per_s, share, derate)
@@ -210,7 +224,7 @@ def demo(
         broker = LocalKafka(workdir / "kafka")
         broker.start()
         bootstrap = broker.bootstrap
-    _write_config(config, bootstrap, workdir, torch_threads, sized)
+    _write_config(config, bootstrap, workdir, torch_threads, sized, chosen)
     typer.echo(f"    bootstrap {bootstrap}; config {config}")
 
     procs = Processes(logs, death_signal="TERM")
@@ -219,25 +233,25 @@ def demo(
         subprocess.run(cli("db", "migrate", "--config", str(config)), check=True, env=env)
         typer.echo("==> starting the sink (faust -> embedded ClickHouse) and one consumer per model, each from its profile")
         procs.sink(config)
-        for m in MODELS:
+        for m in chosen:
             procs.consumer(m.name, config, f"demo-{m.name}-0", env={"BATCHTIDE_PROFILE_DIR": str(profiles)})
 
         typer.echo("==> warming up: one request per model (tagged warmup) must come back before the load starts")
-        for model in MODELS:
+        for model in chosen:
             asyncio.run(_send_warmup(config, model.name))
-        for model in MODELS:
+        for model in chosen:
             warm = asyncio.run(_read_results(config, model.name, lambda seen: WARMUP_ID in seen or _exited(procs), 240))
             if WARMUP_ID not in warm:
                 why = f"{_exited(procs)} exited" if _exited(procs) else "it answered nothing within 240 s"
                 raise typer.Exit(_fail_with_logs(logs, f"no warm-up answer from {model.name}: {why}"))
 
-        typer.echo(f"==> sending both loads in real time ({sum(len(v) for v in loads.values())} requests)")
+        typer.echo(f"==> sending the load of {', '.join(loads)} in real time ({sum(len(v) for v in loads.values())} requests)")
         sent = asyncio.run(_send_loads(config, loads))
         for name, report in sent.items():
             typer.echo(f"    {name}: sent {report.sent} in {report.elapsed_s:.1f} s (p99 send lateness {report.late_ms_p99:.0f} ms)")
         answered: dict[str, tuple[int, int]] = {}
         not_ok: dict[str, dict[str, int]] = {}
-        for model in MODELS:
+        for model in chosen:
             expected = len(loads[model.name]) + 1  # the load, and the warm-up request
             outcomes = asyncio.run(_read_results(config, model.name, lambda seen, n=expected: len(seen) >= n or _exited(procs), 300))
             outcomes.pop(WARMUP_ID, None)
@@ -263,7 +277,7 @@ def demo(
         summary = sections.get("summary", [])
         subprocess.run(cli("board", "--config", str(config), "--since", since, "--out", str(board)), check=True, env=env)
         typer.echo(f"==> local board: {board.resolve()}  (or: batchtide board --serve 8050 --config {config})")
-        for model in MODELS:
+        for model in chosen:
             rows = [r for r in sections.get("compute_by_batch_size", []) if r["model"] == model.name]
             seen = plan.speed_seen(measured[model.name], rows)
             if seen is not None:
@@ -295,7 +309,7 @@ async def _send_loads(config_path: Path, loads: dict[str, Any]) -> dict[str, Any
     cfg = load_config(config_path)
 
     async def one(model: str) -> Any:
-        async with LoadProducer(cfg.kafka, model, seed=2026 + list(loads).index(model)) as producer:
+        async with LoadProducer(cfg.kafka, model, seed=2026 + [m.name for m in MODELS].index(model)) as producer:
             return await producer.send(loads[model])
 
     reports = await asyncio.gather(*(one(name) for name in loads))

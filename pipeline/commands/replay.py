@@ -27,6 +27,10 @@ def replay_command(
         False, "--validate", help="Exit 1 unless the prediction for the profile that ran is within 15% of the recording."
     ),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the predictions as JSON here."),
+    replays: int = typer.Option(
+        9, "--replays", min=1,
+        help="Replays per candidate, each drawing the recorded device's speed and gaps with its own seed; "
+             "the figures are their medians."),
     calibrate: bool = typer.Option(
         True, "--calibrate/--no-calibrate",
         help="Generation: scale the profile's prefill and decode-step curves to the time per output token "
@@ -85,6 +89,7 @@ def replay_command(
                 traffic, ran,
                 device_cap=device.memory_limit if device else None,
                 prior_costs=device.cost_points() if device else None,
+                replays=replays,
             )
     except (ReplayError, ProfileError) as e:
         console.print(f"[red]nothing to replay:[/red] {escape(str(e))}")
@@ -104,6 +109,7 @@ def replay_command(
         json_out.write_text(json.dumps({
             "model": model, "since": since, "recorded": vars(rec), "validation": check,
             "recommended": best.name, "generation": generation,
+            "parts": list(result.parts), "replays": result.replays,
             "predictions": [{**{k: v for k, v in vars(p).items() if k != "profile"},
                              "profile": vars(p.profile)} for p in result.predictions],
         }, indent=2, default=str))
@@ -117,6 +123,9 @@ def replay_command(
             console.print(f"wrote {export}")
     if validate:
         verdict = "agree" if result.validates() else "DISAGREE"
+        if not generation:
+            added = ", ".join(result.parts) or "none (recorded times per size in order, median hops)"
+            console.print(f"replayed {result.replays}x per candidate; added from the recording: {added}")
         console.print(f"validate: predicted/recorded p99 {check['p99_ratio']:.2f}, "
                       f"throughput {check['throughput_ratio']:.2f} (within 15%: {verdict})")
         if not result.validates():
@@ -127,8 +136,10 @@ def _request_table(result, model: str, since: str, ran) -> None:  # type: ignore
     from pipeline.views.tables import print_table
 
     rec = result.recorded
+    hops = ("start and publish gaps per batch" if "start gap" in result.parts
+            else f"hops outside the device {rec.overhead_ms:.1f} ms added")
     table = Table(title=f"replay of {model}: {rec.requests} recorded requests over the last {since} "
-                        f"(SLO p99 {ran.slo_p99_ms:g} ms; hops outside the device {rec.overhead_ms:.1f} ms added)")
+                        f"(SLO p99 {ran.slo_p99_ms:g} ms; {hops}; median of {result.replays} replays)")
     for column in ("candidate", "hard_cap", "target", "max_wait", "mark", "p50 ms", "p99 ms", "p999 ms",
                    "req/s", "hit ratio", "expired", "marked", "mean batch"):
         table.add_column(column, justify="left" if column == "candidate" else "right")

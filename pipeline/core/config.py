@@ -119,7 +119,7 @@ class BatchProfile:
     cap_ramp: bool = False
     """Start the learned cap at target_size and double it while bigger batches keep
     paying (for a hard_cap set far above the model's likely knee); False starts at
-    hard_cap. `hard_cap = "auto"` without a measured profile always ramps (from 16 requests or 2048 tokens)."""
+    hard_cap. `hard_cap = "auto"` always ramps: from 16 requests or 2048 tokens, or by doublings from the largest size a prefilled profile measured (and from the sizes measured since a shift dropped it)."""
     compute_budget_ms: float | None = None
     """Compute time one batch may take while the queue is short (None: half of
     slo_p99_ms, or of default_deadline_ms if shorter). It never slows the pipeline

@@ -291,3 +291,30 @@ def test_a_measured_profile_starts_the_cap_at_the_knee() -> None:
 def test_auto_token_cap_ramps_from_a_few_requests_worth_of_tokens() -> None:
     engine = BatchingEngine(BatchProfile(cost_unit="tokens"))
     assert engine.ceiling == 16384 and engine.curve.cap == 2048 and engine.curve.reason == "ramp"
+
+
+PROFILED = [(1, 10.0), (2, 10.5), (4, 11.0), (8, 13.0), (16, 18.0), (32, 30.0), (64, 60.0)]
+"""A device profile whose throughput stops rising at 32: the prefilled knee."""
+
+
+def test_after_a_shift_drops_a_prefilled_curve_the_cap_ramps_from_what_was_measured() -> None:
+    """The demo's incident: a consumer starts from its profile (knee 32, memory limit
+    17,469), the live device runs several times slower, the shift drops the profile's
+    points, and throughput still rises at the largest size measured since. The cap
+    must double from the sizes measured, not jump to the memory limit: a batch of the
+    whole queue there took tens of seconds."""
+    engine = BatchingEngine(BatchProfile(hard_cap="auto"), device_cap=17_469, prior_costs=PROFILED)
+    assert (engine.curve.cap, engine.curve.reason) == (32, "knee")
+
+    def slower_and_affine(size: int, _: int) -> float:
+        return 3.0 * (10.0 + 0.9 * size)
+
+    records = run_saturated(engine, slower_and_affine, 200, arrivals_per_batch=3000)
+    assert engine.curve.shifts == 1
+    largest_done = PROFILED[-1][0]
+    for record in records:
+        assert record.size <= 2 * largest_done, (
+            f"batch {record.batch_id} of {record.size} after at most {largest_done} measured")
+        largest_done = max(largest_done, record.size)
+    assert 256 <= engine.curve.cap <= 1024, "the ramp still climbs to where throughput stops rising"
+    assert max(r.size for r in records) <= 2048

@@ -122,6 +122,12 @@ def test_traffic_reads_back_exactly_what_was_recorded(recorded, clickhouse_setti
     assert traffic.consumers == ["sim-0", "sim-1"]
     assert traffic.batch_size.sum() == len(arrivals)
     assert sorted(set(traffic.priority.tolist())) == [0, 1]
+    assert traffic.stamped, "every batch's answers carry compute stamps"
+    assert np.all(traffic.batch_start_gap_ms == 0.0)
+    assert np.abs(traffic.batch_publish_gap_ms - HOPS_MS).max() <= 1.0
+    log = recorded["outcome"].batches
+    assert np.array_equal(np.sort(traffic.batch_dispatch_ms - recorded["start_ms"]),
+                          np.sort(np.asarray(log.dispatch_ms).astype(np.int64)))
 
 
 def test_replay_predicts_the_profile_that_ran_and_ranks_candidates(recorded, clickhouse_settings) -> None:
@@ -129,7 +135,8 @@ def test_replay_predicts_the_profile_that_ran_and_ranks_candidates(recorded, cli
     now = int(time.time() * 1000)
     traffic = read_traffic(client, recorded["database"], "m", now - 3_600_000, now)
     client.close()
-    result = replay(traffic, RAN)
+    result = replay(traffic, RAN, replays=3)
+    assert result.parts == ("device speed", "start gap", "publish gap") and result.replays == 3
     assert result.ran.name == "ran" and result.ran.profile == RAN
     assert result.recorded.overhead_ms == pytest.approx(HOPS_MS, abs=1.0)
     check = result.validation()
@@ -148,6 +155,8 @@ def test_cli_validate_passes_for_the_profile_that_ran_and_exports_a_scenario(rec
                                       "--validate", "--export", str(export)])
     assert result.exit_code == 0, result.output
     assert "recommended:" in result.output and "within 15%: agree" in result.output
+    assert "replayed 9x per candidate; added from the recording: device speed, start gap, publish gap" in (
+        " ".join(result.output.split()))
     scenario = load_scenario(export)
     assert scenario.topology.consumers == 2
     assert abs(sum(p.rate_per_s * p.duration_s for p in scenario.phases) - len(recorded["arrivals"])) <= 1

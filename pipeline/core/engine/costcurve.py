@@ -7,10 +7,12 @@ batches explore other sizes (`probes.py`), and when the model behind the
 curve changed (`shift.py`).
 
 Ramp: without a measured knee the cap is hard_cap, or, with `start_cap`
-(profile `cap_ramp`), twice the largest size seen, from the target up to
-hard_cap, so a model whose throughput collapses at large batches is never
-hit with a hard_cap-sized batch before the knee is known, while an affine
-one reaches hard_cap within a few doublings.
+(profile `cap_ramp`, and always under an auto hard_cap), twice the largest
+size seen, from the target up to hard_cap, so a model whose throughput
+collapses at large batches is never hit with a hard_cap-sized batch before
+the knee is known, while an affine one reaches hard_cap within a few
+doublings. After a shift drops a prefilled curve the ramp starts again from
+the sizes measured since, never at the memory limit in one go.
 
 Shift: when one is detected, stale points are dropped and the curve
 re-learned; for the next `shift_batches` completions probes are frequent,

@@ -62,7 +62,11 @@ class BatchingEngine:
         self.ceiling = ceiling
         """Largest batch ever dispatched: the resolved hard_cap."""
         self._fixed_target = None if profile.target_size == "auto" else min(profile.target_size, ceiling)
-        ramp = profile.cap_ramp or (profile.hard_cap == "auto" and not prior_costs)
+        # An auto ceiling is a memory limit, never a size anyone measured: with or
+        # without a prefilled curve the cap climbs to it by doublings from the sizes
+        # measured, so a curve a shift (or a slower device) has dropped never sends
+        # the whole queue as one batch.
+        ramp = profile.cap_ramp or profile.hard_cap == "auto"
         start = self._fixed_target or min(AUTO_RAMP_START[profile.cost_unit], ceiling)
         self._queue = PendingQueue(profile.priority_levels, self._tokens)
         self._deadlines: list[tuple[float, int, PendingRequest]] = []

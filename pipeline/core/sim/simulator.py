@@ -8,7 +8,10 @@ feeds several devices (shared queue). A policy is polled after every arrival
 that finds a free device (every arrival when requests carry deadlines, as the
 live consumer does: a policy may answer what it cannot serve in time at once),
 every completion and every wake-up it asked for, and learns from `completed()`
-with the simulated compute time.
+with the simulated compute time. A replay passes a `Timeline` (timeline.py):
+its batches then take the recorded device's speed at the moment they run, the
+device is held for the recorded gap before compute too, and answers leave
+after the recorded publish gap.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import numpy as np
 from pipeline.core.engine.decisions import BatchPolicy, PendingRequest
 from pipeline.core.sim.arrivals import Arrivals
 from pipeline.core.sim.scenario import Scenario
+from pipeline.core.sim.timeline import Timeline
 
 _COMPLETE = 0
 _WAKE = 1
@@ -69,7 +73,7 @@ class RunOutcome:
 
 
 def simulate(scenario: Scenario, arrivals: Arrivals, policies: Sequence[BatchPolicy],
-             abort_over_slo: int | None = None) -> RunOutcome:
+             abort_over_slo: int | None = None, timeline: Timeline | None = None) -> RunOutcome:
     """Run one realisation to the end (every request answered), or stop early once more
     than `abort_over_slo` requests are known to miss the SLO (capacity search)."""
     topo = scenario.topology
@@ -141,12 +145,17 @@ def simulate(scenario: Scenario, arrivals: Arrivals, policies: Sequence[BatchPol
                     i = req.payload
                     disp[i] = now
                     tok += tokens[i]
-                compute = cost.batch_ms(len(reqs), tok, now, scale[lane])
+                hold = publish = 0.0
+                if timeline is None:
+                    compute = cost.batch_ms(len(reqs), tok, now, scale[lane])
+                else:
+                    timed = timeline.batch(lane, len(reqs), tok, now)
+                    compute, hold, publish = scale[lane] * timed.compute_ms, timed.start_gap_ms, timed.publish_gap_ms
                 if max_batch is not None and len(reqs) > max_batch:
                     raise SimulationError(f"{type(policy).__name__} dispatched {len(reqs)} > device limit {max_batch}")
                 busy[dev] = True
                 seq += 1
-                heapq.heappush(heap, (now + compute, seq, _COMPLETE, dev, (lane, batch, compute)))
+                heapq.heappush(heap, (now + hold + compute, seq, _COMPLETE, dev, (lane, batch, compute, publish)))
                 rec = batch.record
                 log.dispatch_ms.append(now)
                 log.size.append(len(reqs))
@@ -175,14 +184,15 @@ def simulate(scenario: Scenario, arrivals: Arrivals, policies: Sequence[BatchPol
             now, _, kind, who, data = heapq.heappop(heap)
             events += 1
             if kind == _COMPLETE:
-                lane, batch, compute = data  # type: ignore[misc]
+                lane, batch, compute, publish = data  # type: ignore[misc]
                 busy[who] = False
+                answer = now + publish
                 for req in batch.requests:
                     j = req.payload
-                    done[j] = now
+                    done[j] = answer
                     if req.marked:
                         marked[j] = True
-                    if now - create[j] > slo:
+                    if answer - create[j] > slo:
                         over += 1
                 answered += len(batch.requests)
                 policies[lane].completed(batch, now, compute)

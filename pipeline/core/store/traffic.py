@@ -1,11 +1,14 @@
 """Recorded traffic of one model over a time range, read back for `batchtide replay`.
 
-Two reads, both bounded by the range and the model (bound as parameters, never
+Three reads, all bounded by the range and the model (bound as parameters, never
 spliced): every request that ran, as the report's latency figures count them (no
 warm-up, no refusal: a refused request never reached the device), with its record
 time, tokens, priority, partition, the consumer that served it and what it
-measured; and every batch (size, cost, compute time), from which the device's
-t(b) is taken. `FINAL` collapses the rows a redelivered event may have inserted twice.
+measured; every batch (size, cost, compute time, dispatch time), from which the
+device's t(b) and its speed moment by moment are taken; and each batch's stamps
+from its answers: the gap from dispatch to the start of compute, and from the end
+of compute to publishing the answers (their mean over the batch). `FINAL`
+collapses the rows a redelivered event may have inserted twice.
 """
 
 from __future__ import annotations
@@ -43,11 +46,26 @@ ORDER BY enqueue_ms
 """
 
 BATCHES_SQL = """
-SELECT size, cost, compute_ms, consumer_id
+SELECT size, cost, compute_ms, consumer_id, batch_id, toUnixTimestamp64Milli(dispatch_time) AS dispatch_ms
 FROM {db}.batches FINAL
 WHERE model = {{model:String}}
   AND dispatch_time >= fromUnixTimestamp64Milli({{time_from:Int64}}, 'UTC')
   AND dispatch_time < fromUnixTimestamp64Milli({{time_to:Int64}}, 'UTC')
+"""
+
+
+STAMPS_SQL = """
+SELECT
+    consumer_id,
+    batch_id,
+    toFloat64(min(toUnixTimestamp64Milli(compute_start_time)) - min(toUnixTimestamp64Milli(dispatch_time))) AS start_gap_ms,
+    avg(toFloat64(toUnixTimestamp64Milli(produce_time) - toUnixTimestamp64Milli(compute_end_time))) AS publish_gap_ms
+FROM {db}.request_latency FINAL
+WHERE model = {{model:String}} AND NOT warmup AND outcome = 'ok' AND batch_id > 0
+  AND toUnixTimestamp64Milli(compute_start_time) > 0 AND toUnixTimestamp64Milli(compute_end_time) > 0
+  AND enqueue_time >= fromUnixTimestamp64Milli({{time_from:Int64}}, 'UTC')
+  AND enqueue_time < fromUnixTimestamp64Milli({{time_to:Int64}}, 'UTC')
+GROUP BY consumer_id, batch_id
 """
 
 
@@ -74,12 +92,24 @@ class RecordedTraffic:
     batch_size: np.ndarray
     batch_cost: np.ndarray
     batch_compute_ms: np.ndarray
+    batch_consumer: np.ndarray | None = None
+    """Per batch: index into `consumers`, dispatch epoch ms, and the gaps from its answers'
+    stamps (NaN when none of its answers was read). None when not read."""
+    batch_dispatch_ms: np.ndarray | None = None
+    batch_start_gap_ms: np.ndarray | None = None
+    batch_publish_gap_ms: np.ndarray | None = None
     tokens_in: np.ndarray | None = None
     """Generation: prompt tokens, answer tokens and the epoch ms of the first and last token
     (0 when the model does not generate). None when not read."""
     tokens_out: np.ndarray | None = None
     first_token_ms: np.ndarray | None = None
     last_token_ms: np.ndarray | None = None
+
+    @property
+    def stamped(self) -> bool:
+        """Whether the batches carry their answers' stamps (start and publish gaps)."""
+        gaps = self.batch_start_gap_ms
+        return gaps is not None and bool((~np.isnan(gaps)).any())
 
     @property
     def generating(self) -> bool:
@@ -97,10 +127,16 @@ def read_traffic(client: Client, database: str, model: str, time_from_ms: int, t
     bat = client.query(BATCHES_SQL.format(db=db), parameters=params).result_columns
     if not req:
         req = [[] for _ in range(16)]
+    stamps = client.query(STAMPS_SQL.format(db=db), parameters=params).result_columns
     if not bat:
-        bat = [[] for _ in range(4)]
+        bat = [[] for _ in range(6)]
+    if not stamps:
+        stamps = [[] for _ in range(4)]
     names = sorted(set(req[6]) | set(bat[3]))
     index = {name: i for i, name in enumerate(names)}
+    gaps = {(c, int(b)): (float(s), float(p)) for c, b, s, p in zip(*stamps)}
+    nan = (float("nan"), float("nan"))
+    batch_gaps = np.asarray([gaps.get((c, int(b)), nan) for c, b in zip(bat[3], bat[4])], dtype=float).reshape(-1, 2)
     return RecordedTraffic(
         model=model,
         enqueue_ms=np.asarray(req[0], dtype=float),
@@ -119,6 +155,10 @@ def read_traffic(client: Client, database: str, model: str, time_from_ms: int, t
         batch_size=np.asarray(bat[0], dtype=np.int64),
         batch_cost=np.asarray(bat[1], dtype=np.int64),
         batch_compute_ms=np.asarray(bat[2], dtype=float),
+        batch_consumer=np.asarray([index[c] for c in bat[3]], dtype=np.int64),
+        batch_dispatch_ms=np.asarray(bat[5], dtype=float),
+        batch_start_gap_ms=batch_gaps[:, 0],
+        batch_publish_gap_ms=batch_gaps[:, 1],
         tokens_in=np.asarray(req[12], dtype=np.int64),
         tokens_out=np.asarray(req[13], dtype=np.int64),
         first_token_ms=np.asarray(req[14], dtype=float),
