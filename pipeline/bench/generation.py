@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from pipeline.core.config import BatchProfile
+from pipeline.core.config import BatchProfile, ModelConfig
 from pipeline.core.engine import BatchingEngine
 from pipeline.core.sim.genpeers import SGLang, TGI, VLLM, FixedWindowGen, TokenScheduler, simulate_tokens
 from pipeline.core.sim.genscenario import GenScenario, gen_arrivals
@@ -97,9 +97,13 @@ def default_layout(scn: GenScenario) -> tuple[BatchProfile, LoopSettings, int, l
     longest = scn.base.prompt.max + new if scn.base.prompt.dist != "fixed" else scn.base.prompt.value + new
     rows = max(1, min(knee_rows(scn), scn.kv_tokens // typical))
     profile = BatchProfile(cost_unit="tokens", hard_cap=longest, target_size=min(typical, longest),
-                           max_inflight_batches=rows + JOIN_SLOTS)
+                           max_inflight_batches=rows + JOIN_SLOTS, slo_p99_ms=scn.ttft_ms,
+                           slo_ms_per_new_token=scn.tpot_ms)
+    model = ModelConfig(name="generation", task="generate", batching="iteration", max_new_tokens=new, profile=profile)
     loop = LoopSettings(token_cap=running_token_cap(longest, rows + JOIN_SLOTS, typical),
-                        step_budget_ms=profile.slo_p99_ms / 2.0, reserve_tokens=new)
+                        step_budget_ms=profile.slo_ms_per_new_token, reserve_tokens=new, tpot_ms=scn.tpot_ms,
+                        step_token_budget=model.step_token_budget)
+    profile = model.engine_profile()
     points = []
     b = 1
     while b <= rows:

@@ -9,10 +9,10 @@ from pipeline.core.config import BatchProfile
 from pipeline.core.engine import BatchingEngine
 from pipeline.core.profile_file import GenerationCurves
 from pipeline.core.sim.gencost import GenerationCost
+from pipeline.core.sim.genfigures import gen_figures
 from pipeline.core.sim.gensim import (
     GenArrivals,
     LoopSettings,
-    gen_figures,
     running_token_cap,
     simulate_generation,
 )

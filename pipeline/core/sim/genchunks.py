@@ -1,0 +1,50 @@
+"""Chunked prefill as the consumer's decode loop runs it: a chunk rides in the decode step's forward pass.
+
+A group that is not prefilled in one piece (joins.py decides) is fed `step_token_budget`
+padded tokens per decode step, in the same forward pass as the step: its weights are read
+once, so a step carrying a chunk costs the plain step plus `RIDE_SHARE` of it
+(consumers/runners/chunked_prefill.py, measured on the runner). With no row decoding there
+is nothing to stall: the rest of the prompt is prefilled at once. The group's rows join the
+running set (their first token) when its last column is in.
+
+Pure: no clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+RIDE_SHARE = 0.35
+"""A chunk riding a decode step adds this share of a plain step (the consumer's fused rule)."""
+
+
+@dataclass(eq=False)
+class ChunkedGroup:
+    """One group's prefill, a chunk of columns per decode step."""
+
+    rows: list
+    width: int
+    """Its longest prompt: every row is left-padded to it."""
+    done: int = 0
+    """Columns prefilled so far."""
+
+    @property
+    def complete(self) -> bool:
+        return self.done >= self.width
+
+    @property
+    def reserved(self) -> int:
+        return sum(r.reserved for r in self.rows)
+
+    def ride(self, budget: int) -> None:
+        """One chunk of about `budget` padded tokens rides the next step."""
+        self.done = min(self.width, self.done + max(1, budget // len(self.rows)))
+
+    def rest_tokens(self) -> int:
+        """Padded tokens still to prefill (all at once when no row decodes)."""
+        return len(self.rows) * (self.width - self.done)
+
+
+def ride_ms(step_ms: float, chunks: int = 1) -> float:
+    """A decode step carrying `chunks` prefill chunks."""
+    return step_ms * (1.0 + RIDE_SHARE * chunks)
