@@ -23,7 +23,7 @@ import numpy as np
 
 from pipeline.core.config import BatchProfile, ModelConfig
 from pipeline.core.engine import BatchingEngine
-from pipeline.core.sim.genpeers import SGLang, TGI, VLLM, FixedWindowGen, TokenScheduler, simulate_tokens
+from pipeline.core.sim.genpeers import SGLang, TGI, VLLM, FixedWindowGen, Kernels, TokenScheduler, simulate_tokens
 from pipeline.core.sim.genscenario import GenScenario, gen_arrivals
 from pipeline.core.sim.gensim import JOIN_SLOTS, GenArrivals, GenOutcome, LoopSettings, running_token_cap, simulate_generation
 
@@ -147,8 +147,10 @@ def grids(scn: GenScenario, quick: bool) -> dict[str, list[tuple[str, Callable[[
     return {"vllm": vllm, "tgi": tgi, "sglang": sglang, "fixed-window": fixed}
 
 
-def bench_scenario(scn: GenScenario, quick: bool = False, on_run: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
-    """batchtide-default and every peer's best configuration on one scenario."""
+def bench_scenario(scn: GenScenario, quick: bool = False, on_run: Callable[[str], None] = lambda _: None,
+                   peer_kernels: Kernels = "runner") -> dict[str, Any]:
+    """batchtide-default and every peer's best configuration on one scenario, the peers charged
+    the runner's measured kernels (or their own idealised ragged ones: genpeers.iteration_ms)."""
     arr = gen_arrivals(scn)
     rows: list[GenRow] = []
     start = time.perf_counter()
@@ -159,7 +161,7 @@ def bench_scenario(scn: GenScenario, quick: bool = False, on_run: Callable[[str]
         start = time.perf_counter()
         best: tuple[str, dict[str, float]] | None = None
         for label, make in grid:
-            got = figures(scn, simulate_tokens(arr, scn.cost, make()))
+            got = figures(scn, simulate_tokens(arr, scn.cost, make(), peer_kernels))
             if best is None or got["goodput_rps"] > best[1]["goodput_rps"] + 1e-9:
                 best = (label, got)
         assert best is not None
@@ -168,7 +170,7 @@ def bench_scenario(scn: GenScenario, quick: bool = False, on_run: Callable[[str]
     peers = [r.goodput_rps for r in rows[1:]]
     top = max(peers) if peers else math.nan
     return {
-        "scenario": scn.name, "requests": len(arr), "ttft_ms": scn.ttft_ms, "tpot_ms": scn.tpot_ms,
+        "scenario": scn.name, "requests": len(arr), "peer_kernels": peer_kernels, "ttft_ms": scn.ttft_ms, "tpot_ms": scn.tpot_ms,
         "rows": [asdict(r) for r in rows],
         "default_vs_best_peer": rows[0].goodput_rps / top if top > 0 else math.nan,
     }
