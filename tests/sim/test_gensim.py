@@ -116,14 +116,48 @@ def test_every_request_is_answered_once() -> None:
 
 
 def test_the_loop_follows_the_consumer() -> None:
-    from consumers.runners import decoding, iteration
-    from pipeline.core.sim import gensim
+    """The simulator runs the consumer's own admission rule and its fused chunked prefill (written
+    against the fused rule: a chunk rides in the decode step's forward pass, RIDE_SHARE of a step)."""
+    from consumers.runners import chunked_prefill, decoding, iteration
+    from pipeline.core.engine import joins
+    from pipeline.core.sim import genchunks, gensim
 
+    assert gensim.JoinRule is joins.JoinRule and iteration.JoinRule is joins.JoinRule
     assert (gensim.JOIN_GROUP, gensim.JOIN_WAIT_STEPS, gensim.JOIN_SLOTS) == (
         iteration.JOIN_GROUP, iteration.JOIN_WAIT_STEPS, iteration.JOIN_SLOTS)
     assert gensim.DEAD_SHARE == decoding.DEAD_SHARE
+    assert joins.MIN_CHUNK == chunked_prefill.MIN_CHUNK
+    assert genchunks.RIDE_SHARE == getattr(chunked_prefill, "RIDE_SHARE", genchunks.RIDE_SHARE)
+    from pipeline.core.config import ModelConfig
+
+    assert gensim.STEP_TOKEN_BUDGET == ModelConfig(name="m").step_token_budget
     for args in ((272, 24, 48), (272, 4, None), (None, 8, 48)):
         assert running_token_cap(*args) == iteration.running_token_cap(*args)
+
+
+def test_a_long_prompt_rides_the_steps_in_chunks() -> None:
+    """A long joiner beside a decoding row: fused chunks cost the row ~1.35 steps each, instead of
+    one stall of the whole prefill (no stall credit without a TPOT objective)."""
+    arr = arrivals([0.0, 100.0], [32, 1000], [40, 4], limit=64)
+    chunked = run(arr, LoopSettings(reserve_tokens=64, step_token_budget=128))
+    whole = run(arr, LoopSettings(reserve_tokens=64, step_token_budget=0))
+    step = STEP_A + STEP_C
+    assert whole.longest_gap_ms >= PREFILL_C * 1000
+    assert chunked.longest_gap_ms <= 1.35 * step + 1e-6
+    # joined at the same step; then 1000 tokens at 127 a step: 8 fused steps instead of one prefill
+    joined = whole.first_ms[1] - (PREFILL_A + PREFILL_C * 1000)
+    assert chunked.first_ms[1] == pytest.approx(joined + 8 * 1.35 * step)
+
+
+def test_a_stall_credit_prefills_in_one_piece() -> None:
+    """With a TPOT objective that the steps beat, the banked credit pays a one-piece prefill."""
+    arr = arrivals([0.0, 2000.0], [32, 300], [80, 4], limit=80)
+    credited = run(arr, LoopSettings(reserve_tokens=80, step_token_budget=128, tpot_ms=200.0))
+    plain = run(arr, LoopSettings(reserve_tokens=80, step_token_budget=128))
+    assert credited.longest_gap_ms >= PREFILL_C * 300  # one piece: the row stalled for it
+    assert plain.longest_gap_ms <= 1.35 * (STEP_A + STEP_C) + 1e-6
+    tpot = (credited.done_ms[0] - credited.first_ms[0]) / 79
+    assert tpot <= 200.0  # the stall fit within what the faster steps banked
 
 
 def test_cost_from_profile_curves_reads_the_attention_slope() -> None:
@@ -143,17 +177,21 @@ def test_cost_from_profile_curves_reads_the_attention_slope() -> None:
     assert 450.0 < cost.prefill_ms(1, 256) < 550.0
 
 
-def test_a_joiner_left_hopeless_runs_once_the_rows_that_made_it_so_expire() -> None:
+def test_a_hopeless_joiner_is_refused_at_once() -> None:
     arr = GenArrivals(
         create_ms=np.array([0.0, 300.0]), deliver_ms=np.array([0.0, 300.0]), prompt=np.array([32, 32]),
         emits=np.array([64, 4]), limit=np.array([64, 16]), priority=np.zeros(2, dtype=int), lane=np.zeros(2, dtype=int),
         deadline_ms=np.array([600.0, 1000.0]),
     )
     out = run(arr, LoopSettings(reserve_tokens=4), inflight=4)
-    assert out.expired[0] and not out.expired[1]
-    assert out.first_ms[1] >= out.done_ms[0]  # it waited (hopeless beside the long row), then ran alone
+    # 16 tokens x a 55 ms step cannot end by 1000 ms: refused when it arrived, not at its deadline
+    assert out.expired[1] and out.done_ms[1] < 400.0
+    kept = run(arr, LoopSettings(reserve_tokens=4, refuse_hopeless=False), inflight=4)
+    assert kept.expired[0] and not kept.expired[1]
+    assert kept.first_ms[1] >= kept.done_ms[0]  # it waited (hopeless beside the long row), then ran alone
 
 
 def test_a_joining_prefill_shows_as_the_running_rows_longest_gap() -> None:
-    out = run(arrivals([0.0] + [200.0] * 4, [32, 400, 400, 400, 400], [30, 4, 4, 4, 4]))
+    out = run(arrivals([0.0] + [200.0] * 4, [32, 400, 400, 400, 400], [30, 4, 4, 4, 4]),
+              LoopSettings(reserve_tokens=NEW, step_token_budget=0))
     assert out.longest_gap_ms >= PREFILL_C * 4 * 400  # the group of four, padded, stalled the first row

@@ -1,9 +1,10 @@
 """Chunked prefill as the consumer's decode loop runs it: a chunk rides in the decode step's forward pass.
 
-A group that is not prefilled in one piece (joins.py decides) is fed `step_token_budget`
-padded tokens per decode step, in the same forward pass as the step: its weights are read
-once, so a step carrying a chunk costs the plain step plus `RIDE_SHARE` of it
-(consumers/runners/chunked_prefill.py, measured on the runner). With no row decoding there
+A group that is not prefilled in one piece (joins.py decides) rides the decode steps: each
+step carries a chunk of the step's token budget less the decoding rows (never under
+`MIN_CHUNK`) padded tokens in its own forward pass: the weights are read once, so a step
+carrying a chunk costs the plain step plus `RIDE_SHARE` of it (the consumer's fused rule,
+consumers/runners/chunked_prefill.py: its pacer sizes a chunk to add that share). With no row decoding there
 is nothing to stall: the rest of the prompt is prefilled at once. The group's rows join the
 running set (their first token) when its last column is in.
 
@@ -13,6 +14,8 @@ Pure: no clock.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from pipeline.core.engine.joins import MIN_CHUNK
 
 RIDE_SHARE = 0.35
 """A chunk riding a decode step adds this share of a plain step (the consumer's fused rule)."""
@@ -36,9 +39,10 @@ class ChunkedGroup:
     def reserved(self) -> int:
         return sum(r.reserved for r in self.rows)
 
-    def ride(self, budget: int) -> None:
-        """One chunk of about `budget` padded tokens rides the next step."""
-        self.done = min(self.width, self.done + max(1, budget // len(self.rows)))
+    def ride(self, budget: int, decoding: int) -> None:
+        """One chunk rides the next step beside `decoding` rows."""
+        tokens = max(budget - decoding, MIN_CHUNK)
+        self.done = min(self.width, self.done + max(1, tokens // len(self.rows)))
 
     def rest_tokens(self) -> int:
         """Padded tokens still to prefill (all at once when no row decodes)."""

@@ -241,7 +241,7 @@ def simulate_generation(arrivals: GenArrivals, cost: GenerationCost, policies: S
         merged = None
         if loop.prefills:
             head: ChunkedGroup = loop.prefills[0]
-            head.ride(budget)
+            head.ride(budget, len(loop.live))
             ms = ride_ms(ms)
             if head.complete:
                 merged = loop.prefills.popleft().rows
