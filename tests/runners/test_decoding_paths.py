@@ -117,7 +117,7 @@ def test_a_trimmed_view_widens_back_over_zeroed_columns() -> None:
     assert not torch.isnan(layer.keys).any() and torch.count_nonzero(layer.keys[:, :, :3]) == 0  # ... shown zeroed
 
 
-def test_a_joiner_that_cannot_make_its_deadline_does_not_join(llama: TransformersRunner) -> None:
+def test_a_joiner_that_cannot_make_its_deadline_is_refused(llama: TransformersRunner) -> None:
     """At the current time per step a 40-token answer needs ~0.8 s: with 0.3 s left it would only
     slow the running rows and expire; a 5-token one with 2 s left joins."""
 
@@ -149,5 +149,6 @@ def test_a_joiner_that_cannot_make_its_deadline_does_not_join(llama: Transformer
     scheduler.close()
     hopeless, feasible = results["hopeless"], results["feasible"]
     assert hopeless.expired and hopeless.tokens_out == 0  # type: ignore[attr-defined]
+    assert hopeless.refused == "cannot_meet_deadline"  # type: ignore[attr-defined]
     assert not feasible.expired and feasible.tokens_out == 5  # type: ignore[attr-defined]
     assert joins == 2  # the long one, then the feasible one: the hopeless one was never prefilled

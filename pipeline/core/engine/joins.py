@@ -5,8 +5,9 @@ simulator (pipeline/core/sim/gensim.py), so the bench runs the consumer's own de
 
 - hopeless joiners are refused (`cannot_meet_deadline`): one whose answer could not end by its
   deadline at the current time per step. An answer's length is judged by the p75 of the recent
-  answers once `LEARN_AFTER` ended (before that by its max_new_tokens): reserving every
-  max_new_tokens refuses requests whose typical answer fits easily;
+  answers once `LEARN_AFTER` ended: reserving every max_new_tokens refuses requests whose
+  typical answer fits easily. Before that it is judged by its max_new_tokens, and waits
+  rather than being refused (it joins when the running set empties);
 - urgent first: joiners enter by priority (0 first), dispatch order within a level;
 - memory: joiners enter while the rows' prompt plus max_new_tokens fit the token cap;
 - a join pays (its prefill stalls every running row) when the set is empty, `join_group` wait,
@@ -135,13 +136,15 @@ class JoinRule:
 
     def hopeless(self, joiner: Joiner, view: LoopView, now_ms: float) -> bool:
         """Whether its answer could not end by its deadline at the current time per step."""
-        if joiner.deadline_ms is None or not view.running:
+        if joiner.deadline_ms is None or not view.running or len(self._answers) < LEARN_AFTER:
             return False
         return now_ms + self.expected_tokens(joiner.limit) * view.last_step_ms > joiner.deadline_ms
 
     def refused(self, joiners: Sequence[Joiner], view: LoopView, now_ms: float) -> list[int]:
-        """Indices of the joiners to refuse now (`cannot_meet_deadline`)."""
-        if not self.s.refuse_hopeless:
+        """Indices of the joiners to refuse now (`cannot_meet_deadline`). A refusal is final, so it
+        waits for evidence: before `LEARN_AFTER` answers ended a joiner hopeless by its
+        max_new_tokens is not refused, it waits (`admit` skips it) and joins once the set empties."""
+        if not self.s.refuse_hopeless or len(self._answers) < LEARN_AFTER:
             return []
         return [k for k, j in enumerate(joiners) if self.hopeless(j, view, now_ms)]
 
@@ -163,7 +166,7 @@ class JoinRule:
         fits: list[int] = []
         for k in order:
             j = joiners[k]
-            if not s.refuse_hopeless and self.hopeless(j, view, now_ms):
+            if self.hopeless(j, view, now_ms):
                 continue
             if room is not None:
                 if j.reserved > room:

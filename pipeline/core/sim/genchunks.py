@@ -41,14 +41,23 @@ class ChunkedGroup:
 
     def ride(self, budget: int, decoding: int) -> None:
         """One chunk rides the next step beside `decoding` rows."""
-        tokens = max(budget - decoding, MIN_CHUNK)
-        self.done = min(self.width, self.done + max(1, tokens // len(self.rows)))
+        self.done = min(self.width, self.done + max(1, chunk_tokens(budget, decoding) // len(self.rows)))
 
     def rest_tokens(self) -> int:
         """Padded tokens still to prefill (all at once when no row decodes)."""
         return len(self.rows) * (self.width - self.done)
 
 
+def chunk_tokens(budget: int, decoding: int) -> int:
+    """Padded prompt tokens one chunk carries beside `decoding` rows (the pacer's room)."""
+    return max(budget - decoding, MIN_CHUNK)
+
+
 def ride_ms(step_ms: float, chunks: int = 1) -> float:
     """A decode step carrying `chunks` prefill chunks."""
     return step_ms * (1.0 + RIDE_SHARE * chunks)
+
+
+def rides(tokens: int, budget: int, decoding: int) -> int:
+    """Chunks that carry `tokens` prompt tokens beside `decoding` rows."""
+    return -(-tokens // chunk_tokens(budget, decoding))

@@ -35,7 +35,7 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from pipeline.core.sim.genchunks import RIDE_SHARE
+from pipeline.core.sim.genchunks import ride_ms, rides
 from pipeline.core.sim.gencost import GenerationCost
 from pipeline.core.sim.gensim import STEP_TOKEN_BUDGET, GenArrivals, GenOutcome
 
@@ -241,8 +241,8 @@ def iteration_ms(cost: GenerationCost, prefill: list[tuple[Row, int]], decode: l
 
     `runner` (the default): the kernels batchtide's runner measured, the same for every scheduler:
     a prefill alone pads its rows to the longest chunk, and prompt tokens fused with a decode step
-    cost what the runner's fused chunks cost (genchunks.py: `RIDE_SHARE` of the step per
-    `STEP_TOKEN_BUDGET` tokens). `ragged`: the servers' own kernels, idealised: a ragged batch
+    cost what the runner's fused chunks cost (genchunks.py: `RIDE_SHARE` of the step per chunk of
+    `STEP_TOKEN_BUDGET` less the decoding rows tokens). `ragged`: the servers' own kernels, idealised: a ragged batch
     (no padding: the chunks' tokens), fused with the step when there is one (its weights are
     read once: only the tokens' share of a prefill is added). A `padded` scheduler (static
     batching on a plain transformers model) pays rows x the longest prompt with either."""
@@ -257,7 +257,7 @@ def iteration_ms(cost: GenerationCost, prefill: list[tuple[Row, int]], decode: l
         if padded or (kernels == "runner" and not decode):
             ms += cost.prefill_ms(len(prefill), max(t for _, t in prefill))
         elif kernels == "runner":
-            ms += step * RIDE_SHARE * -(-tokens // STEP_TOKEN_BUDGET)
+            ms = ride_ms(step, rides(tokens, STEP_TOKEN_BUDGET, len(decode)))
         elif decode:
             ms += max(0.0, cost.prefill_ms(1, tokens) - cost.prefill_ms(1, 1))
         else:
