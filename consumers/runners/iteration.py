@@ -35,16 +35,17 @@ its whole prefill; a prompt longer than the budget is prefilled alone.
 A row whose deadline passes stops between steps (answered `expired` with
 the text so far), a joiner past its deadline is never prefilled, and a
 joiner that could not end by its deadline at the current time per step
-(the p75 of the recent answers' lengths, its max_new_tokens before 8
-answers ended, x the last step) is refused at once (`cannot_meet_deadline`).
+(the p75 of the recent answers' lengths x the last step; nobody is judged
+before 8 answers ended) is refused at once (`cannot_meet_deadline`).
 A deadline bounds compute, not only the wait before dispatch, and at
 overload the device serves requests that can still make it instead of
 sharing itself among all of them until all expire.
 
 Admission is the shared rule of pipeline/core/engine/joins.py (the
 generation bench simulates this loop with it): urgent joiners first, groups
-of like prompt lengths (padding at most 1.25x), and with
-slo_ms_per_new_token a stall credit that lets a group be prefilled in one
+of like prompt lengths (padding at most 1.25x), prompts riding the decode
+steps in chunks while the chunk queue is short, and beyond it, with
+slo_ms_per_new_token, a stall credit that lets a group be prefilled in one
 piece when the running rows' steps ran fast enough to absorb it.
 """
 
@@ -232,13 +233,15 @@ class IterationScheduler:
         return bool(len(self._running) or self._prefills)
 
     def _join(self, joining: list[Sequence]) -> list[Sequence]:
-        """Prefill the admitted joiners in groups of like prompt lengths: a group in one piece when
-        it is small or the stall credit covers it (joins.py), else queued for chunked prefill."""
+        """Prefill the admitted joiners in groups of like prompt lengths: a group rides the decode
+        steps in chunks while the chunks queued clear soon, else in one piece when the stall credit
+        covers it (joins.py), else it queues to ride."""
         finished: list[Sequence] = []
         for members in length_groups([len(s.prompt) for s in joining]):
             group = [joining[k] for k in members]
             width = max(len(s.prompt) for s in group)
-            if self._prefills or not self._rule.one_piece(len(group), width, len(self._running)):
+            queued = sum(len(p.seqs) * p.width for p in self._prefills)
+            if not self._rule.one_piece(len(group), width, len(self._running), queued):
                 self._prefills.append(ChunkedPrefill(self._running, group))
             else:
                 started = time.perf_counter()

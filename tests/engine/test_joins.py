@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.core.engine.joins import (
-    CREDIT_STEPS, LEARN_AFTER, MAX_PADDING, Joiner, JoinRule, JoinSettings, LoopView, length_groups,
+    CREDIT_STEPS, LEARN_AFTER, MAX_PADDING, RIDE_BACKLOG, Joiner, JoinRule, JoinSettings, LoopView, length_groups,
 )
 
 
@@ -26,19 +26,20 @@ def test_length_groups_keep_padding_within_bound_and_cover_every_joiner() -> Non
     assert len(groups) == 3  # the short ones, the ~400s, the ~2000s
 
 
-def test_hopeless_is_judged_by_max_new_tokens_until_answers_are_learned() -> None:
+def test_hopeless_is_judged_by_the_learned_answer_lengths() -> None:
     rule = JoinRule(JoinSettings())
     late = joiner(limit=100, deadline=1000.0)  # 100 x 20 ms from 0 ends at 2000: past 1000
-    assert rule.refused([late], VIEW, 0.0) == [0]
     for _ in range(LEARN_AFTER - 1):
-        rule.learn(10)
-    assert rule.refused([late], VIEW, 0.0) == [0]
-    rule.learn(10)
-    assert rule.expected_tokens(100) == 10
-    assert rule.refused([late], VIEW, 0.0) == []  # the p75 answer (10 x 20 ms) ends in time
-    for _ in range(3 * LEARN_AFTER):
         rule.learn(90)
-    assert rule.refused([late], VIEW, 0.0) == [0]
+    assert rule.refused([late], VIEW, 0.0) == []  # too few answers: no evidence to refuse on
+    assert rule.admit([late], VIEW.__class__(0, 0, 20.0, 10, 0), 0.0) == [0]
+    rule.learn(90)
+    assert rule.refused([late], VIEW, 0.0) == [0]  # the p75 answer (90 x 20 ms) ends too late
+    for _ in range(10 * LEARN_AFTER):
+        rule.learn(10)
+    assert rule.expected_tokens(100) == 10
+    assert rule.refused([late], VIEW, 0.0) == []  # 10 x 20 ms ends in time
+    assert rule.expected_tokens(5) == 5  # never over its own limit
 
 
 def test_nothing_is_refused_with_an_empty_set_or_without_deadline() -> None:
@@ -62,16 +63,19 @@ def test_a_join_waits_for_company_until_it_pays() -> None:
     assert rule.admit([joiner(step=9)] * 4, VIEW, 0.0) == [0, 1, 2, 3]
 
 
-def test_the_stall_credit_banks_fast_steps_and_pays_one_piece_prefills() -> None:
+def test_a_group_rides_while_the_ride_queue_is_short_then_the_credit_decides() -> None:
     rule = JoinRule(JoinSettings(tpot_ms=50.0, step_token_budget=128))
     rule.prefilled(1000, 100.0)  # 0.1 ms a padded token
-    assert not rule.one_piece(2, 500, running=8)  # no credit yet: chunked
+    backlog = RIDE_BACKLOG * 128
+    assert not rule.one_piece(2, 500, running=8)  # 1,000 tokens: rides
+    assert not rule.one_piece(1, 500, running=8, queued=backlog)  # no credit yet: it queues to ride
     rule.stepped(4, 30.0)  # four steps 20 ms under the objective
     assert rule.credit_ms == pytest.approx(80.0)
-    assert rule.one_piece(1, 500, running=8)  # 50 ms of stall, covered
+    assert rule.one_piece(1, 500, running=8, queued=backlog)  # 50 ms of stall, covered
     assert rule.credit_ms == pytest.approx(30.0)
-    assert not rule.one_piece(1, 500, running=8)
+    assert not rule.one_piece(1, 500, running=8, queued=backlog)
     rule.stepped(1000, 0.0)
     assert rule.credit_ms == pytest.approx(CREDIT_STEPS * 50.0)
-    assert rule.one_piece(4, 20, running=8)  # small: one piece whatever the credit
     assert JoinRule(JoinSettings(step_token_budget=128)).one_piece(8, 500, running=0)  # nobody to stall
+    assert not JoinRule(JoinSettings(step_token_budget=128)).one_piece(8, 500, running=4, queued=backlog)  # no objective
+    assert JoinRule(JoinSettings(step_token_budget=0)).one_piece(8, 500, running=4)  # chunking off

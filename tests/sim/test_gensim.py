@@ -35,7 +35,7 @@ def arrivals(times: list[float], prompts: list[int], emits: list[int], deadline:
 
 def run(arr: GenArrivals, settings: LoopSettings | None = None, inflight: int = 16, cost: GenerationCost = COST):
     profile = BatchProfile(cost_unit="tokens", hard_cap=512, target_size=48, max_wait_ms=0.0,
-                           max_inflight_batches=inflight, tail_mark_ratio=0.0)
+                           max_inflight_batches=inflight, tail_mark_ratio=0.0, shed_when="never")
     engine = BatchingEngine(profile)
     return simulate_generation(arr, cost, [engine], settings or LoopSettings(reserve_tokens=NEW), inflight)
 
@@ -144,7 +144,7 @@ def test_a_long_prompt_rides_the_steps_in_chunks() -> None:
     step = STEP_A + STEP_C
     assert whole.longest_gap_ms >= PREFILL_C * 1000
     assert chunked.longest_gap_ms <= 1.35 * step + 1e-6
-    # joined at the same step; then 1000 tokens at 127 a step: 8 fused steps instead of one prefill
+    # joined at the same step; then 1000 tokens at 128 a step: 8 fused steps instead of one prefill
     joined = whole.first_ms[1] - (PREFILL_A + PREFILL_C * 1000)
     assert chunked.first_ms[1] == pytest.approx(joined + 8 * 1.35 * step)
 
@@ -152,8 +152,9 @@ def test_a_long_prompt_rides_the_steps_in_chunks() -> None:
 def test_a_stall_credit_prefills_in_one_piece() -> None:
     """With a TPOT objective that the steps beat, the banked credit pays a one-piece prefill."""
     arr = arrivals([0.0, 2000.0], [32, 300], [80, 4], limit=80)
-    credited = run(arr, LoopSettings(reserve_tokens=80, step_token_budget=128, tpot_ms=200.0))
-    plain = run(arr, LoopSettings(reserve_tokens=80, step_token_budget=128))
+    # 300 tokens at 16 a step is a longer ride queue than RIDE_BACKLOG steps: the credit decides
+    credited = run(arr, LoopSettings(reserve_tokens=80, step_token_budget=16, tpot_ms=200.0))
+    plain = run(arr, LoopSettings(reserve_tokens=80, step_token_budget=16))
     assert credited.longest_gap_ms >= PREFILL_C * 300  # one piece: the row stalled for it
     assert plain.longest_gap_ms <= 1.35 * (STEP_A + STEP_C) + 1e-6
     tpot = (credited.done_ms[0] - credited.first_ms[0]) / 79
@@ -177,18 +178,32 @@ def test_cost_from_profile_curves_reads_the_attention_slope() -> None:
     assert 450.0 < cost.prefill_ms(1, 256) < 550.0
 
 
-def test_a_hopeless_joiner_is_refused_at_once() -> None:
+def test_a_hopeless_joiner_is_refused_at_once_once_answer_lengths_are_known() -> None:
+    # eight answers of 16 tokens teach the rule; then a long row runs and a joiner arrives whose
+    # 16 tokens x a ~55 ms step cannot end within its 500 ms
+    times = [0.0] * 8 + [2000.0, 2300.0]
+    emits = [16] * 8 + [64, 16]
+    arr = GenArrivals(
+        create_ms=np.array(times), deliver_ms=np.array(times), prompt=np.full(10, 32), emits=np.array(emits),
+        limit=np.array([16] * 8 + [64, 16]), priority=np.zeros(10, dtype=int), lane=np.zeros(10, dtype=int),
+        deadline_ms=np.array([np.nan] * 9 + [2800.0]),
+    )
+    out = run(arr, LoopSettings(reserve_tokens=4), inflight=4)
+    assert not out.expired[:9].any()
+    assert out.expired[9] and np.isnan(out.first_ms[9]) and out.done_ms[9] < 2600.0  # refused, not left to expire
+    kept = run(arr, LoopSettings(reserve_tokens=4, refuse_hopeless=False), inflight=4)
+    assert kept.expired[9] and kept.done_ms[9] == pytest.approx(2800.0, abs=60.0)  # it waited for its deadline
+
+
+def test_nobody_is_refused_before_answer_lengths_are_known() -> None:
     arr = GenArrivals(
         create_ms=np.array([0.0, 300.0]), deliver_ms=np.array([0.0, 300.0]), prompt=np.array([32, 32]),
         emits=np.array([64, 4]), limit=np.array([64, 16]), priority=np.zeros(2, dtype=int), lane=np.zeros(2, dtype=int),
         deadline_ms=np.array([600.0, 1000.0]),
     )
     out = run(arr, LoopSettings(reserve_tokens=4), inflight=4)
-    # 16 tokens x a 55 ms step cannot end by 1000 ms: refused when it arrived, not at its deadline
-    assert out.expired[1] and out.done_ms[1] < 400.0
-    kept = run(arr, LoopSettings(reserve_tokens=4, refuse_hopeless=False), inflight=4)
-    assert kept.expired[0] and not kept.expired[1]
-    assert kept.first_ms[1] >= kept.done_ms[0]  # it waited (hopeless beside the long row), then ran alone
+    # by max_new_tokens (16 x 55 ms) it would be hopeless; its answer of 4 tokens makes it
+    assert out.expired[0] and not out.expired[1]
 
 
 def test_a_joining_prefill_shows_as_the_running_rows_longest_gap() -> None:

@@ -5,9 +5,10 @@ simulator (pipeline/core/sim/gensim.py), so the bench runs the consumer's own de
 
 - hopeless joiners are refused (`cannot_meet_deadline`): one whose answer could not end by its
   deadline at the current time per step. An answer's length is judged by the p75 of the recent
-  answers once `LEARN_AFTER` ended: reserving every max_new_tokens refuses requests whose
-  typical answer fits easily. Before that it is judged by its max_new_tokens, and waits
-  rather than being refused (it joins when the running set empties);
+  answers (never over its max_new_tokens): reserving every max_new_tokens refuses requests whose
+  typical answer fits easily (with 500 asked, 80 answered and an 8 s deadline, every joiner).
+  Before `LEARN_AFTER` answers ended nobody is judged: a refusal needs evidence, and judging by
+  max_new_tokens then keeps the running set from ever teaching the rule;
 - urgent first: joiners enter by priority (0 first), dispatch order within a level;
 - memory: joiners enter while the rows' prompt plus max_new_tokens fit the token cap;
 - a join pays (its prefill stalls every running row) when the set is empty, `join_group` wait,
@@ -15,10 +16,12 @@ simulator (pipeline/core/sim/gensim.py), so the bench runs the consumer's own de
   while the last step took longer than the step budget a short queue does not join;
 - length groups: joiners are prefilled in groups of like prompts, so that left-padding to the
   longest prompt of a group costs at most `MAX_PADDING` x the real tokens;
-- stall credit: with a time-per-output-token objective, every step faster than it banks the
-  difference (up to `CREDIT_STEPS` objectives); a group whose one-piece prefill the credit covers
-  is prefilled at once (the rows' mean time per token still meets the objective), the others
-  ride along the decode steps in chunks.
+- rides and stall credit: a group's prompt rides the decode steps in chunks (in the step's own
+  forward pass: no stall, the cheapest prefill) while the chunks queued, its own included, clear
+  within `RIDE_BACKLOG` steps. Beyond that, with a time-per-output-token objective, the stall
+  credit decides: every step faster than the objective banks the difference (up to
+  `CREDIT_STEPS` objectives), and a group whose one-piece prefill the credit covers is prefilled
+  at once (the rows' mean time per token still meets the objective); the others queue to ride.
 
 Pure: no clock, no device; every time is an argument.
 """
@@ -36,15 +39,17 @@ JOIN_WAIT_STEPS = 6
 MAX_PADDING = 1.25
 """A prefill group's padded tokens (rows x its longest prompt) over its real tokens, at most."""
 LEARN_AFTER = 8
-"""Answers ended before their lengths judge who is hopeless (max_new_tokens until then)."""
+"""Answers ended before their lengths judge who is hopeless (nobody is, until then)."""
 ANSWER_WINDOW = 256
 """Recent answer lengths the p75 is taken over."""
 ANSWER_QUANTILE = 0.75
 CREDIT_STEPS = 8
 """Stall credit banked at most, in time-per-output-token objectives."""
 MIN_CHUNK = 8
-"""A group of at most the step's token budget less the decoding rows (never under this) is small:
-prefilled in one piece."""
+"""Prompt tokens a chunk carries at least (the consumer's chunked prefill)."""
+RIDE_BACKLOG = 16
+"""Decode steps of chunks a joining group may queue behind (itself included) before the stall
+credit may prefill it in one piece instead."""
 PREFILL_WINDOW = 16
 """Recent one-piece prefills the ms-per-token estimate is taken over."""
 
@@ -141,10 +146,8 @@ class JoinRule:
         return now_ms + self.expected_tokens(joiner.limit) * view.last_step_ms > joiner.deadline_ms
 
     def refused(self, joiners: Sequence[Joiner], view: LoopView, now_ms: float) -> list[int]:
-        """Indices of the joiners to refuse now (`cannot_meet_deadline`). A refusal is final, so it
-        waits for evidence: before `LEARN_AFTER` answers ended a joiner hopeless by its
-        max_new_tokens is not refused, it waits (`admit` skips it) and joins once the set empties."""
-        if not self.s.refuse_hopeless or len(self._answers) < LEARN_AFTER:
+        """Indices of the joiners to refuse now (`cannot_meet_deadline`)."""
+        if not self.s.refuse_hopeless:
             return []
         return [k for k, j in enumerate(joiners) if self.hopeless(j, view, now_ms)]
 
@@ -199,14 +202,18 @@ class JoinRule:
             return None
         return tokens * sum(ms for _, ms in self._prefills) / sum(t for t, _ in self._prefills)
 
-    def one_piece(self, rows: int, width: int, running: int) -> bool:
-        """Whether a group of `rows` prompts padded to `width` is prefilled at once (spending the
-        credit it stalls the running rows for), or in chunks riding the decode steps."""
+    def one_piece(self, rows: int, width: int, running: int, queued: int = 0) -> bool:
+        """Whether a group of `rows` prompts padded to `width` is prefilled at once, stalling the
+        running rows, or rides the decode steps in chunks (`queued`: padded prompt tokens already
+        waiting to ride). Riding costs the rows no stall and a prompt token less than a prefill of
+        its own, so a group rides while the ride queue, itself included, clears within
+        `RIDE_BACKLOG` steps; beyond that it is prefilled in one piece if the stall credit covers
+        it (spending it), else it queues to ride."""
         budget = self.s.step_token_budget
         tokens = rows * width
-        if budget <= 0 or not running or tokens <= max(budget - running, MIN_CHUNK):
+        if budget <= 0 or not running:
             return True
-        if not self.s.tpot_ms:
+        if queued + tokens <= RIDE_BACKLOG * budget or not self.s.tpot_ms:
             return False
         estimate = self.prefill_estimate_ms(tokens)
         if estimate is None or estimate > self.credit_ms:

@@ -1,10 +1,10 @@
 """Chunked prefill as the consumer's decode loop runs it: a chunk rides in the decode step's forward pass.
 
 A group that is not prefilled in one piece (joins.py decides) rides the decode steps: each
-step carries a chunk of the step's token budget less the decoding rows (never under
-`MIN_CHUNK`) padded tokens in its own forward pass: the weights are read once, so a step
-carrying a chunk costs the plain step plus `RIDE_SHARE` of it (the consumer's fused rule,
-consumers/runners/chunked_prefill.py: its pacer sizes a chunk to add that share). With no row decoding there
+step carries a chunk of `step_token_budget` padded prompt tokens in its own forward pass: the
+weights are read once, so a step carrying a chunk costs the plain step plus `RIDE_SHARE` of it
+(the consumer's fused rule, consumers/runners/chunked_prefill.py: its pacer sizes a chunk to
+add that share, within the budget). With no row decoding there
 is nothing to stall: the rest of the prompt is prefilled at once. The group's rows join the
 running set (their first token) when its last column is in.
 
@@ -36,6 +36,11 @@ class ChunkedGroup:
         return self.done >= self.width
 
     @property
+    def tokens(self) -> int:
+        """Padded prompt tokens of the whole group."""
+        return len(self.rows) * self.width
+
+    @property
     def reserved(self) -> int:
         return sum(r.reserved for r in self.rows)
 
@@ -49,8 +54,9 @@ class ChunkedGroup:
 
 
 def chunk_tokens(budget: int, decoding: int) -> int:
-    """Padded prompt tokens one chunk carries beside `decoding` rows (the pacer's room)."""
-    return max(budget - decoding, MIN_CHUNK)
+    """Padded prompt tokens one chunk carries (the step's token budget; `decoding` rows beside it
+    are paid for by the step itself)."""
+    return max(budget, MIN_CHUNK)
 
 
 def ride_ms(step_ms: float, chunks: int = 1) -> float:

@@ -280,7 +280,7 @@ def simulate_generation(arrivals: GenArrivals, cost: GenerationCost, policies: S
             for group in length_groups([int(arr.prompt[r.i]) for r in joining]):
                 rows = [joining[k] for k in group]
                 width = max(int(arr.prompt[r.i]) for r in rows)
-                if rule.one_piece(len(rows), width, len(loop.live)):
+                if rule.one_piece(len(rows), width, len(loop.live), sum(p.tokens for p in loop.prefills)):
                     took = cost.prefill_ms(len(rows), width)
                     rule.prefilled(len(rows) * width, took)
                     ms += took
