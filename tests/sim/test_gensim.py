@@ -144,17 +144,18 @@ def test_a_long_prompt_rides_the_steps_in_chunks() -> None:
     step = STEP_A + STEP_C
     assert whole.longest_gap_ms >= PREFILL_C * 1000
     assert chunked.longest_gap_ms <= 1.35 * step + 1e-6
-    # joined at the same step; then 1000 tokens at 128 a step: 8 fused steps instead of one prefill
+    # joined at the same step; then 1000 tokens at 128 a step: 8 fused steps (the last one a part
+    # chunk, paid for its part) instead of one prefill
     joined = whole.first_ms[1] - (PREFILL_A + PREFILL_C * 1000)
-    assert chunked.first_ms[1] == pytest.approx(joined + 8 * 1.35 * step)
+    assert chunked.first_ms[1] == pytest.approx(joined + 8 * step + 0.35 * step * 1000 / 128)
 
 
 def test_a_stall_credit_prefills_in_one_piece() -> None:
     """With a TPOT objective that the steps beat, the banked credit pays a one-piece prefill."""
     arr = arrivals([0.0, 2000.0], [32, 300], [80, 4], limit=80)
-    # 300 tokens at 16 a step is a longer ride queue than RIDE_BACKLOG steps: the credit decides
-    credited = run(arr, LoopSettings(reserve_tokens=80, step_token_budget=16, tpot_ms=200.0))
-    plain = run(arr, LoopSettings(reserve_tokens=80, step_token_budget=16))
+    # 300 tokens at 8 a step is a longer ride queue than RIDE_BACKLOG steps: the credit decides
+    credited = run(arr, LoopSettings(reserve_tokens=80, step_token_budget=8, tpot_ms=200.0))
+    plain = run(arr, LoopSettings(reserve_tokens=80, step_token_budget=8))
     assert credited.longest_gap_ms >= PREFILL_C * 300  # one piece: the row stalled for it
     assert plain.longest_gap_ms <= 1.35 * (STEP_A + STEP_C) + 1e-6
     tpot = (credited.done_ms[0] - credited.first_ms[0]) / 79

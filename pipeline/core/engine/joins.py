@@ -47,7 +47,7 @@ CREDIT_STEPS = 8
 """Stall credit banked at most, in time-per-output-token objectives."""
 MIN_CHUNK = 8
 """Prompt tokens a chunk carries at least (the consumer's chunked prefill)."""
-RIDE_BACKLOG = 16
+RIDE_BACKLOG = 24
 """Decode steps of chunks a joining group may queue behind (itself included) before the stall
 credit may prefill it in one piece instead."""
 PREFILL_WINDOW = 16

@@ -4,7 +4,7 @@ A group that is not prefilled in one piece (joins.py decides) rides the decode s
 step carries a chunk of `step_token_budget` padded prompt tokens in its own forward pass: the
 weights are read once, so a step carrying a chunk costs the plain step plus `RIDE_SHARE` of it
 (the consumer's fused rule, consumers/runners/chunked_prefill.py: its pacer sizes a chunk to
-add that share, within the budget). With no row decoding there
+add that share, within the budget); a group's last, shorter chunk costs its share of that. With no row decoding there
 is nothing to stall: the rest of the prompt is prefilled at once. The group's rows join the
 running set (their first token) when its last column is in.
 
@@ -44,9 +44,11 @@ class ChunkedGroup:
     def reserved(self) -> int:
         return sum(r.reserved for r in self.rows)
 
-    def ride(self, budget: int, decoding: int) -> None:
-        """One chunk rides the next step beside `decoding` rows."""
+    def ride(self, budget: int, decoding: int) -> int:
+        """One chunk rides the next step beside `decoding` rows; returns its padded tokens."""
+        start = self.done
         self.done = min(self.width, self.done + max(1, chunk_tokens(budget, decoding) // len(self.rows)))
+        return (self.done - start) * len(self.rows)
 
     def rest_tokens(self) -> int:
         """Padded tokens still to prefill (all at once when no row decodes)."""
@@ -59,11 +61,11 @@ def chunk_tokens(budget: int, decoding: int) -> int:
     return max(budget, MIN_CHUNK)
 
 
-def ride_ms(step_ms: float, chunks: int = 1) -> float:
-    """A decode step carrying `chunks` prefill chunks."""
+def ride_ms(step_ms: float, chunks: float = 1.0) -> float:
+    """A decode step carrying `chunks` chunks of prompt tokens (a part chunk costs its part)."""
     return step_ms * (1.0 + RIDE_SHARE * chunks)
 
 
-def rides(tokens: int, budget: int, decoding: int) -> int:
-    """Chunks that carry `tokens` prompt tokens beside `decoding` rows."""
-    return -(-tokens // chunk_tokens(budget, decoding))
+def rides(tokens: int, budget: int, decoding: int) -> float:
+    """Chunks' worth of `tokens` prompt tokens beside `decoding` rows."""
+    return tokens / chunk_tokens(budget, decoding)

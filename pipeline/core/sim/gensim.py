@@ -26,7 +26,7 @@ import numpy as np
 
 from pipeline.core.engine.decisions import Batch, BatchPolicy, PendingRequest
 from pipeline.core.engine.joins import JOIN_GROUP, JOIN_WAIT_STEPS, Joiner, JoinRule, JoinSettings, LoopView, length_groups
-from pipeline.core.sim.genchunks import ChunkedGroup, ride_ms
+from pipeline.core.sim.genchunks import ChunkedGroup, chunk_tokens, ride_ms
 from pipeline.core.sim.gencost import GenerationCost
 
 JOIN_SLOTS = 2 * JOIN_GROUP
@@ -241,8 +241,7 @@ def simulate_generation(arrivals: GenArrivals, cost: GenerationCost, policies: S
         merged = None
         if loop.prefills:
             head: ChunkedGroup = loop.prefills[0]
-            head.ride(budget, len(loop.live))
-            ms = ride_ms(ms)
+            ms = ride_ms(ms, head.ride(budget, len(loop.live)) / chunk_tokens(budget, len(loop.live)))
             if head.complete:
                 merged = loop.prefills.popleft().rows
         step_rows.append(rows)
