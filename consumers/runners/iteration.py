@@ -242,7 +242,7 @@ class IterationScheduler:
             width = max(len(s.prompt) for s in group)
             queued = sum(len(p.seqs) * p.width for p in self._prefills)
             if not self._rule.one_piece(len(group), width, len(self._running), queued):
-                self._prefills.append(ChunkedPrefill(self._running, group))
+                self._prefills.extend(ChunkedPrefill(self._running, [s]) for s in group)  # a ride pays no padding
             else:
                 started = time.perf_counter()
                 finished += self._running.join(group)

@@ -15,7 +15,8 @@ simulator (pipeline/core/sim/gensim.py), so the bench runs the consumer's own de
   the set has halved since the last join, or the oldest joiner waited `join_wait_steps` steps;
   while the last step took longer than the step budget a short queue does not join;
 - length groups: joiners are prefilled in groups of like prompts, so that left-padding to the
-  longest prompt of a group costs at most `MAX_PADDING` x the real tokens;
+  longest prompt of a group costs at most `MAX_PADDING` x the real tokens (a group that rides
+  rides one prompt at a time: a ride is paid per token, so it pays no padding at all);
 - rides and stall credit: a group's prompt rides the decode steps in chunks (in the step's own
   forward pass: no stall, the cheapest prefill) while the chunks queued, its own included, clear
   within `RIDE_BACKLOG` steps. Beyond that, with a time-per-output-token objective, the stall

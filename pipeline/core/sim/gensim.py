@@ -285,7 +285,7 @@ def simulate_generation(arrivals: GenArrivals, cost: GenerationCost, policies: S
                     ms += took
                     whole += rows
                 else:
-                    loop.prefills.append(ChunkedGroup(rows, width))
+                    loop.prefills.extend(ChunkedGroup([r], int(arr.prompt[r.i])) for r in rows)  # rides: unpadded
         if not whole and not loop.live and loop.prefills:
             head = loop.prefills.popleft()
             ms = cost.prefill_ms(1, head.rest_tokens())
