@@ -107,7 +107,8 @@ class BatchProfile:
     `cannot_meet_deadline`: only what can still be served in time runs); `deadline` only
     when it cannot meet its deadline (a request late for the SLO still runs, for a late
     answer); `never` expires it only once its deadline passed. Requests without a
-    deadline are never shed."""
+    deadline are never shed. A model with `batching = "iteration"` runs `never`: its
+    decode loop refuses a joiner that cannot end by its deadline (`cannot_meet_deadline`)."""
     cost_unit: CostUnit = "requests"
     """Unit of target_size and hard_cap: request count, or prompt+output tokens."""
     max_inflight_batches: int = 1
