@@ -82,8 +82,12 @@ class Outcomes:
                 held.tokens_out = output.tokens_out
                 tokens_in += held.tokens_in
                 tokens_out += output.tokens_out
-                verdict = Verdict("expired", DEADLINE) if output.expired else Verdict("ok")
-                error = f"deadline passed after {output.tokens_out} generated tokens (the text so far)" if output.expired else None
+                verdict = Verdict("expired", output.refused or DEADLINE) if output.expired else Verdict("ok")
+                error = None
+                if output.refused:
+                    error = "refused before its prefill: it could not end by its deadline at the current time per step"
+                elif output.expired:
+                    error = f"deadline passed after {output.tokens_out} generated tokens (the text so far)"
                 messages.append(answers.answered(held, verdict, done, batch_id=batch.batch_id, output=output, error=error))
             messages.append(
                 answers.latency(

@@ -39,6 +39,8 @@ class Output:
     output token (iteration-level batching answers a batch when its last request ends)."""
     expired: bool = False
     """Generation stopped at the request's deadline: `text` is what came before it."""
+    refused: str | None = None
+    """Generation: the decode loop refused it before its prefill, with this reason (expired with no text)."""
 
 
 @runtime_checkable

@@ -51,6 +51,10 @@ class Sequence:
     """Epoch ms past which its answer is worthless: `expire()` stops it there."""
     expired: bool = False
     """Stopped by its deadline, not by EOS or its limit."""
+    priority: int = 0
+    """Client priority, 0 the most urgent: urgent joiners enter the running set first."""
+    refused: str | None = None
+    """Why the decode loop refused it before its prefill (`cannot_meet_deadline`), if it did."""
 
     @property
     def reserved_tokens(self) -> int:

@@ -35,10 +35,18 @@ its whole prefill; a prompt longer than the budget is prefilled alone.
 A row whose deadline passes stops between steps (answered `expired` with
 the text so far), a joiner past its deadline is never prefilled, and a
 joiner that could not end by its deadline at the current time per step
-(its max_new_tokens x the last step) does not join: it waits, and expires
-unless steps get faster. A deadline bounds compute, not only the wait
-before dispatch, and at overload the device serves requests that can still
-make it instead of sharing itself among all of them until all expire.
+(the p75 of the recent answers' lengths x the last step; nobody is judged
+before 8 answers ended) is refused at once (`cannot_meet_deadline`).
+A deadline bounds compute, not only the wait before dispatch, and at
+overload the device serves requests that can still make it instead of
+sharing itself among all of them until all expire.
+
+Admission is the shared rule of pipeline/core/engine/joins.py (the
+generation bench simulates this loop with it): urgent joiners first, groups
+of like prompt lengths (padding at most 1.25x), prompts riding the decode
+steps in chunks while the chunk queue is short, and beyond it, with
+slo_ms_per_new_token, a stall credit that lets a group be prefilled in one
+piece when the running rows' steps ran fast enough to absorb it.
 """
 
 from __future__ import annotations
@@ -50,14 +58,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.core.engine.joins import JOIN_GROUP, JOIN_WAIT_STEPS, Joiner, JoinRule, JoinSettings, LoopView, length_groups
+from pipeline.core.engine.shedding import CANNOT_MEET_DEADLINE
+
 from .base import Output, describe_error
-from .chunked_prefill import ChunkedPrefill, ChunkPacer, needs_chunks, split_long
+from .chunked_prefill import ChunkedPrefill, ChunkPacer
 from .decoding import RunningSet, Sequence, drop_expired
 
-JOIN_GROUP = 4
-"""Joiners that make a join worth its prefill at once."""
-JOIN_WAIT_STEPS = 6
-"""Decode steps the oldest joiner may wait for company (about two lone prefills)."""
 JOIN_SLOTS = 2 * JOIN_GROUP
 """In-flight batches beyond what the running set holds: joiners queued for room, so that
 rows leaving at the token cap are replaced in groups rather than one prefill at a time."""
@@ -101,6 +108,8 @@ class IterationScheduler:
         join_group: int = JOIN_GROUP,
         join_wait_steps: int = JOIN_WAIT_STEPS,
         step_token_budget: int = 0,
+        tpot_ms: float | None = None,
+        refuse_hopeless: bool = True,
     ) -> None:
         self._new_running = new_running
         self._to_output = to_output
@@ -111,6 +120,8 @@ class IterationScheduler:
         self._join_wait_steps = join_wait_steps
         self.step_token_budget = step_token_budget
         self._pacer = ChunkPacer(step_token_budget)
+        self._rule = JoinRule(JoinSettings(token_cap, step_budget_ms, join_group, join_wait_steps, tpot_ms,
+                                           step_token_budget, refuse_hopeless))
         self._running = new_running()
         self._joiners: deque[Sequence] = deque()
         self._prefills: deque[ChunkedPrefill] = deque()
@@ -151,55 +162,40 @@ class IterationScheduler:
         self._thread.join(timeout=30)
 
     def _drop_expired(self, now_ms: float) -> list[Sequence]:
-        """Joiners whose deadline passed while they waited: they leave without a prefill."""
+        """Joiners whose deadline passed while they waited, and those the join rule refuses as
+        hopeless (`cannot_meet_deadline`): they leave without a prefill."""
         expired = [s for s in self._joiners if s.deadline_ms is not None and s.deadline_ms <= now_ms]
-        if expired:
-            drop_expired(expired, now_ms)
+        drop_expired(expired, now_ms)
+        waiting = [s for s in self._joiners if not s.finished]
+        refused = [waiting[k] for k in self._rule.refused(self._views(waiting), self._view(), now_ms)]
+        for seq in refused:
+            seq.finished = seq.expired = True
+            seq.refused = CANNOT_MEET_DEADLINE
+        if expired or refused:
             self._joiners = deque(s for s in self._joiners if not s.finished)
-        return expired
-
-    def _hopeless(self, seq: Sequence, now_ms: float) -> bool:
-        """Whether `seq` cannot end by its deadline even at the current time per step: joining
-        would spend a prefill and slow every row for an answer that expires anyway."""
-        if seq.deadline_ms is None or not len(self._running):
-            return False
-        return now_ms + seq.limit * self._last_step_ms > seq.deadline_ms
+        return expired + refused
 
     @property
     def _prefilling_tokens(self) -> int:
         return sum(p.reserved_tokens for p in self._prefills)
 
+    def _view(self) -> LoopView:
+        reserved = self._running.reserved_tokens + self._prefilling_tokens
+        return LoopView(len(self._running), reserved, self._last_step_ms, self.steps, self._size_at_join)
+
+    @staticmethod
+    def _views(seqs: list[Sequence]) -> list[Joiner]:
+        return [Joiner(len(s.prompt), s.reserved_tokens, s.limit, s.deadline_ms, s.priority, s.tag.arrived_step)
+                for s in seqs]
+
     def _admit(self, now_ms: float) -> list[Sequence]:
-        """Joiners to prefill now (in dispatch order, hopeless ones left to expire), or none yet."""
-        joiners = self._joiners
-        running = self._running
-        room = None if self.token_cap is None else self.token_cap - running.reserved_tokens - self._prefilling_tokens
-        fits: list[Sequence] = []
-        for seq in joiners:
-            if self._hopeless(seq, now_ms):
-                continue
-            if room is not None:
-                if seq.reserved_tokens > room:
-                    break
-                room -= seq.reserved_tokens
-            fits.append(seq)
-        if not fits:
-            return []
-        over_budget = self.step_budget_ms is not None and self._last_step_ms > self.step_budget_ms
-        if len(running) and over_budget and len(joiners) < self._join_group:
-            return []  # a short queue: it waits rather than slow every running row past the budget
-        oldest: _Group = fits[0].tag
-        pays = (
-            len(running) == 0
-            or len(fits) >= self._join_group
-            or len(running) * 2 <= self._size_at_join
-            or self.steps - oldest.arrived_step >= self._join_wait_steps
-        )
-        if not pays:
-            return []
-        chosen = set(map(id, fits))
-        self._joiners = deque(s for s in joiners if id(s) not in chosen)
-        return fits
+        """Joiners to prefill now (urgent first, then in dispatch order), or none yet (joins.py)."""
+        joiners = list(self._joiners)
+        chosen = [joiners[k] for k in self._rule.admit(self._views(joiners), self._view(), now_ms)]
+        if chosen:
+            taken = set(map(id, chosen))
+            self._joiners = deque(s for s in joiners if id(s) not in taken)
+        return chosen
 
     def _loop(self) -> None:
         import torch
@@ -237,16 +233,22 @@ class IterationScheduler:
         return bool(len(self._running) or self._prefills)
 
     def _join(self, joining: list[Sequence]) -> list[Sequence]:
-        """Prefill the admitted joiners now, or queue them for chunked prefill when one piece would
-        spend more than a step's token budget while rows are decoding."""
+        """Prefill the admitted joiners in groups of like prompt lengths: a group rides the decode
+        steps in chunks while the chunks queued clear soon, else in one piece when the stall credit
+        covers it (joins.py), else it queues to ride."""
         finished: list[Sequence] = []
-        for group in split_long(joining, self.step_token_budget):
-            if self._prefills or needs_chunks(group, self.step_token_budget, len(self._running)):
-                self._prefills.append(ChunkedPrefill(self._running, group))
+        for members in length_groups([len(s.prompt) for s in joining]):
+            group = [joining[k] for k in members]
+            width = max(len(s.prompt) for s in group)
+            queued = sum(len(p.seqs) * p.width for p in self._prefills)
+            if not self._rule.one_piece(len(group), width, len(self._running), queued):
+                self._prefills.extend(ChunkedPrefill(self._running, [s]) for s in group)  # a ride pays no padding
             else:
                 started = time.perf_counter()
                 finished += self._running.join(group)
-                self._pacer.observe(len(group) * max(len(s.prompt) for s in group), (time.perf_counter() - started) * 1000.0)
+                ms = (time.perf_counter() - started) * 1000.0
+                self._pacer.observe(len(group) * width, ms)
+                self._rule.prefilled(len(group) * width, ms)
                 self._size_at_join = len(self._running)
         return finished
 
@@ -275,10 +277,15 @@ class IterationScheduler:
                 break
         return finished
 
-    @staticmethod
-    def _finish(seqs: list[Sequence]) -> None:
+    def _finish(self, seqs: list[Sequence]) -> None:
         for seq in seqs:
+            self._learn(seq)
             seq.tag.finish()
+
+    def _learn(self, seq: Sequence) -> None:
+        """An answer that ended by itself tells the join rule how long answers run."""
+        if not seq.expired:
+            self._rule.learn(len(seq.generated))
 
     def _fail(self, seqs: list[Sequence], error: str) -> None:
         """A step or prefill raised: the rows it held fail (the caller bisects), the set restarts."""

@@ -213,7 +213,7 @@ class TransformersRunner:
             budget = profile.slo_ms_per_new_token or profile.compute_budget_ms or profile.slo_p99_ms / 2.0
             self.iteration = IterationScheduler(
                 self._running_set, self._to_output, token_cap=running_cap, step_budget_ms=budget,
-                step_token_budget=self.config.step_token_budget,
+                step_token_budget=self.config.step_token_budget, tpot_ms=profile.slo_ms_per_new_token or None,
             )
 
     def _ids(self, req: Request) -> list[int]:
@@ -346,7 +346,7 @@ class TransformersRunner:
     def _generate(self, reqs: list[Request], ids: list[list[int]]) -> list[Output]:
         reserve = self.config.max_new_tokens if self.iteration is not None else None
         seqs = [
-            Sequence(prompt, self._new_tokens(r), reserve=reserve, deadline_ms=r.deadline_ms)
+            Sequence(prompt, self._new_tokens(r), reserve=reserve, deadline_ms=r.deadline_ms, priority=r.priority)
             for r, prompt in zip(reqs, ids)
         ]
         if self.iteration is not None:
@@ -368,6 +368,7 @@ class TransformersRunner:
             first_token_ms=seq.first_token_ms,
             last_token_ms=seq.last_token_ms,
             expired=seq.expired,
+            refused=seq.refused,
         )
 
     def device_memory(self) -> tuple[int, MemoryKind]:

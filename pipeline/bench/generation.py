@@ -21,9 +21,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from pipeline.core.config import BatchProfile
+from pipeline.core.config import BatchProfile, ModelConfig
 from pipeline.core.engine import BatchingEngine
-from pipeline.core.sim.genpeers import SGLang, TGI, VLLM, FixedWindowGen, TokenScheduler, simulate_tokens
+from pipeline.core.sim.genpeers import SGLang, TGI, VLLM, FixedWindowGen, Kernels, TokenScheduler, simulate_tokens
 from pipeline.core.sim.genscenario import GenScenario, gen_arrivals
 from pipeline.core.sim.gensim import JOIN_SLOTS, GenArrivals, GenOutcome, LoopSettings, running_token_cap, simulate_generation
 
@@ -97,9 +97,13 @@ def default_layout(scn: GenScenario) -> tuple[BatchProfile, LoopSettings, int, l
     longest = scn.base.prompt.max + new if scn.base.prompt.dist != "fixed" else scn.base.prompt.value + new
     rows = max(1, min(knee_rows(scn), scn.kv_tokens // typical))
     profile = BatchProfile(cost_unit="tokens", hard_cap=longest, target_size=min(typical, longest),
-                           max_inflight_batches=rows + JOIN_SLOTS)
+                           max_inflight_batches=rows + JOIN_SLOTS, slo_p99_ms=scn.ttft_ms,
+                           slo_ms_per_new_token=scn.tpot_ms)
+    model = ModelConfig(name="generation", task="generate", batching="iteration", max_new_tokens=new, profile=profile)
     loop = LoopSettings(token_cap=running_token_cap(longest, rows + JOIN_SLOTS, typical),
-                        step_budget_ms=profile.slo_p99_ms / 2.0, reserve_tokens=new)
+                        step_budget_ms=profile.slo_ms_per_new_token, reserve_tokens=new, tpot_ms=scn.tpot_ms,
+                        step_token_budget=model.step_token_budget)
+    profile = model.engine_profile()
     points = []
     b = 1
     while b <= rows:
@@ -143,8 +147,10 @@ def grids(scn: GenScenario, quick: bool) -> dict[str, list[tuple[str, Callable[[
     return {"vllm": vllm, "tgi": tgi, "sglang": sglang, "fixed-window": fixed}
 
 
-def bench_scenario(scn: GenScenario, quick: bool = False, on_run: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
-    """batchtide-default and every peer's best configuration on one scenario."""
+def bench_scenario(scn: GenScenario, quick: bool = False, on_run: Callable[[str], None] = lambda _: None,
+                   peer_kernels: Kernels = "runner") -> dict[str, Any]:
+    """batchtide-default and every peer's best configuration on one scenario, the peers charged
+    the runner's measured kernels (or their own idealised ragged ones: genpeers.iteration_ms)."""
     arr = gen_arrivals(scn)
     rows: list[GenRow] = []
     start = time.perf_counter()
@@ -155,7 +161,7 @@ def bench_scenario(scn: GenScenario, quick: bool = False, on_run: Callable[[str]
         start = time.perf_counter()
         best: tuple[str, dict[str, float]] | None = None
         for label, make in grid:
-            got = figures(scn, simulate_tokens(arr, scn.cost, make()))
+            got = figures(scn, simulate_tokens(arr, scn.cost, make(), peer_kernels))
             if best is None or got["goodput_rps"] > best[1]["goodput_rps"] + 1e-9:
                 best = (label, got)
         assert best is not None
@@ -164,7 +170,7 @@ def bench_scenario(scn: GenScenario, quick: bool = False, on_run: Callable[[str]
     peers = [r.goodput_rps for r in rows[1:]]
     top = max(peers) if peers else math.nan
     return {
-        "scenario": scn.name, "requests": len(arr), "ttft_ms": scn.ttft_ms, "tpot_ms": scn.tpot_ms,
+        "scenario": scn.name, "requests": len(arr), "peer_kernels": peer_kernels, "ttft_ms": scn.ttft_ms, "tpot_ms": scn.tpot_ms,
         "rows": [asdict(r) for r in rows],
         "default_vs_best_peer": rows[0].goodput_rps / top if top > 0 else math.nan,
     }

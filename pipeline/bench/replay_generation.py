@@ -28,7 +28,8 @@ from pipeline.core.config import BatchProfile, ModelConfig
 from pipeline.core.engine import BatchingEngine
 from pipeline.core.profile_file import DeviceProfile, longest_request
 from pipeline.core.sim.gencost import GenerationCost
-from pipeline.core.sim.gensim import GenArrivals, GenOutcome, LoopSettings, gen_figures, running_token_cap, simulate_generation
+from pipeline.core.sim.genfigures import gen_figures
+from pipeline.core.sim.gensim import GenArrivals, GenOutcome, LoopSettings, running_token_cap, simulate_generation
 from pipeline.bench.replay import Prediction, Replay, ReplayError, recorded_figures
 from pipeline.core.store.traffic import RecordedTraffic
 
@@ -56,6 +57,8 @@ class GenSetup:
         points = [(size, ms) for size, ms in self.device.cost_points() if size <= limit]
         if profile.compute_budget_ms is None and profile.slo_ms_per_new_token:
             profile = profile.replace(compute_budget_ms=profile.budget_ms(self.model.max_new_tokens))
+        if self.model.batching == "iteration":
+            profile = profile.replace(shed_when="never")  # the join rule decides (ModelConfig.engine_profile)
         return BatchingEngine(profile, device_cap=limit, prior_costs=points)
 
     def loop(self, profile: BatchProfile) -> LoopSettings:
@@ -67,6 +70,8 @@ class GenSetup:
             token_cap=running_token_cap(cap, profile.max_inflight_batches, target),
             step_budget_ms=budget,
             reserve_tokens=self.model.max_new_tokens,
+            tpot_ms=profile.slo_ms_per_new_token or None,
+            step_token_budget=self.model.step_token_budget,
         )
 
 

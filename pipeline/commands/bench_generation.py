@@ -19,6 +19,9 @@ def bench_generation(
     scenario_opts: List[Path] = typer.Option(..., "--scenario", "-s", help="Generation scenario TOML (scenarios/generation/); repeat for several."),
     quick: bool = typer.Option(False, "--quick", help="Coarser peer grids."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the reports as JSON here."),
+    peer_kernels: str = typer.Option("runner", "--peer-kernels",
+                                     help="What the peers' iterations cost: runner (the runner's measured kernels, as "
+                                          "batchtide's loop) or ragged (the servers' own idealised kernels)."),
 ) -> None:
     """Goodput (requests/s meeting both the TTFT and the TPOT objective), p99 TTFT and TPOT of
     batchtide-default (untuned) and of vLLM's, TGI's, SGLang's and the fixed window's scheduler,
@@ -28,6 +31,9 @@ def bench_generation(
     from pipeline.core.sim.scenario import ScenarioError
     from pipeline.views.tables import print_table
 
+    if peer_kernels not in ("runner", "ragged"):
+        console.print(f"[red]error:[/red] --peer-kernels must be runner or ragged (got {escape(peer_kernels)})")
+        raise typer.Exit(2)
     reports = []
     for path in scenario_opts:
         try:
@@ -36,10 +42,10 @@ def bench_generation(
             console.print(f"[red]error:[/red] {escape(str(e))}")
             raise typer.Exit(2) from None
         with console.status(f"{scn.name}: batchtide-default and the peers' grids ..."):
-            report = bench_scenario(scn, quick=quick)
+            report = bench_scenario(scn, quick=quick, peer_kernels=peer_kernels)  # type: ignore[arg-type]
         reports.append(report)
         table = Table(title=f"{scn.name}: {report['requests']} requests; objectives TTFT <= {scn.ttft_ms:g} ms, "
-                            f"TPOT <= {scn.tpot_ms:g} ms")
+                            f"TPOT <= {scn.tpot_ms:g} ms; peers on {peer_kernels} kernels")
         for column in ("system", "goodput req/s", "req/s", "met both", "TTFT p99 ms", "TPOT p99 ms", "e2e p99 ms",
                        "expired", "longest gap ms", "runs", "best configuration"):
             table.add_column(column, justify="left" if column in ("system", "best configuration") else "right")

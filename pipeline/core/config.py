@@ -107,7 +107,8 @@ class BatchProfile:
     `cannot_meet_deadline`: only what can still be served in time runs); `deadline` only
     when it cannot meet its deadline (a request late for the SLO still runs, for a late
     answer); `never` expires it only once its deadline passed. Requests without a
-    deadline are never shed."""
+    deadline are never shed. A model with `batching = "iteration"` runs `never`: its
+    decode loop refuses a joiner that cannot end by its deadline (`cannot_meet_deadline`)."""
     cost_unit: CostUnit = "requests"
     """Unit of target_size and hard_cap: request count, or prompt+output tokens."""
     max_inflight_batches: int = 1
@@ -276,8 +277,12 @@ class ModelConfig:
         """The profile the engine runs: with slo_ms_per_new_token, the derived compute budget is
         that of a request asking for max_new_tokens (the engine itself never sees tokens asked for),
         and so is the SLO it sheds by (`shed_when = "slo"`): no request is shed for missing an
-        objective shorter than its own."""
+        objective shorter than its own. With `batching = "iteration"` the engine sheds nothing early
+        (`shed_when = "never"`): the decode loop's join rule refuses what cannot meet its deadline
+        (`cannot_meet_deadline`), from the time per step and the answers' lengths it sees."""
         p = self.profile
+        if self.batching == "iteration":
+            p = p.replace(shed_when="never")
         if p.slo_ms_per_new_token == 0:
             return p
         longest = p.slo_p99_ms + self.max_new_tokens * p.slo_ms_per_new_token

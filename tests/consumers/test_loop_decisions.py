@@ -312,3 +312,23 @@ def test_the_stop_budget_gives_the_work_its_share_and_the_rest_to_commit_and_clo
     clock.advance(rest_s * 1000)  # the broker ate it all: each client still gets its minimum
     assert step_s(budget, clock.monotonic_s(), 1) == MIN_STEP_S
     assert step_s(None, clock.monotonic_s(), 2) == CLIENT_STOP_S, "ended by an error: no stop budget"
+
+
+def test_a_generation_the_decode_loop_refused_is_answered_expired_with_its_reason() -> None:
+    from consumers.answers import BatchTiming
+    from consumers.runners.base import Output
+
+    clock = FakeClock(1_000_000.0)
+    loop = Loop(clock, BatchProfile(max_wait_ms=0.0))
+    loop.fetch([loop.record(0), loop.record(1)])
+    step = poll_engine(loop.engine, clock.now_ms(), computing=0, max_inflight=1, backlog=0)
+    (batch,) = step.batches
+    stamp = int(clock.now_ms())
+    outputs = {0: Output(text="", token_ids=[], expired=True, refused="cannot_meet_deadline"),
+               1: Output(text="hi", token_ids=[5], tokens_out=1)}
+    reply = loop.outcomes.of_batch(batch, outputs, {}, BatchTiming(stamp, stamp, stamp, stamp, 0, "none"), 1.0)
+    results = {r["id"]: r for r in (outcome_of(m) for m in reply.messages if m.topic == TOPICS.results(MODEL))}
+    events = {e["request_id"]: e for e in (outcome_of(m) for m in reply.messages if m.topic == TOPICS.latency_events)}
+    assert results["r0"]["outcome"] == "expired" and results["r0"]["error"].startswith("refused before its prefill")
+    assert (events["r0"]["outcome"], events["r0"]["reason"]) == ("expired", "cannot_meet_deadline")
+    assert (results["r1"]["outcome"], events["r1"]["reason"]) == ("ok", "")

@@ -117,9 +117,10 @@ def test_a_trimmed_view_widens_back_over_zeroed_columns() -> None:
     assert not torch.isnan(layer.keys).any() and torch.count_nonzero(layer.keys[:, :, :3]) == 0  # ... shown zeroed
 
 
-def test_a_joiner_that_cannot_make_its_deadline_does_not_join(llama: TransformersRunner) -> None:
-    """At the current time per step a 40-token answer needs ~0.8 s: with 0.3 s left it would only
-    slow the running rows and expire; a 5-token one with 2 s left joins."""
+def test_a_joiner_that_cannot_make_its_deadline_is_refused(llama: TransformersRunner) -> None:
+    """Eight 40-token answers teach the loop how long answers run; then, at the current time per
+    step, a 40-token answer needs ~0.8 s: with 0.3 s left it would only slow the running rows and
+    expire, so it is refused at once; a 5-token one with 2 s left joins."""
 
     class Slow(RunningSet):
         def step(self) -> list[Sequence]:
@@ -133,10 +134,13 @@ def test_a_joiner_that_cannot_make_its_deadline_does_not_join(llama: Transformer
     def submit(name: str, seq: Sequence) -> None:
         results[name] = scheduler.run([seq])[0]
 
+    taught = scheduler.run([Sequence(ids[k % len(ids)], 40) for k in range(8)])
+    assert [o.tokens_out for o in taught] == [40] * 8
+    taught_steps = scheduler.steps
     runner = threading.Thread(target=submit, args=("long", Sequence(ids[0], 40)))
     runner.start()
     deadline = time.monotonic() + 30
-    while scheduler.steps < 3 and time.monotonic() < deadline:
+    while scheduler.steps < taught_steps + 3 and time.monotonic() < deadline:
         time.sleep(0.005)
     now = time.time() * 1000.0
     late = threading.Thread(target=submit, args=("hopeless", Sequence(ids[1], 40, deadline_ms=now + 300.0)))
@@ -149,5 +153,6 @@ def test_a_joiner_that_cannot_make_its_deadline_does_not_join(llama: Transformer
     scheduler.close()
     hopeless, feasible = results["hopeless"], results["feasible"]
     assert hopeless.expired and hopeless.tokens_out == 0  # type: ignore[attr-defined]
+    assert hopeless.refused == "cannot_meet_deadline"  # type: ignore[attr-defined]
     assert not feasible.expired and feasible.tokens_out == 5  # type: ignore[attr-defined]
-    assert joins == 2  # the long one, then the feasible one: the hopeless one was never prefilled
+    assert joins == 3  # the eight, the long one, then the feasible one: the hopeless one was never prefilled

@@ -9,10 +9,10 @@ from pipeline.core.config import BatchProfile
 from pipeline.core.engine import BatchingEngine
 from pipeline.core.profile_file import GenerationCurves
 from pipeline.core.sim.gencost import GenerationCost
+from pipeline.core.sim.genfigures import gen_figures
 from pipeline.core.sim.gensim import (
     GenArrivals,
     LoopSettings,
-    gen_figures,
     running_token_cap,
     simulate_generation,
 )
@@ -35,7 +35,7 @@ def arrivals(times: list[float], prompts: list[int], emits: list[int], deadline:
 
 def run(arr: GenArrivals, settings: LoopSettings | None = None, inflight: int = 16, cost: GenerationCost = COST):
     profile = BatchProfile(cost_unit="tokens", hard_cap=512, target_size=48, max_wait_ms=0.0,
-                           max_inflight_batches=inflight, tail_mark_ratio=0.0)
+                           max_inflight_batches=inflight, tail_mark_ratio=0.0, shed_when="never")
     engine = BatchingEngine(profile)
     return simulate_generation(arr, cost, [engine], settings or LoopSettings(reserve_tokens=NEW), inflight)
 
@@ -116,14 +116,50 @@ def test_every_request_is_answered_once() -> None:
 
 
 def test_the_loop_follows_the_consumer() -> None:
-    from consumers.runners import decoding, iteration
-    from pipeline.core.sim import gensim
+    """The simulator runs the consumer's own admission rule and its fused chunked prefill (written
+    against the fused rule: a chunk rides in the decode step's forward pass, RIDE_SHARE of a step)."""
+    from consumers.runners import chunked_prefill, decoding, iteration
+    from pipeline.core.engine import joins
+    from pipeline.core.sim import genchunks, gensim
 
+    assert gensim.JoinRule is joins.JoinRule and iteration.JoinRule is joins.JoinRule
     assert (gensim.JOIN_GROUP, gensim.JOIN_WAIT_STEPS, gensim.JOIN_SLOTS) == (
         iteration.JOIN_GROUP, iteration.JOIN_WAIT_STEPS, iteration.JOIN_SLOTS)
     assert gensim.DEAD_SHARE == decoding.DEAD_SHARE
+    assert joins.MIN_CHUNK == chunked_prefill.MIN_CHUNK
+    assert genchunks.RIDE_SHARE == getattr(chunked_prefill, "RIDE_SHARE", genchunks.RIDE_SHARE)
+    from pipeline.core.config import ModelConfig
+
+    assert gensim.STEP_TOKEN_BUDGET == ModelConfig(name="m").step_token_budget
     for args in ((272, 24, 48), (272, 4, None), (None, 8, 48)):
         assert running_token_cap(*args) == iteration.running_token_cap(*args)
+
+
+def test_a_long_prompt_rides_the_steps_in_chunks() -> None:
+    """A long joiner beside a decoding row: fused chunks cost the row ~1.35 steps each, instead of
+    one stall of the whole prefill (no stall credit without a TPOT objective)."""
+    arr = arrivals([0.0, 100.0], [32, 1000], [40, 4], limit=64)
+    chunked = run(arr, LoopSettings(reserve_tokens=64, step_token_budget=128))
+    whole = run(arr, LoopSettings(reserve_tokens=64, step_token_budget=0))
+    step = STEP_A + STEP_C
+    assert whole.longest_gap_ms >= PREFILL_C * 1000
+    assert chunked.longest_gap_ms <= 1.35 * step + 1e-6
+    # joined at the same step; then 1000 tokens at 128 a step: 8 fused steps (the last one a part
+    # chunk, paid for its part) instead of one prefill
+    joined = whole.first_ms[1] - (PREFILL_A + PREFILL_C * 1000)
+    assert chunked.first_ms[1] == pytest.approx(joined + 8 * step + 0.35 * step * 1000 / 128)
+
+
+def test_a_stall_credit_prefills_in_one_piece() -> None:
+    """With a TPOT objective that the steps beat, the banked credit pays a one-piece prefill."""
+    arr = arrivals([0.0, 2000.0], [32, 300], [80, 4], limit=80)
+    # 300 tokens at 8 a step is a longer ride queue than RIDE_BACKLOG steps: the credit decides
+    credited = run(arr, LoopSettings(reserve_tokens=80, step_token_budget=8, tpot_ms=200.0))
+    plain = run(arr, LoopSettings(reserve_tokens=80, step_token_budget=8))
+    assert credited.longest_gap_ms >= PREFILL_C * 300  # one piece: the row stalled for it
+    assert plain.longest_gap_ms <= 1.35 * (STEP_A + STEP_C) + 1e-6
+    tpot = (credited.done_ms[0] - credited.first_ms[0]) / 79
+    assert tpot <= 200.0  # the stall fit within what the faster steps banked
 
 
 def test_cost_from_profile_curves_reads_the_attention_slope() -> None:
@@ -143,17 +179,35 @@ def test_cost_from_profile_curves_reads_the_attention_slope() -> None:
     assert 450.0 < cost.prefill_ms(1, 256) < 550.0
 
 
-def test_a_joiner_left_hopeless_runs_once_the_rows_that_made_it_so_expire() -> None:
+def test_a_hopeless_joiner_is_refused_at_once_once_answer_lengths_are_known() -> None:
+    # eight answers of 16 tokens teach the rule; then a long row runs and a joiner arrives whose
+    # 16 tokens x a ~55 ms step cannot end within its 500 ms
+    times = [0.0] * 8 + [2000.0, 2300.0]
+    emits = [16] * 8 + [64, 16]
+    arr = GenArrivals(
+        create_ms=np.array(times), deliver_ms=np.array(times), prompt=np.full(10, 32), emits=np.array(emits),
+        limit=np.array([16] * 8 + [64, 16]), priority=np.zeros(10, dtype=int), lane=np.zeros(10, dtype=int),
+        deadline_ms=np.array([np.nan] * 9 + [2800.0]),
+    )
+    out = run(arr, LoopSettings(reserve_tokens=4), inflight=4)
+    assert not out.expired[:9].any()
+    assert out.expired[9] and np.isnan(out.first_ms[9]) and out.done_ms[9] < 2600.0  # refused, not left to expire
+    kept = run(arr, LoopSettings(reserve_tokens=4, refuse_hopeless=False), inflight=4)
+    assert kept.expired[9] and kept.done_ms[9] == pytest.approx(2800.0, abs=60.0)  # it waited for its deadline
+
+
+def test_nobody_is_refused_before_answer_lengths_are_known() -> None:
     arr = GenArrivals(
         create_ms=np.array([0.0, 300.0]), deliver_ms=np.array([0.0, 300.0]), prompt=np.array([32, 32]),
         emits=np.array([64, 4]), limit=np.array([64, 16]), priority=np.zeros(2, dtype=int), lane=np.zeros(2, dtype=int),
         deadline_ms=np.array([600.0, 1000.0]),
     )
     out = run(arr, LoopSettings(reserve_tokens=4), inflight=4)
+    # by max_new_tokens (16 x 55 ms) it would be hopeless; its answer of 4 tokens makes it
     assert out.expired[0] and not out.expired[1]
-    assert out.first_ms[1] >= out.done_ms[0]  # it waited (hopeless beside the long row), then ran alone
 
 
 def test_a_joining_prefill_shows_as_the_running_rows_longest_gap() -> None:
-    out = run(arrivals([0.0] + [200.0] * 4, [32, 400, 400, 400, 400], [30, 4, 4, 4, 4]))
+    out = run(arrivals([0.0] + [200.0] * 4, [32, 400, 400, 400, 400], [30, 4, 4, 4, 4]),
+              LoopSettings(reserve_tokens=NEW, step_token_budget=0))
     assert out.longest_gap_ms >= PREFILL_C * 4 * 400  # the group of four, padded, stalled the first row

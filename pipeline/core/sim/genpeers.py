@@ -18,8 +18,11 @@ and arrivals as batchtide's decode loop (gensim.py), so a comparison compares sc
 - the field report's fixed window: a static batch of up to `cap` requests once the oldest
   waited `window_ms` (or the cap is reached), decoded until its last row ends.
 
-The servers prefill ragged batches (no padding); the fixed window pads, as a static batch of
-a transformers model does (and as batchtide's decode loop does).
+By default every scheduler is charged the kernels batchtide's runner measured (a prefill pads
+its rows; a chunk fused with a decode step costs what the runner's fused chunk costs), so the
+comparison is of schedulers on one device; `kernels="ragged"` gives the servers their own
+idealised kernels (ragged batches, no padding, a fused chunk costs only its tokens' share of a
+prefill). The fixed window pads either way, as a static batch of a transformers model does.
 
 Pure: no clock; deadlines are the client's (a request past it is answered `expired` by
 every scheduler alike).
@@ -28,12 +31,16 @@ every scheduler alike).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 
+from pipeline.core.sim.genchunks import ride_ms, rides
 from pipeline.core.sim.gencost import GenerationCost
-from pipeline.core.sim.gensim import GenArrivals, GenOutcome
+from pipeline.core.sim.gensim import STEP_TOKEN_BUDGET, GenArrivals, GenOutcome
+
+Kernels = Literal["runner", "ragged"]
+"""What a peer's iterations cost: the runner's measured kernels, or the servers' own idealised ones."""
 
 
 @dataclass(eq=False)
@@ -228,19 +235,29 @@ class FixedWindowGen:
         return plan
 
 
-def iteration_ms(cost: GenerationCost, prefill: list[tuple[Row, int]], decode: list[Row], padded: bool) -> float:
-    """One iteration: one decode step of the ready rows, and the prompt chunks. The servers' kernels
-    take a ragged batch (no padding: the chunks' tokens), fused with the step when there is one
-    (its weights are read once: only the tokens' share of a prefill is added); a `padded`
-    scheduler (static batching on a plain transformers model) pays rows x the longest prompt."""
+def iteration_ms(cost: GenerationCost, prefill: list[tuple[Row, int]], decode: list[Row], padded: bool,
+                 kernels: Kernels = "runner") -> float:
+    """One iteration: one decode step of the ready rows, and the prompt chunks.
+
+    `runner` (the default): the kernels batchtide's runner measured, the same for every scheduler:
+    a prefill alone pads its rows to the longest chunk, and prompt tokens fused with a decode step
+    cost what the runner's fused chunks cost (genchunks.py: `RIDE_SHARE` of the step per chunk of
+    `STEP_TOKEN_BUDGET` less the decoding rows tokens). `ragged`: the servers' own kernels, idealised: a ragged batch
+    (no padding: the chunks' tokens), fused with the step when there is one (its weights are
+    read once: only the tokens' share of a prefill is added). A `padded` scheduler (static
+    batching on a plain transformers model) pays rows x the longest prompt with either."""
     ms = 0.0
+    step = 0.0
     if decode:
         width = max(r.kv for r in decode)
-        ms += cost.step_ms(len(decode), width)
+        step = cost.step_ms(len(decode), width)
+        ms += step
     if prefill:
         tokens = sum(t for _, t in prefill)
-        if padded:
+        if padded or (kernels == "runner" and not decode):
             ms += cost.prefill_ms(len(prefill), max(t for _, t in prefill))
+        elif kernels == "runner":
+            ms = ride_ms(step, rides(tokens, STEP_TOKEN_BUDGET, len(decode)))
         elif decode:
             ms += max(0.0, cost.prefill_ms(1, tokens) - cost.prefill_ms(1, 1))
         else:
@@ -248,8 +265,10 @@ def iteration_ms(cost: GenerationCost, prefill: list[tuple[Row, int]], decode: l
     return ms
 
 
-def simulate_tokens(arrivals: GenArrivals, cost: GenerationCost, scheduler: TokenScheduler) -> GenOutcome:
-    """Run one scheduler on one device over the arrivals (lanes are ignored: one server)."""
+def simulate_tokens(arrivals: GenArrivals, cost: GenerationCost, scheduler: TokenScheduler,
+                    kernels: Kernels = "runner") -> GenOutcome:
+    """Run one scheduler on one device over the arrivals (lanes are ignored: one server), charged
+    the runner's measured kernels or the servers' idealised ragged ones (`iteration_ms`)."""
     arr = arrivals
     n = len(arr)
     first = np.full(n, np.nan)
@@ -299,7 +318,7 @@ def simulate_tokens(arrivals: GenArrivals, cost: GenerationCost, scheduler: Toke
             if np.isnan(disp[r.i]):
                 disp[r.i] = now
         decode = [r for r in running if r.ready] if plan.decode else []
-        ms = iteration_ms(cost, plan.prefill, decode, getattr(scheduler, "padded", False))
+        ms = iteration_ms(cost, plan.prefill, decode, getattr(scheduler, "padded", False), kernels)
         if ms <= 0.0:
             nxt = [float(deliver[k])] if k < n else []
             if plan.wake_at_ms is not None:

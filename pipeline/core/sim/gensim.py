@@ -3,12 +3,14 @@
 The request simulator (simulator.py) runs each batch alone for t(b); a generating model served
 with `batching = "iteration"` does not: the engine dispatches batches (about one request each)
 while up to `max_inflight_batches` are in flight, their rows queue as joiners, and one decode
-loop owns the device. At every iteration the loop drops joiners past their deadline, admits a
-group of joiners (`JoinRule`, the consumer's rule: consumers/runners/iteration.py), stops rows
-past their deadline, prefills the group, then decodes one token for every row. A row leaves
-when it has its tokens; a batch completes (the policy learns its time) when its last row left.
-Time per step depends on the rows in the cache and its length (`GenerationCost`), so joins,
-leaves, long prompts and memory all show in the times, as on the device.
+loop owns the device. At every iteration the loop drops joiners past their deadline, refuses
+the hopeless ones and admits a group of joiners (`JoinRule`, the consumer's own rule:
+pipeline/core/engine/joins.py, shared with consumers/runners/iteration.py), stops rows past
+their deadline, prefills the admitted groups (in one piece, or in chunks riding the decode
+steps: genchunks.py), then decodes one token for every row. A row leaves when it has its
+tokens; a batch completes (the policy learns its time) when its last row left. Time per step
+depends on the rows in the cache and its length (`GenerationCost`), so joins, leaves, long
+prompts and memory all show in the times, as on the device.
 
 Pure: no clock, no asyncio; virtual milliseconds in, per-request stamps out.
 """
@@ -23,16 +25,16 @@ from typing import Sequence
 import numpy as np
 
 from pipeline.core.engine.decisions import Batch, BatchPolicy, PendingRequest
+from pipeline.core.engine.joins import JOIN_GROUP, JOIN_WAIT_STEPS, Joiner, JoinRule, JoinSettings, LoopView, length_groups
+from pipeline.core.sim.genchunks import ChunkedGroup, chunk_tokens, ride_ms
 from pipeline.core.sim.gencost import GenerationCost
 
-JOIN_GROUP = 4
-"""Joiners that make a join worth its prefill at once (the consumer's value)."""
-JOIN_WAIT_STEPS = 6
-"""Decode steps the oldest joiner may wait for company (the consumer's value)."""
 JOIN_SLOTS = 2 * JOIN_GROUP
 """In-flight batches beyond what the running set holds (the consumer's value)."""
 DEAD_SHARE = 0.125
 """Finished rows stay in the cache until this share of its rows are finished (the consumer's value)."""
+STEP_TOKEN_BUDGET = 128
+"""The consumer's default step_token_budget (pipeline/core/config.py)."""
 
 _ARRIVE, _WAKE, _PREFILLED, _STEPPED = 0, 1, 2, 3
 
@@ -75,6 +77,14 @@ class LoopSettings:
     """Generation tokens reserved per row at least (the model's max_new_tokens)."""
     join_group: int = JOIN_GROUP
     join_wait_steps: int = JOIN_WAIT_STEPS
+    tpot_ms: float | None = None
+    """The model's slo_ms_per_new_token (None: no stall credit)."""
+    step_token_budget: int = STEP_TOKEN_BUDGET
+    refuse_hopeless: bool = True
+
+    def join_settings(self) -> JoinSettings:
+        return JoinSettings(self.token_cap, self.step_budget_ms, self.join_group, self.join_wait_steps,
+                            self.tpot_ms, self.step_token_budget, self.refuse_hopeless)
 
 
 def running_token_cap(batch_cap: int | None, slots: int, target: int | None = None) -> int | None:
@@ -106,8 +116,11 @@ class _Row:
 class _Loop:
     """One device's decode loop."""
 
+    rule: JoinRule
     joiners: deque = field(default_factory=deque)
     live: list = field(default_factory=list)
+    prefills: deque = field(default_factory=deque)
+    """Groups prefilled in chunks riding the steps (the head advances)."""
     dead: int = 0
     """Finished rows still in the cache."""
     size_at_join: int = 0
@@ -119,51 +132,10 @@ class _Loop:
 
     @property
     def reserved(self) -> int:
-        return sum(r.reserved for r in self.live)
+        return sum(r.reserved for r in self.live) + sum(p.reserved for p in self.prefills)
 
-
-class JoinRule:
-    """Which joiners enter the running set before the next step (consumers/runners/iteration.py)."""
-
-    def __init__(self, settings: LoopSettings) -> None:
-        self.s = settings
-
-    def hopeless(self, loop: _Loop, row: _Row, arr: GenArrivals, now: float) -> bool:
-        deadline = arr.deadline_ms[row.i]
-        if np.isnan(deadline) or not loop.live:
-            return False
-        return now + arr.limit[row.i] * loop.last_step_ms > deadline
-
-    def admit(self, loop: _Loop, arr: GenArrivals, now: float) -> list[_Row]:
-        s = self.s
-        room = None if s.token_cap is None else s.token_cap - loop.reserved
-        fits: list[_Row] = []
-        for row in loop.joiners:
-            if self.hopeless(loop, row, arr, now):
-                continue
-            if room is not None:
-                if row.reserved > room:
-                    if not loop.live and not fits:
-                        fits.append(row)  # longer than the cap: the consumer refuses it; here it runs alone
-                    break
-                room -= row.reserved
-            fits.append(row)
-        if not fits:
-            return []
-        over_budget = s.step_budget_ms is not None and loop.last_step_ms > s.step_budget_ms
-        if loop.live and over_budget and len(loop.joiners) < s.join_group:
-            return []
-        pays = (
-            not loop.live
-            or len(fits) >= s.join_group
-            or len(loop.live) * 2 <= loop.size_at_join
-            or loop.steps - fits[0].group.arrived_step >= s.join_wait_steps
-        )
-        if not pays:
-            return []
-        chosen = set(map(id, fits))
-        loop.joiners = deque(r for r in loop.joiners if id(r) not in chosen)
-        return fits
+    def view(self) -> LoopView:
+        return LoopView(len(self.live), self.reserved, self.last_step_ms, self.steps, self.size_at_join)
 
 
 @dataclass
@@ -185,13 +157,13 @@ class GenOutcome:
 
 
 def simulate_generation(arrivals: GenArrivals, cost: GenerationCost, policies: Sequence[BatchPolicy],
-                        settings: LoopSettings, max_inflight: int, rule: JoinRule | None = None) -> GenOutcome:
-    """Run every request to its answer (served or expired). One policy and one decode loop per lane."""
+                        settings: LoopSettings, max_inflight: int) -> GenOutcome:
+    """Run every request to its answer (served, expired or refused). One policy and one decode loop per lane."""
     arr = arrivals
     n = len(arr)
-    rule = rule or JoinRule(settings)
     lanes = len(policies)
-    loops = [_Loop() for _ in range(lanes)]
+    loops = [_Loop(JoinRule(settings.join_settings())) for _ in range(lanes)]
+    budget = settings.step_token_budget
     disp = np.full(n, np.nan)
     first = np.full(n, np.nan)
     done = np.full(n, np.nan)
@@ -203,6 +175,7 @@ def simulate_generation(arrivals: GenArrivals, cost: GenerationCost, policies: S
     wake_version = [0] * lanes
     answered = 0
     gap = [0.0]
+    deadline = arr.deadline_ms
 
     def push(t: float, kind: int, lane: int, data: object = None) -> None:
         nonlocal seq
@@ -215,6 +188,8 @@ def simulate_generation(arrivals: GenArrivals, cost: GenerationCost, policies: S
         done[row.i] = now
         expired[row.i] = was_expired
         answered += 1
+        if not was_expired:
+            loops[lane].rule.learn(row.emitted)
         group = row.group
         group.remaining -= 1
         if group.remaining == 0:
@@ -251,36 +226,77 @@ def simulate_generation(arrivals: GenArrivals, cost: GenerationCost, policies: S
         if loop.dead and (not loop.live or loop.dead >= DEAD_SHARE * total):
             loop.dead = 0
 
+    def joiner(row: _Row) -> Joiner:
+        i = row.i
+        d = deadline[i]
+        return Joiner(int(arr.prompt[i]), row.reserved, int(arr.limit[i]), None if np.isnan(d) else float(d),
+                      int(arr.priority[i]), row.group.arrived_step)
+
     def step(lane: int, now: float) -> None:
+        """One decode step of the running rows; the head chunked group's next chunk rides it."""
         loop = loops[lane]
         rows = len(loop.live) + loop.dead
         width = max(int(arr.prompt[r.i]) + r.emitted for r in loop.live)
         ms = cost.step_ms(rows, width)
+        merged = None
+        if loop.prefills:
+            head: ChunkedGroup = loop.prefills[0]
+            ms = ride_ms(ms, head.ride(budget, len(loop.live)) / chunk_tokens(budget, len(loop.live)))
+            if head.complete:
+                merged = loop.prefills.popleft().rows
         step_rows.append(rows)
         loop.busy = True
-        push(now + ms, _STEPPED, lane, ms)
+        push(now + ms, _STEPPED, lane, (ms, merged))
 
     def iterate(lane: int, now: float) -> None:
-        """One pass of the decode loop from `now`: drop, admit, expire, prefill or step (or idle)."""
+        """One pass of the decode loop from `now`: drop, refuse, admit, expire, prefill or step (or idle)."""
         loop = loops[lane]
-        for row in [r for r in loop.joiners if not np.isnan(arr.deadline_ms[r.i]) and arr.deadline_ms[r.i] <= now]:
+        rule = loop.rule
+        for row in [r for r in loop.joiners if not np.isnan(deadline[r.i]) and deadline[r.i] <= now]:
             finish_row(lane, row, now, True)
-        loop.joiners = deque(r for r in loop.joiners if not r.done)
-        joining = rule.admit(loop, arr, now)
-        for row in [r for r in loop.live if not np.isnan(arr.deadline_ms[r.i]) and arr.deadline_ms[r.i] <= now]:
+        waiting = [r for r in loop.joiners if not r.done]
+        view = loop.view()
+        for k in rule.refused([joiner(r) for r in waiting], view, now):
+            finish_row(lane, waiting[k], now, True)
+        waiting = [r for r in waiting if not r.done]
+        chosen = rule.admit([joiner(r) for r in waiting], view, now)
+        joining = [waiting[k] for k in chosen]
+        taken = set(map(id, joining))
+        loop.joiners = deque(r for r in waiting if id(r) not in taken)
+        for row in [r for r in loop.live if not np.isnan(deadline[r.i]) and deadline[r.i] <= now]:
             finish_row(lane, row, now, True)
             loop.dead += 1
         loop.live = [r for r in loop.live if not r.done]
+        for p in [p for p in loop.prefills if all(deadline[r.i] <= now for r in p.rows)]:
+            loop.prefills.remove(p)
+            for row in p.rows:
+                finish_row(lane, row, now, True)
         compact(loop)
+        whole: list[_Row] = []
+        ms = 0.0
         if joining:
             loop.joins += 1
-            width = max(int(arr.prompt[r.i]) for r in joining)
+            for group in length_groups([int(arr.prompt[r.i]) for r in joining]):
+                rows = [joining[k] for k in group]
+                width = max(int(arr.prompt[r.i]) for r in rows)
+                if rule.one_piece(len(rows), width, len(loop.live), sum(p.tokens for p in loop.prefills)):
+                    took = cost.prefill_ms(len(rows), width)
+                    rule.prefilled(len(rows) * width, took)
+                    ms += took
+                    whole += rows
+                else:
+                    loop.prefills.extend(ChunkedGroup([r], int(arr.prompt[r.i])) for r in rows)  # rides: unpadded
+        if not whole and not loop.live and loop.prefills:
+            head = loop.prefills.popleft()
+            ms = cost.prefill_ms(1, head.rest_tokens())
+            whole = head.rows
+        if whole:
             loop.busy = True
-            push(now + cost.prefill_ms(len(joining), width), _PREFILLED, lane, joining)
+            push(now + ms, _PREFILLED, lane, whole)
         elif loop.live:
             step(lane, now)
         elif loop.joiners:
-            iterate(lane, now)  # the rows that made them hopeless expired: the loop goes round again
+            iterate(lane, now)  # the rows that kept them waiting expired: the loop goes round again
         else:
             loop.busy = False
 
@@ -298,6 +314,16 @@ def simulate_generation(arrivals: GenArrivals, cost: GenerationCost, policies: S
         loop.live = [r for r in loop.live if not r.done]
         compact(loop)
 
+    def merge(lane: int, joining: list[_Row], now: float) -> None:
+        loop = loops[lane]
+        reuse = min(loop.dead, len(joining))
+        loop.dead -= reuse
+        loop.live.extend(joining)
+        loop.size_at_join = len(loop.live)
+        for row in joining:
+            first[row.i] = now
+        emitted(lane, joining, now)
+
     i = 0
     inf = float("inf")
     deliver = arr.deliver_ms
@@ -310,23 +336,19 @@ def simulate_generation(arrivals: GenArrivals, cost: GenerationCost, policies: S
                 if data == wake_version[lane]:
                     poll(lane, now)
             elif kind == _PREFILLED:
-                joining: list[_Row] = data  # type: ignore[assignment]
-                reuse = min(loop.dead, len(joining))
-                loop.dead -= reuse
-                loop.live.extend(joining)
-                loop.size_at_join = len(loop.live)
-                for row in joining:
-                    first[row.i] = now
-                emitted(lane, joining, now)
+                merge(lane, data, now)  # type: ignore[arg-type]
                 poll(lane, now)
                 if loop.live:
                     step(lane, now)
                 else:
                     iterate(lane, now)
             else:
+                ms, merged = data  # type: ignore[misc]
                 loop.steps += 1
-                loop.last_step_ms = float(data)  # type: ignore[arg-type]
+                loop.last_step_ms = float(ms)
                 emitted(lane, list(loop.live), now)
+                if merged:
+                    merge(lane, merged, now)
                 poll(lane, now)
                 iterate(lane, now)
             continue
@@ -334,51 +356,10 @@ def simulate_generation(arrivals: GenArrivals, cost: GenerationCost, policies: S
             raise RuntimeError(f"{n - answered} generation requests were never answered")
         now = t_arr
         lane = int(arr.lane[i])
-        deadline = arr.deadline_ms[i]
+        d = deadline[i]
         policies[lane].offer(PendingRequest(str(i), float(arr.create_ms[i]), arr.cost(i), int(arr.priority[i]),
-                                            None if np.isnan(deadline) else float(deadline), i), now)
+                                            None if np.isnan(d) else float(d), i), now)
         i += 1
         poll(lane, now)
     return GenOutcome(arr, disp, first, done, expired, sizes, sum(lp.steps for lp in loops),
                       sum(lp.joins for lp in loops), step_rows, gap[0])
-
-
-@dataclass(frozen=True)
-class GenFigures:
-    """What a generation run measured (served requests; expired ones are counted apart)."""
-
-    requests: int
-    served: int
-    p50_ms: float
-    p99_ms: float
-    throughput_rps: float
-    generated_tokens_per_s: float
-    ttft_p99_ms: float
-    tpot_p99_ms: float
-    expired_share: float
-    mean_rows: float
-
-
-def _pct(values: np.ndarray, q: float) -> float:
-    return float(np.percentile(values, q)) if values.size else float("nan")
-
-
-def gen_figures(outcome: GenOutcome, tokens_out: np.ndarray, overhead_ms: float = 0.0) -> GenFigures:
-    """End-to-end percentiles (plus `overhead_ms`, the hops outside the device), throughput over the
-    first record to the last answer, TTFT and TPOT p99 of the served requests."""
-    arr = outcome.arrivals
-    served = ~outcome.expired & ~np.isnan(outcome.done_ms)
-    e2e = (outcome.done_ms - arr.create_ms)[served] + overhead_ms
-    span_s = max(1e-9, (float(np.nanmax(outcome.done_ms)) - float(arr.create_ms.min())) / 1000.0) if len(arr) else 1.0
-    ttft = (outcome.first_ms - arr.create_ms)[served]
-    many = served & (tokens_out > 1)
-    tpot = (outcome.done_ms - outcome.first_ms)[many] / (tokens_out[many] - 1)
-    return GenFigures(
-        requests=len(arr), served=int(served.sum()),
-        p50_ms=_pct(e2e, 50), p99_ms=_pct(e2e, 99),
-        throughput_rps=float(served.sum()) / span_s,
-        generated_tokens_per_s=float(tokens_out[served].sum()) / span_s,
-        ttft_p99_ms=_pct(ttft, 99), tpot_p99_ms=_pct(tpot, 99),
-        expired_share=float(outcome.expired.mean()) if len(arr) else 0.0,
-        mean_rows=float(np.mean(outcome.step_rows)) if outcome.step_rows else 0.0,
-    )

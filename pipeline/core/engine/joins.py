@@ -1,0 +1,223 @@
+"""Who joins a running decode set, and how its prompts are prefilled: the decode loop's admission rule.
+
+One rule for the consumer's decode loop (consumers/runners/iteration.py) and the generation
+simulator (pipeline/core/sim/gensim.py), so the bench runs the consumer's own decisions:
+
+- hopeless joiners are refused (`cannot_meet_deadline`): one whose answer could not end by its
+  deadline at the current time per step. An answer's length is judged by the p75 of the recent
+  answers (never over its max_new_tokens): reserving every max_new_tokens refuses requests whose
+  typical answer fits easily (with 500 asked, 80 answered and an 8 s deadline, every joiner).
+  Before `LEARN_AFTER` answers ended nobody is judged: a refusal needs evidence, and judging by
+  max_new_tokens then keeps the running set from ever teaching the rule;
+- urgent first: joiners enter by priority (0 first), dispatch order within a level;
+- memory: joiners enter while the rows' prompt plus max_new_tokens fit the token cap;
+- a join pays (its prefill stalls every running row) when the set is empty, `join_group` wait,
+  the set has halved since the last join, or the oldest joiner waited `join_wait_steps` steps;
+  while the last step took longer than the step budget a short queue does not join;
+- length groups: joiners are prefilled in groups of like prompts, so that left-padding to the
+  longest prompt of a group costs at most `MAX_PADDING` x the real tokens (a group that rides
+  rides one prompt at a time: a ride is paid per token, so it pays no padding at all);
+- rides and stall credit: a group's prompt rides the decode steps in chunks (in the step's own
+  forward pass: no stall, the cheapest prefill) while the chunks queued, its own included, clear
+  within `RIDE_BACKLOG` steps. Beyond that, with a time-per-output-token objective, the stall
+  credit decides: every step faster than the objective banks the difference (up to
+  `CREDIT_STEPS` objectives), and a group whose one-piece prefill the credit covers is prefilled
+  at once (the rows' mean time per token still meets the objective); the others queue to ride.
+
+Pure: no clock, no device; every time is an argument.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Sequence
+
+JOIN_GROUP = 4
+"""Joiners that make a join worth its prefill at once."""
+JOIN_WAIT_STEPS = 6
+"""Decode steps the oldest joiner may wait for company (about two lone prefills)."""
+MAX_PADDING = 1.25
+"""A prefill group's padded tokens (rows x its longest prompt) over its real tokens, at most."""
+LEARN_AFTER = 8
+"""Answers ended before their lengths judge who is hopeless (nobody is, until then)."""
+ANSWER_WINDOW = 256
+"""Recent answer lengths the p75 is taken over."""
+ANSWER_QUANTILE = 0.75
+CREDIT_STEPS = 8
+"""Stall credit banked at most, in time-per-output-token objectives."""
+MIN_CHUNK = 8
+"""Prompt tokens a chunk carries at least (the consumer's chunked prefill)."""
+RIDE_BACKLOG = 24
+"""Decode steps of chunks a joining group may queue behind (itself included) before the stall
+credit may prefill it in one piece instead."""
+PREFILL_WINDOW = 16
+"""Recent one-piece prefills the ms-per-token estimate is taken over."""
+
+
+@dataclass(frozen=True)
+class JoinSettings:
+    token_cap: int | None = None
+    """KV tokens the running set may reserve (prompt + reserved generation per row); None: unbounded."""
+    step_budget_ms: float | None = None
+    """While the last step took longer, a short queue does not join."""
+    join_group: int = JOIN_GROUP
+    join_wait_steps: int = JOIN_WAIT_STEPS
+    tpot_ms: float | None = None
+    """Time-per-output-token objective (the model's slo_ms_per_new_token): enables the stall credit."""
+    step_token_budget: int = 0
+    """Tokens one step may process: a larger group is chunked unless credited (0: never chunked)."""
+    refuse_hopeless: bool = True
+
+
+@dataclass(frozen=True)
+class Joiner:
+    """What the rule reads of one waiting row."""
+
+    prompt: int
+    reserved: int
+    """KV tokens it reserves: prompt plus the generation it may reserve."""
+    limit: int
+    """Its max_new_tokens."""
+    deadline_ms: float | None
+    priority: int
+    arrived_step: int
+    """The loop's step count when its batch arrived."""
+
+
+@dataclass(frozen=True)
+class LoopView:
+    """What the rule reads of the decode loop."""
+
+    running: int
+    """Rows decoding."""
+    reserved: int
+    """KV tokens the running and prefilling rows reserve."""
+    last_step_ms: float
+    steps: int
+    size_at_join: int
+
+
+def length_groups(prompts: Sequence[int]) -> list[list[int]]:
+    """Indices of `prompts` in prefill groups of like lengths: sorted by length, a group grows while
+    its rows x longest prompt stay within MAX_PADDING x its tokens."""
+    order = sorted(range(len(prompts)), key=lambda k: prompts[k])
+    groups: list[list[int]] = []
+    tokens = 0
+    for k in order:
+        p = prompts[k]
+        if groups and (len(groups[-1]) + 1) * p <= MAX_PADDING * (tokens + p):
+            groups[-1].append(k)
+            tokens += p
+        else:
+            groups.append([k])
+            tokens = p
+    return groups
+
+
+class JoinRule:
+    """The admission rule of one decode loop; it learns answer lengths, prefill costs and the credit."""
+
+    def __init__(self, settings: JoinSettings) -> None:
+        self.s = settings
+        self._answers: deque[int] = deque(maxlen=ANSWER_WINDOW)
+        self._expected: int | None = None
+        self._prefills: deque[tuple[int, float]] = deque(maxlen=PREFILL_WINDOW)
+        self.credit_ms = 0.0
+        self._seen_steps = 0
+
+    def learn(self, tokens: int) -> None:
+        """An answer ended with `tokens` generated (not one stopped by its deadline)."""
+        self._answers.append(tokens)
+        self._expected = None
+
+    def expected_tokens(self, limit: int) -> int:
+        """Tokens a new answer is judged to need: the recent answers' p75, capped at its limit."""
+        if len(self._answers) < LEARN_AFTER:
+            return limit
+        if self._expected is None:
+            ranked = sorted(self._answers)
+            self._expected = ranked[min(len(ranked) - 1, int(ANSWER_QUANTILE * len(ranked)))]
+        return min(limit, self._expected)
+
+    def hopeless(self, joiner: Joiner, view: LoopView, now_ms: float) -> bool:
+        """Whether its answer could not end by its deadline at the current time per step."""
+        if joiner.deadline_ms is None or not view.running or len(self._answers) < LEARN_AFTER:
+            return False
+        return now_ms + self.expected_tokens(joiner.limit) * view.last_step_ms > joiner.deadline_ms
+
+    def refused(self, joiners: Sequence[Joiner], view: LoopView, now_ms: float) -> list[int]:
+        """Indices of the joiners to refuse now (`cannot_meet_deadline`)."""
+        if not self.s.refuse_hopeless:
+            return []
+        return [k for k, j in enumerate(joiners) if self.hopeless(j, view, now_ms)]
+
+    def stepped(self, steps: int, last_step_ms: float) -> None:
+        """The loop has run `steps` steps, the last in `last_step_ms`: bank (or spend) the credit."""
+        tpot = self.s.tpot_ms
+        new = steps - self._seen_steps
+        self._seen_steps = steps
+        if tpot and new > 0:
+            self.credit_ms = min(CREDIT_STEPS * tpot, max(0.0, self.credit_ms + new * (tpot - last_step_ms)))
+
+    def admit(self, joiners: Sequence[Joiner], view: LoopView, now_ms: float) -> list[int]:
+        """Indices of the joiners to prefill now, urgent first, or none yet. Call `refused` first:
+        a hopeless joiner here is skipped (it waits)."""
+        s = self.s
+        self.stepped(view.steps, view.last_step_ms)
+        room = None if s.token_cap is None else s.token_cap - view.reserved
+        order = sorted(range(len(joiners)), key=lambda k: joiners[k].priority)
+        fits: list[int] = []
+        for k in order:
+            j = joiners[k]
+            if self.hopeless(j, view, now_ms):
+                continue
+            if room is not None:
+                if j.reserved > room:
+                    if not view.reserved and not fits:
+                        fits.append(k)  # longer than the cap (the consumer refuses it at check): it runs alone
+                    break
+                room -= j.reserved
+            fits.append(k)
+        if not fits:
+            return []
+        over_budget = s.step_budget_ms is not None and view.last_step_ms > s.step_budget_ms
+        if view.running and over_budget and len(joiners) < s.join_group:
+            return []
+        oldest = min(joiners[k].arrived_step for k in fits)
+        pays = (
+            not view.running
+            or len(fits) >= s.join_group
+            or view.running * 2 <= view.size_at_join
+            or view.steps - oldest >= s.join_wait_steps
+        )
+        return fits if pays else []
+
+    def prefilled(self, tokens: int, ms: float) -> None:
+        """A one-piece prefill of `tokens` padded tokens took `ms`."""
+        if tokens > 0 and ms > 0:
+            self._prefills.append((tokens, ms))
+
+    def prefill_estimate_ms(self, tokens: int) -> float | None:
+        if not self._prefills:
+            return None
+        return tokens * sum(ms for _, ms in self._prefills) / sum(t for t, _ in self._prefills)
+
+    def one_piece(self, rows: int, width: int, running: int, queued: int = 0) -> bool:
+        """Whether a group of `rows` prompts padded to `width` is prefilled at once, stalling the
+        running rows, or rides the decode steps in chunks (`queued`: padded prompt tokens already
+        waiting to ride). Riding costs the rows no stall and a prompt token less than a prefill of
+        its own, so a group rides while the ride queue, itself included, clears within
+        `RIDE_BACKLOG` steps; beyond that it is prefilled in one piece if the stall credit covers
+        it (spending it), else it queues to ride."""
+        budget = self.s.step_token_budget
+        tokens = rows * width
+        if budget <= 0 or not running:
+            return True
+        if queued + tokens <= RIDE_BACKLOG * budget or not self.s.tpot_ms:
+            return False
+        estimate = self.prefill_estimate_ms(tokens)
+        if estimate is None or estimate > self.credit_ms:
+            return False
+        self.credit_ms -= estimate
+        return True

@@ -1,0 +1,81 @@
+"""The decode loop's admission rule (shared by the consumer's loop and the generation simulator)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.core.engine.joins import (
+    CREDIT_STEPS, LEARN_AFTER, MAX_PADDING, RIDE_BACKLOG, Joiner, JoinRule, JoinSettings, LoopView, length_groups,
+)
+
+
+def joiner(prompt: int = 32, limit: int = 100, deadline: float | None = None, priority: int = 1, step: int = 0) -> Joiner:
+    return Joiner(prompt, prompt + limit, limit, deadline, priority, step)
+
+
+VIEW = LoopView(running=4, reserved=0, last_step_ms=20.0, steps=10, size_at_join=4)
+
+
+def test_length_groups_keep_padding_within_bound_and_cover_every_joiner() -> None:
+    prompts = [20, 1800, 25, 400, 30, 450, 2000, 22]
+    groups = length_groups(prompts)
+    assert sorted(k for g in groups for k in g) == list(range(len(prompts)))
+    for g in groups:
+        widths = [prompts[k] for k in g]
+        assert len(widths) * max(widths) <= MAX_PADDING * sum(widths)
+    assert len(groups) == 3  # the short ones, the ~400s, the ~2000s
+
+
+def test_hopeless_is_judged_by_the_learned_answer_lengths() -> None:
+    rule = JoinRule(JoinSettings())
+    late = joiner(limit=100, deadline=1000.0)  # 100 x 20 ms from 0 ends at 2000: past 1000
+    for _ in range(LEARN_AFTER - 1):
+        rule.learn(90)
+    assert rule.refused([late], VIEW, 0.0) == []  # too few answers: no evidence to refuse on
+    assert rule.admit([late], VIEW.__class__(0, 0, 20.0, 10, 0), 0.0) == [0]
+    rule.learn(90)
+    assert rule.refused([late], VIEW, 0.0) == [0]  # the p75 answer (90 x 20 ms) ends too late
+    for _ in range(10 * LEARN_AFTER):
+        rule.learn(10)
+    assert rule.expected_tokens(100) == 10
+    assert rule.refused([late], VIEW, 0.0) == []  # 10 x 20 ms ends in time
+    assert rule.expected_tokens(5) == 5  # never over its own limit
+
+
+def test_nothing_is_refused_with_an_empty_set_or_without_deadline() -> None:
+    rule = JoinRule(JoinSettings())
+    idle = LoopView(running=0, reserved=0, last_step_ms=20.0, steps=10, size_at_join=0)
+    assert rule.refused([joiner(deadline=1.0)], idle, 0.0) == []
+    assert rule.refused([joiner()], VIEW, 0.0) == []
+    assert JoinRule(JoinSettings(refuse_hopeless=False)).refused([joiner(deadline=1.0)], VIEW, 0.0) == []
+
+
+def test_urgent_joiners_take_the_room_first() -> None:
+    rule = JoinRule(JoinSettings(token_cap=300))
+    waiting = [joiner(priority=1), joiner(priority=1), joiner(priority=0), joiner(priority=0)]
+    assert rule.admit(waiting, VIEW, 0.0) == [2, 3]  # 132 tokens each: two fit, the urgent ones
+
+
+def test_a_join_waits_for_company_until_it_pays() -> None:
+    rule = JoinRule(JoinSettings())
+    assert rule.admit([joiner(step=8)], VIEW, 0.0) == []
+    assert rule.admit([joiner(step=4)], VIEW, 0.0) == [0]  # waited 6 steps
+    assert rule.admit([joiner(step=9)] * 4, VIEW, 0.0) == [0, 1, 2, 3]
+
+
+def test_a_group_rides_while_the_ride_queue_is_short_then_the_credit_decides() -> None:
+    rule = JoinRule(JoinSettings(tpot_ms=50.0, step_token_budget=128))
+    rule.prefilled(1000, 100.0)  # 0.1 ms a padded token
+    backlog = RIDE_BACKLOG * 128
+    assert not rule.one_piece(2, 500, running=8)  # 1,000 tokens: rides
+    assert not rule.one_piece(1, 500, running=8, queued=backlog)  # no credit yet: it queues to ride
+    rule.stepped(4, 30.0)  # four steps 20 ms under the objective
+    assert rule.credit_ms == pytest.approx(80.0)
+    assert rule.one_piece(1, 500, running=8, queued=backlog)  # 50 ms of stall, covered
+    assert rule.credit_ms == pytest.approx(30.0)
+    assert not rule.one_piece(1, 500, running=8, queued=backlog)
+    rule.stepped(1000, 0.0)
+    assert rule.credit_ms == pytest.approx(CREDIT_STEPS * 50.0)
+    assert JoinRule(JoinSettings(step_token_budget=128)).one_piece(8, 500, running=0)  # nobody to stall
+    assert not JoinRule(JoinSettings(step_token_budget=128)).one_piece(8, 500, running=4, queued=backlog)  # no objective
+    assert JoinRule(JoinSettings(step_token_budget=0)).one_piece(8, 500, running=4)  # chunking off
