@@ -28,9 +28,11 @@ bounded). Two bounds keep the running set what the device can hold:
   holding it back would make the pipeline slower than its arrivals.
 
 A group whose prompts would spend more than `step_token_budget` tokens in
-one prefill while rows are decoding is prefilled in chunks between steps
-(`chunked_prefill`), so a long prompt never stalls the running rows for
-its whole prefill; a prompt longer than the budget is prefilled alone.
+one prefill while rows are decoding is prefilled in chunks (`chunked_prefill`),
+so a long prompt never stalls the running rows for its whole prefill; a
+prompt longer than the budget is prefilled alone. With `fused_chunks` each
+chunk rides in a decode step's forward pass (`fused_step`), otherwise it is
+a forward pass of its own between steps.
 
 A row whose deadline passes stops between steps (answered `expired` with
 the text so far), a joiner past its deadline is never prefilled, and a
@@ -51,8 +53,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .base import Output, describe_error
-from .chunked_prefill import ChunkedPrefill, ChunkPacer, needs_chunks, split_long
+from .chunked_prefill import ChunkedPrefill, ChunkPacer, RidePacer, needs_chunks, split_long
 from .decoding import RunningSet, Sequence, drop_expired
+from .fused_step import ride, supported
 
 JOIN_GROUP = 4
 """Joiners that make a join worth its prefill at once."""
@@ -101,6 +104,7 @@ class IterationScheduler:
         join_group: int = JOIN_GROUP,
         join_wait_steps: int = JOIN_WAIT_STEPS,
         step_token_budget: int = 0,
+        fused_chunks: bool = True,
     ) -> None:
         self._new_running = new_running
         self._to_output = to_output
@@ -110,7 +114,8 @@ class IterationScheduler:
         self._join_group = join_group
         self._join_wait_steps = join_wait_steps
         self.step_token_budget = step_token_budget
-        self._pacer = ChunkPacer(step_token_budget)
+        self.fused_chunks = fused_chunks
+        self._pacer = RidePacer(step_token_budget) if fused_chunks else ChunkPacer(step_token_budget)
         self._running = new_running()
         self._joiners: deque[Sequence] = deque()
         self._prefills: deque[ChunkedPrefill] = deque()
@@ -123,7 +128,7 @@ class IterationScheduler:
         self.joins = 0
         """Prefills (groups admitted) so far."""
         self.chunks = 0
-        """Forward passes of chunked prefills so far."""
+        """Chunks of chunked prefills so far (forward passes of their own, or riding in a step)."""
         self._thread = threading.Thread(target=self._loop, name="batchtide-decode", daemon=True)
         self._thread.start()
 
@@ -219,12 +224,7 @@ class IterationScheduler:
                     if joining:
                         self.joins += 1
                         finished += self._join(joining)
-                    finished += self._advance_prefill(now)
-                    if len(self._running):
-                        started = time.perf_counter()
-                        finished += self._running.step()
-                        self._last_step_ms = (time.perf_counter() - started) * 1000.0
-                        self.steps += 1
+                    finished += self._step(now)
                 except Exception as e:  # noqa: BLE001 - every row of the set fails; the loop goes on
                     failing = self._running.live + joining + [s for p in self._prefills for s in p.seqs]
                     self._finish([s for s in finished if s not in failing])
@@ -250,10 +250,23 @@ class IterationScheduler:
                 self._size_at_join = len(self._running)
         return finished
 
-    def _advance_prefill(self, now_ms: float) -> list[Sequence]:
-        """One chunk of the oldest queued prefill (all of it when no row is decoding); a group
-        complete is merged into the running set, a group whose every deadline passed is dropped."""
+    def _step(self, now_ms: float) -> list[Sequence]:
+        """A chunk of the oldest queued prefill, then a decode step of the running rows (one forward
+        pass when the chunk rode in the step); `_last_step_ms` times plain steps only."""
+        finished, stepped = self._advance_prefill(now_ms)
+        if len(self._running) and not stepped:
+            started = time.perf_counter()
+            finished += self._running.step()
+            self._last_step_ms = (time.perf_counter() - started) * 1000.0
+            self.steps += 1
+        return finished
+
+    def _advance_prefill(self, now_ms: float) -> tuple[list[Sequence], bool]:
+        """One chunk of the oldest queued prefill (all of it when no row is decoding), riding in the
+        decode step when chunks are fused; a group complete is merged into the running set, a group
+        whose every deadline passed is dropped. Returns the finished rows and whether the step ran."""
         finished: list[Sequence] = []
+        stepped = False
         while self._prefills:
             prefill = self._prefills[0]
             if all(s.deadline_ms is not None and s.deadline_ms <= now_ms for s in prefill.seqs):
@@ -263,8 +276,16 @@ class IterationScheduler:
                 continue
             decoding = len(self._running)
             started = time.perf_counter()
-            fed = prefill.advance(self._pacer.tokens(decoding, self._last_step_ms) if decoding else None)
-            self._pacer.observe(fed, (time.perf_counter() - started) * 1000.0)
+            tokens = self._pacer.tokens(decoding, self._last_step_ms) if decoding else None
+            stepped = bool(decoding) and self.fused_chunks and supported(self._running.model)
+            if stepped:
+                done, fed = ride(self._running, prefill, tokens)
+                finished += done
+                self._pacer.observe_ride(fed, (time.perf_counter() - started) * 1000.0, self._last_step_ms)  # type: ignore[union-attr]
+                self.steps += 1
+            else:
+                fed = prefill.advance(tokens)
+                self._pacer.observe(fed, (time.perf_counter() - started) * 1000.0)
             self.chunks += 1
             if not prefill.complete:
                 break
@@ -273,7 +294,7 @@ class IterationScheduler:
             self._size_at_join = len(self._running)
             if decoding:
                 break
-        return finished
+        return finished, stepped
 
     @staticmethod
     def _finish(seqs: list[Sequence]) -> None:

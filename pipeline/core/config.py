@@ -259,6 +259,10 @@ class ModelConfig:
     chunks between steps, each sized to about half a decode step's time (measured), so a long prompt
     does not stall the running rows' next token; outputs are the same. Short joins stay one piece.
     0 prefills every group in one piece."""
+    fused_chunks: bool = True
+    """Generation, `iteration` batching: a prefill chunk rides in the decode step's forward pass
+    (the rows' tokens and the chunk's in one pass, attention split per row and chunk), sized to add
+    about a third of a plain step's time; false runs each chunk as a forward pass of its own."""
     cost_points: tuple[tuple[int, float], ...] = ()
     """cost-model runner: measured (batch size, ms) points, interpolated."""
     cost_a_ms: float = 5.0
