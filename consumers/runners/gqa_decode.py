@@ -15,12 +15,11 @@ without groups take transformers' own SDPA path.
 
 Rows attend only their own columns: the running set's rows are left-padded
 to its widest row, so after a 512-token prompt joins, every short row's
-step read ~500 padding columns per layer (time per output token 1.26x the
-same rows' without the long one, with outputs unchanged). A step's
-`own_columns(mask)` splits the rows in two when that reads less: all rows
-over the columns the narrow ones use, then the few wide rows alone over the
-whole width (1.07x after the same join). Padding columns weigh exactly zero
-in the softmax, so the tokens are the same.
+step read ~500 padding columns per layer. A step's `own_columns(mask)`
+splits the rows in two when that reads less: all rows over the columns the
+narrow ones use, then the few wide rows alone over the whole width.
+Padding columns weigh exactly zero in the softmax, so the tokens are the
+same (measurements in docs/runners.md, "Fused chunks").
 """
 
 from __future__ import annotations
