@@ -142,6 +142,23 @@ class RidePacer:
         return int(max(MIN_CHUNK, min(room, RIDE_SHARE * step_ms / per_token)))
 
 
+def riders(prefills: list["ChunkedPrefill"], tokens: int) -> list[tuple["ChunkedPrefill", int | None]]:
+    """The chunks of one ride of about `tokens` tokens: the queued groups behind the oldest whose
+    whole rest fits go whole (smallest first, in queue order in the list), so short prompts queued
+    behind a long one start decoding instead of waiting for all of its chunks; the oldest gets what
+    is left, never under MIN_CHUNK (None: its whole rest fits)."""
+    head, left = prefills[0], tokens - MIN_CHUNK
+    whole: set[int] = set()
+    for prefill in sorted(prefills[1:], key=lambda p: p.remaining_tokens):
+        if prefill.remaining_tokens > left:
+            break
+        whole.add(id(prefill))
+        left -= prefill.remaining_tokens
+    left += MIN_CHUNK
+    first: tuple[ChunkedPrefill, int | None] = (head, None if head.remaining_tokens <= left else left)
+    return [first] + [(p, None) for p in prefills[1:] if id(p) in whole]
+
+
 def needs_chunks(seqs: list[Sequence], budget: int, decoding_rows: int) -> bool:
     """Whether prefilling `seqs` in one piece would spend more than one step's budget."""
     if budget <= 0 or decoding_rows == 0:
@@ -185,6 +202,11 @@ class ChunkedPrefill:
     @property
     def reserved_tokens(self) -> int:
         return sum(s.reserved_tokens for s in self.seqs)
+
+    @property
+    def remaining_tokens(self) -> int:
+        """Tokens (padding included) still to feed."""
+        return len(self.seqs) * (self.width - self._done)
 
     def span(self, tokens: int | None) -> tuple[int, int]:
         """The columns `[start, end)` of the next chunk: about `tokens` tokens over the group's rows

@@ -13,9 +13,10 @@ model (`install`):
 - the first `rows` tokens are the decode rows' next tokens: each one's keys
   and values are written into the running set's cache and it attends its
   own row (`gqa_decode.decode_attention`, its own columns only);
-- the rest is the chunk, `group rows x columns` in row order: its keys and
-  values are appended to the group's own cache, and it attends that cache
-  with its padding mask and causal order, as a one-piece prefill does.
+- the rest are the chunks, one per riding group, each `group rows x columns`
+  in row order: its keys and values are appended to the group's own cache,
+  and it attends that cache with its padding mask and causal order, as a
+  one-piece prefill does.
 
 The model is called without a cache of its own (`use_cache=False`); the
 attention function writes both caches. Positions are each token's own, so
@@ -48,16 +49,24 @@ _local = threading.local()
 
 
 @dataclass
+class _Chunk:
+    """One group's chunk in a fused pass: `group` rows x `columns`, in row order."""
+
+    group: int
+    columns: int
+    cache: Any
+    mask: "torch.Tensor"
+    """`[group, 1, columns, end]` booleans: padding and causal order, each query itself always."""
+
+
+@dataclass
 class _Ride:
     """What the attention function of one fused pass needs, per layer."""
 
     rows: int
     decode_layers: list[Any]
     plan: gqa_decode.ColumnPlan
-    group: int
-    chunk_cache: Any
-    chunk_mask: "torch.Tensor"
-    """`[group, 1, columns, end]` booleans: padding and causal order, each query itself always."""
+    chunks: list[_Chunk]
 
 
 def attention(
@@ -79,27 +88,31 @@ def attention(
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     layer = module.layer_idx
-    rows, group = ride.rows, ride.group
+    rows = ride.rows
     heads, dim = query.shape[1], query.shape[3]
     kv_heads = key.shape[1]
-    columns = (query.shape[2] - rows) // group
 
     def rows_of(states: Any) -> Any:
         return states[0, :, :rows].transpose(0, 1).unsqueeze(2)
 
-    def chunk_of(states: Any, n: int) -> Any:
-        return states[0, :, rows:].reshape(n, group, columns, dim).transpose(0, 1)
-
     keys, values = ride.decode_layers[layer].update(rows_of(key), rows_of(value))
-    decoded = gqa_decode.decode_attention(rows_of(query), keys, values, ride.plan, scaling)
-    c_keys, c_values = ride.chunk_cache.update(
-        chunk_of(key, kv_heads).contiguous(), chunk_of(value, kv_heads).contiguous(), layer
-    )
-    chunk, _ = sdpa_attention_forward(
-        module, chunk_of(query, heads), c_keys, c_values, ride.chunk_mask, dropout=0.0, scaling=scaling, is_causal=False
-    )
-    out = torch.cat([decoded.reshape(1, rows, heads, dim), chunk.reshape(1, group * columns, heads, dim)], dim=1)
-    return out, None
+    parts = [gqa_decode.decode_attention(rows_of(query), keys, values, ride.plan, scaling).reshape(1, rows, heads, dim)]
+    at = rows
+    for chunk in ride.chunks:
+        size = chunk.group * chunk.columns
+
+        def chunk_of(states: Any, n: int) -> Any:
+            return states[0, :, at : at + size].reshape(n, chunk.group, chunk.columns, dim).transpose(0, 1)
+
+        c_keys, c_values = chunk.cache.update(
+            chunk_of(key, kv_heads).contiguous(), chunk_of(value, kv_heads).contiguous(), layer
+        )
+        out, _ = sdpa_attention_forward(
+            module, chunk_of(query, heads), c_keys, c_values, chunk.mask, dropout=0.0, scaling=scaling, is_causal=False
+        )
+        parts.append(out.reshape(1, size, heads, dim))
+        at += size
+    return torch.cat(parts, dim=1), None
 
 
 def _mask(*args: Any, **kwargs: Any) -> Any:
@@ -131,39 +144,52 @@ def supported(model: Any) -> bool:
     return getattr(getattr(model, "config", None), "_attn_implementation", None) == NAME
 
 
-def ride(running: "RunningSet", prefill: "ChunkedPrefill", tokens: int | None) -> tuple[list["Sequence"], int]:
-    """One decode step of `running` with the next chunk of `prefill` (about `tokens` tokens, None:
-    all the rest) in the same forward pass; returns the rows that finished and the chunk tokens fed."""
+def ride(running: "RunningSet", chunks: list[tuple["ChunkedPrefill", int | None]]) -> tuple[list["Sequence"], int]:
+    """One decode step of `running` with the next chunk of each prefill in `chunks` (about `tokens`
+    tokens each, None: all the rest) in the same forward pass; returns the rows that finished and
+    the prompt tokens fed."""
     import torch
     from transformers.cache_utils import DynamicCache
 
     ids, mask, positions = running.step_inputs()
     rows = int(ids.shape[0])
-    start, end = prefill.span(tokens)
-    group, columns = len(prefill.seqs), end - start
     device = ids.device
-    packed = torch.cat([ids.flatten(), prefill.ids[:, start:end].flatten()]).unsqueeze(0)
-    packed_positions = torch.cat([positions.flatten(), prefill.positions[:, start:end].flatten()]).unsqueeze(0)
-    last = end == prefill.width
-    keep = torch.arange(rows, device=device)
-    if last:
-        keep = torch.cat([keep, rows + torch.arange(group, device=device) * columns + columns - 1])
-    queries = torch.arange(start, end, device=device)[:, None]
-    keys = torch.arange(end, device=device)[None, :]
-    padding = prefill.mask[:, None, None, :end].bool()
-    chunk_mask = (padding & (keys <= queries)) | (keys == queries)
-    cache = prefill.cache if prefill.cache is not None else DynamicCache()
+    packed, packed_positions, keep = [ids.flatten()], [positions.flatten()], [torch.arange(rows, device=device)]
+    parts: list[tuple[ChunkedPrefill, int, _Chunk, int]] = []
+    at = rows
+    for prefill, tokens in chunks:
+        start, end = prefill.span(tokens)
+        group, columns = len(prefill.seqs), end - start
+        packed.append(prefill.ids[:, start:end].flatten())
+        packed_positions.append(prefill.positions[:, start:end].flatten())
+        queries = torch.arange(start, end, device=device)[:, None]
+        keys = torch.arange(end, device=device)[None, :]
+        padding = prefill.mask[:, None, None, :end].bool()
+        cache = prefill.cache if prefill.cache is not None else DynamicCache()
+        chunk = _Chunk(group, columns, cache, (padding & (keys <= queries)) | (keys == queries))
+        first_at = -1
+        if end == prefill.width:
+            first_at = sum(len(k) for k in keep)
+            keep.append(at + torch.arange(group, device=device) * columns + columns - 1)
+        parts.append((prefill, end, chunk, first_at))
+        at += group * columns
     plan = gqa_decode.column_plan(mask) or gqa_decode.ColumnPlan(
         rows, int(mask.shape[1]), mask.bool()[:, None, None, :], 0, torch.empty(0, dtype=torch.long, device=device)
     )
-    _local.ride = _Ride(rows, running.cache.layers, plan, group, cache, chunk_mask)
+    _local.ride = _Ride(rows, running.cache.layers, plan, [chunk for _, _, chunk, _ in parts])
     try:
-        out = running.model(input_ids=packed, position_ids=packed_positions, use_cache=False, logits_to_keep=keep)
+        out = running.model(
+            input_ids=torch.cat(packed).unsqueeze(0),
+            position_ids=torch.cat(packed_positions).unsqueeze(0),
+            use_cache=False,
+            logits_to_keep=torch.cat(keep),
+        )
     finally:
         _local.ride = None
     tokens_out = out.logits[0].argmax(-1)
     if str(running.device).startswith("cuda"):
         torch.cuda.synchronize()  # the pacer times the step: wait for it, not for its launch
     finished = running.stepped(mask, tokens_out[:rows])
-    prefill.fed(end, cache, tokens_out[rows:] if last else None)
-    return finished, group * columns
+    for prefill, end, chunk, first_at in parts:
+        prefill.fed(end, chunk.cache, tokens_out[first_at : first_at + chunk.group] if first_at >= 0 else None)
+    return finished, at - rows

@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .base import Output, describe_error
-from .chunked_prefill import ChunkedPrefill, ChunkPacer, RidePacer, needs_chunks, split_long
+from .chunked_prefill import MIN_CHUNK, ChunkedPrefill, ChunkPacer, RidePacer, needs_chunks, riders, split_long
 from .decoding import RunningSet, Sequence, drop_expired
 from .fused_step import ride, supported
 
@@ -279,10 +279,15 @@ class IterationScheduler:
             tokens = self._pacer.tokens(decoding, self._last_step_ms) if decoding else None
             stepped = bool(decoding) and self.fused_chunks and supported(self._running.model)
             if stepped:
-                done, fed = ride(self._running, prefill, tokens)
+                riding = riders(list(self._prefills), tokens or MIN_CHUNK)
+                done, fed = ride(self._running, riding)
                 finished += done
                 self._pacer.observe_ride(fed, (time.perf_counter() - started) * 1000.0, self._last_step_ms)  # type: ignore[union-attr]
                 self.steps += 1
+                for later, _ in riding[1:]:  # short groups behind the oldest rode whole
+                    self._prefills.remove(later)
+                    finished += later.admit()
+                    self._size_at_join = len(self._running)
             else:
                 fed = prefill.advance(tokens)
                 self._pacer.observe(fed, (time.perf_counter() - started) * 1000.0)

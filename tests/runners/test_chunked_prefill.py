@@ -19,6 +19,7 @@ from consumers.runners.chunked_prefill import (
     ChunkPacer,
     RidePacer,
     needs_chunks,
+    riders,
     split_long,
 )
 from consumers.runners.decoding import Sequence, decode_all
@@ -89,13 +90,18 @@ def test_a_group_riding_in_decode_steps_decodes_what_one_piece_decodes(runner: T
         running.step()
     group = [Sequence(list(p), 12) for p in prompts]
     prefill = ChunkedPrefill(running, group)
+    behind = [Sequence(_prompt(rng, n), 12) for n in (6, 3)]
+    short = ChunkedPrefill(running, behind)  # queued behind: rides whole in the first step
     rides = 0
     while not prefill.complete:
         if not len(running):  # every row ended (a stop token): the rest is a pass of its own
             prefill.advance(chunk * len(group))
             continue
-        _, fed = ride(running, prefill, chunk * len(group))
-        assert fed == len(group) * min(chunk, 40 - (prefill.chunks - 1) * chunk)
+        _, fed = ride(running, [(prefill, chunk * len(group))] + ([(short, None)] if not rides else []))
+        assert fed == len(group) * min(chunk, 40 - (prefill.chunks - 1) * chunk) + (12 if not rides else 0)
+        if not rides:
+            assert short.complete and short.chunks == 1
+            short.admit()
         rides += 1
     assert prefill.chunks == -(-40 // chunk) and rides >= min(prefill.chunks, 3)
     prefill.admit()
@@ -103,6 +109,7 @@ def test_a_group_riding_in_decode_steps_decodes_what_one_piece_decodes(runner: T
         running.step()
     assert [s.generated for s in group] == [_alone(runner, p, 12) for p in prompts]
     assert [s.generated for s in rows] == [_alone(runner, p, 50) for p in early]
+    assert [s.generated for s in behind] == [_alone(runner, s.prompt, 12) for s in behind]
 
 
 @pytest.mark.parametrize("fused", [True, False])
@@ -157,6 +164,15 @@ def test_chunks_are_paced_to_half_a_step_within_the_budget_and_long_prompts_go_a
     assert not needs_chunks([long], 64, 0)  # nobody decoding: nothing to stall
     assert needs_chunks([long], 64, 1) and not needs_chunks([long], 0, 5)
     assert needs_chunks([short] * 7, 64, 1) and not needs_chunks([short] * 6, 64, 1)
+
+
+def test_short_groups_behind_a_long_one_ride_whole_and_the_long_one_gets_the_rest(runner: TransformersRunner) -> None:
+    running = runner._running_set()
+    long, a, b, c = (ChunkedPrefill(running, [Sequence([5] * n, 4)]) for n in (500, 30, 10, 80))
+    assert [(p, t) for p, t in riders([long, a, b, c], 64)] == [(long, 24), (a, None), (b, None)]
+    assert riders([long, c], 64) == [(long, 64)]  # nothing else fits: the oldest gets it all
+    assert riders([long, a, b], 40) == [(long, 30), (b, None)]  # a does not fit beside MIN_CHUNK for the oldest
+    assert riders([b, a], 64) == [(b, None), (a, None)]
 
 
 def test_ridden_chunks_add_a_share_of_a_plain_step_from_the_measured_cost_per_token() -> None:
