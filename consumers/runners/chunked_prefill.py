@@ -18,6 +18,10 @@ time per output token stays within ~1.5x while a long prompt joins, on any
 device), never more than the budget leaves and never under MIN_CHUNK
 tokens, so the prompt always moves. With nobody decoding there is nothing
 to stall, and the rest is prefilled at once.
+
+With `fused_chunks` a chunk is not a forward pass of its own: it rides in
+the decode step's (`fused_step`), paced by `RidePacer` to add RIDE_SHARE of
+a plain step; `ChunkPacer` paces the separate passes.
 """
 
 from __future__ import annotations
@@ -87,6 +91,74 @@ class ChunkPacer:
         return int(max(MIN_CHUNK, min(room, paced)))
 
 
+RIDE_SHARE = 0.35
+"""A decode step that carries a chunk in its forward pass may take this share longer than a plain
+one. From a measurement (docs/runners.md, "Fused chunks"): a ridden SmolLM2 token added 3-9 ms to a
+260-700 ms step of 16 rows, and at 0.35 the pacer's rides over a 512-token join averaged 1.26x and
+1.51x a plain step: a row decoding through a whole join stays about within the 1.5x goal."""
+
+
+class RidePacer:
+    """How many prompt tokens ride in the next decode step (`fused_step`).
+
+    A chunk in the step's own forward pass has no fixed part (the weights
+    are read once for the rows and the chunk): its cost is per token, the
+    step's time over a plain step's divided by the tokens it carried,
+    averaged (ratio of sums) over the recent rides; before any ride, a
+    one-piece prefill's time per token. It gets what adds RIDE_SHARE of a
+    plain step, never more than the step's token budget leaves beside the
+    decoding rows, never under MIN_CHUNK.
+    """
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self._prefills: deque[tuple[int, float]] = deque(maxlen=PACE_WINDOW)
+        self._rides: deque[tuple[int, float]] = deque(maxlen=PACE_WINDOW)
+
+    def observe(self, tokens: int, ms: float) -> None:
+        """A one-piece prefill of `tokens` took `ms` (an upper bound of a ridden token's cost)."""
+        if tokens > 0 and ms > 0:
+            self._prefills.append((tokens, ms))
+
+    def observe_ride(self, tokens: int, ms: float, plain_ms: float) -> None:
+        """A step that carried `tokens` took `ms` where a plain step took `plain_ms`."""
+        if tokens > 0 and plain_ms > 0:
+            self._rides.append((tokens, max(ms - plain_ms, 0.0)))
+
+    def per_token(self) -> float | None:
+        """Milliseconds a ridden prompt token adds to a step, from the recent rides (or prefills)."""
+        seen = self._rides or self._prefills
+        if not seen:
+            return None
+        cost = sum(ms for _, ms in seen) / sum(t for t, _ in seen)
+        return cost if cost > 0 else None
+
+    def tokens(self, decoding_rows: int, step_ms: float) -> int:
+        """Prompt tokens to ride beside `decoding_rows` rows whose last plain step took `step_ms`."""
+        room = max(self.budget - decoding_rows, MIN_CHUNK)
+        per_token = self.per_token()
+        if per_token is None or step_ms <= 0:
+            return max(MIN_CHUNK, min(room, self.budget // 4))
+        return int(max(MIN_CHUNK, min(room, RIDE_SHARE * step_ms / per_token)))
+
+
+def riders(prefills: list["ChunkedPrefill"], tokens: int) -> list[tuple["ChunkedPrefill", int | None]]:
+    """The chunks of one ride of about `tokens` tokens: the queued groups behind the oldest whose
+    whole rest fits go whole (smallest first, in queue order in the list), so short prompts queued
+    behind a long one start decoding instead of waiting for all of its chunks; the oldest gets what
+    is left, never under MIN_CHUNK (None: its whole rest fits)."""
+    head, left = prefills[0], tokens - MIN_CHUNK
+    whole: set[int] = set()
+    for prefill in sorted(prefills[1:], key=lambda p: p.remaining_tokens):
+        if prefill.remaining_tokens > left:
+            break
+        whole.add(id(prefill))
+        left -= prefill.remaining_tokens
+    left += MIN_CHUNK
+    first: tuple[ChunkedPrefill, int | None] = (head, None if head.remaining_tokens <= left else left)
+    return [first] + [(p, None) for p in prefills[1:] if id(p) in whole]
+
+
 def needs_chunks(seqs: list[Sequence], budget: int, decoding_rows: int) -> bool:
     """Whether prefilling `seqs` in one piece would spend more than one step's budget."""
     if budget <= 0 or decoding_rows == 0:
@@ -110,17 +182,18 @@ class ChunkedPrefill:
     def __init__(self, running: RunningSet, seqs: list[Sequence]) -> None:
         self.running = running
         self.seqs = seqs
-        self._ids, self._mask = prompt_tensors(seqs, running.pad_id, running.device)
-        self._positions = (self._mask.cumsum(-1) - 1).clamp(min=0)
+        self.ids, self.mask = prompt_tensors(seqs, running.pad_id, running.device)
+        self.positions = (self.mask.cumsum(-1) - 1).clamp(min=0)
         self._done = 0
-        self._cache: Any = None
+        self.cache: Any = None
+        """The group's own KV cache so far (None before the first chunk)."""
         self._first: "torch.Tensor | None" = None
         self.chunks = 0
-        """Forward passes run so far."""
+        """Forward passes (own or ridden) run so far."""
 
     @property
     def width(self) -> int:
-        return int(self._ids.shape[1])
+        return int(self.ids.shape[1])
 
     @property
     def complete(self) -> bool:
@@ -130,34 +203,44 @@ class ChunkedPrefill:
     def reserved_tokens(self) -> int:
         return sum(s.reserved_tokens for s in self.seqs)
 
-    def advance(self, tokens: int | None) -> int:
-        """Prefill the next columns, about `tokens` tokens over the group's rows (None: all the rest);
-        returns the tokens fed (padding included: it costs the same)."""
-        if self.complete:
-            return 0
+    @property
+    def remaining_tokens(self) -> int:
+        """Tokens (padding included) still to feed."""
+        return len(self.seqs) * (self.width - self._done)
+
+    def span(self, tokens: int | None) -> tuple[int, int]:
+        """The columns `[start, end)` of the next chunk: about `tokens` tokens over the group's rows
+        (None: all the rest)."""
         rows = len(self.seqs)
         columns = self.width - self._done if tokens is None else max(1, tokens // rows)
-        end = min(self.width, self._done + columns)
-        columns = end - self._done
+        return self._done, min(self.width, self._done + columns)
+
+    def fed(self, end: int, cache: Any, first: "torch.Tensor | None") -> None:
+        """Columns up to `end` are in `cache`; `first`: the group's first tokens, at the last chunk."""
+        self.cache, self._done, self._first = cache, end, first
+        self.chunks += 1
+
+    def advance(self, tokens: int | None) -> int:
+        """Prefill the next columns in a forward pass of their own, about `tokens` tokens over the
+        group's rows (None: all the rest); returns the tokens fed (padding included: it costs the same)."""
+        if self.complete:
+            return 0
+        start, end = self.span(tokens)
         out = self.running.model(
-            input_ids=self._ids[:, self._done : end],
-            attention_mask=self._mask[:, :end],
-            position_ids=self._positions[:, self._done : end],
-            past_key_values=self._cache,
+            input_ids=self.ids[:, start:end],
+            attention_mask=self.mask[:, :end],
+            position_ids=self.positions[:, start:end],
+            past_key_values=self.cache,
             use_cache=True,
         )
-        self._cache = out.past_key_values
-        self._done = end
-        self.chunks += 1
-        if self.complete:
-            self._first = out.logits[:, -1, :].argmax(-1)
+        self.fed(end, out.past_key_values, out.logits[:, -1, :].argmax(-1) if end >= self.width else None)
         if str(self.running.device).startswith("cuda"):
             import torch
 
             torch.cuda.synchronize()  # the pacer times the chunk: wait for it, not for its launch
-        return rows * columns
+        return len(self.seqs) * (end - start)
 
     def admit(self) -> list[Sequence]:
         """Merge the prefilled rows into the running set; returns those finished by their first token."""
         assert self.complete and self._first is not None
-        return self.running.admit(self.seqs, self._cache, self._mask, self._first)
+        return self.running.admit(self.seqs, self.cache, self.mask, self._first)

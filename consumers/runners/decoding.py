@@ -202,23 +202,39 @@ class RunningSet:
         """Decode one token for every row; returns the rows that finished."""
         if not self._live:
             return []
+        from .gqa_decode import own_columns
+
+        ids, mask, positions = self.step_inputs()
+        with own_columns(mask):
+            out = self.model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=self._cache,
+                use_cache=True,
+            )
+        self._cache = out.past_key_values
+        return self.stepped(mask, out.logits[:, -1, :].argmax(-1))
+
+    def step_inputs(self) -> tuple["torch.Tensor", "torch.Tensor", "torch.Tensor"]:
+        """A step's input: every row's next token `[rows, 1]`, the mask with the new column, positions."""
         import torch
 
         assert self._mask is not None and self._last is not None
         ones = torch.ones((len(self.rows), 1), dtype=self._mask.dtype, device=self._mask.device)
         mask = torch.cat([self._mask, ones], dim=1)
         positions = (mask.sum(-1, keepdim=True) - 1).clamp(min=0)
-        out = self.model(
-            input_ids=self._last.unsqueeze(-1),
-            attention_mask=mask,
-            position_ids=positions,
-            past_key_values=self._cache,
-            use_cache=True,
-        )
-        self._cache, self._mask = out.past_key_values, mask
-        nxt = out.logits[:, -1, :].argmax(-1)
-        self._last = nxt
-        return self._accept(nxt)
+        return self._last.unsqueeze(-1), mask, positions
+
+    @property
+    def cache(self) -> Any:
+        return self._cache
+
+    def stepped(self, mask: "torch.Tensor", tokens: "torch.Tensor") -> list[Sequence]:
+        """A step ran (its keys and values are in the cache): take its mask and each row's new token;
+        returns the rows that finished."""
+        self._mask, self._last = mask, tokens
+        return self._accept(tokens)
 
     def _accept(self, tokens: "torch.Tensor", positions: list[int] | None = None) -> list[Sequence]:
         """Append the new token (unless EOS) of the live rows at `positions` (all rows when None);

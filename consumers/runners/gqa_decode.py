@@ -12,13 +12,100 @@ in for query positions: `[rows, kv_heads, group, dim]` against the unrepeated
 `[rows, kv_heads, width, dim]` keys, with the row's padding mask broadcast
 over the group. Same arithmetic, no copy. Prefill (many queries) and models
 without groups take transformers' own SDPA path.
+
+Rows attend only their own columns: the running set's rows are left-padded
+to its widest row, so after a 512-token prompt joins, every short row's
+step read ~500 padding columns per layer. A step's `own_columns(mask)`
+splits the rows in two when that reads less: all rows over the columns the
+narrow ones use, then the few wide rows alone over the whole width.
+Padding columns weigh exactly zero in the softmax, so the tokens are the
+same (measurements in docs/runners.md, "Fused chunks").
 """
 
 from __future__ import annotations
 
-from typing import Any
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 NAME = "batchtide_gqa_decode"
+NARROW_GAIN = 0.8
+"""Split the rows only when the two passes read at most this share of the columns one pass reads."""
+
+_local = threading.local()
+
+
+@dataclass(frozen=True)
+class ColumnPlan:
+    """One decode step's split: every row over columns `[cut:)`, then the `wide` rows over all."""
+
+    rows: int
+    width: int
+    mask: "torch.Tensor"
+    """The step's padding mask, `[rows, 1, 1, width]` booleans."""
+    cut: int
+    wide: "torch.Tensor"
+
+
+def column_plan(mask: "torch.Tensor") -> ColumnPlan | None:
+    """The split of a step whose 2-D padding mask (new column included) is `mask`, or None when
+    one pass over the whole width reads about as little. Keys read: rows x (width - cut) for the
+    narrow pass, twice wide x width for the wide rows (their keys are gathered, a copy)."""
+    import torch
+
+    rows, width = int(mask.shape[0]), int(mask.shape[1])
+    if rows < 2:
+        return None
+    starts = mask.to(torch.int8).argmax(-1)
+    ordered = sorted(starts.tolist())
+    best, cut = float(rows * width), 0
+    for wide in range(1, rows):
+        cost = rows * (width - ordered[wide]) + 2 * wide * width
+        if cost < best:
+            best, cut = cost, ordered[wide]
+    if cut == 0 or best > NARROW_GAIN * rows * width:
+        return None
+    index = (starts < cut).nonzero().flatten()
+    return ColumnPlan(rows, width, mask.bool()[:, None, None, :], cut, index)
+
+
+@contextmanager
+def own_columns(mask: "torch.Tensor") -> Iterator[None]:
+    """Decode-step attention in this block (this thread) reads each row's own columns only."""
+    _local.plan = column_plan(mask)
+    try:
+        yield
+    finally:
+        _local.plan = None
+
+
+def decode_attention(query: Any, key: Any, value: Any, plan: ColumnPlan, scaling: float | None) -> Any:
+    """One query per row, its heads folded over the key/value heads, along `plan`: `[rows, 1, heads, dim]`."""
+    import torch
+
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    rows, heads, _, dim = query.shape
+    folded = query.reshape(rows, key.shape[1], heads // key.shape[1], dim)
+    cut = plan.cut
+    out = sdpa(folded, key[:, :, cut:], value[:, :, cut:], attn_mask=plan.mask[..., cut:], scale=scaling)
+    if cut and plan.wide.numel():
+        wide = plan.wide
+        full = sdpa(folded[wide], key[wide], value[wide], attn_mask=plan.mask[wide], scale=scaling)
+        out = out.index_copy(0, wide, full)
+    return out.reshape(rows, heads, 1, dim).transpose(1, 2).contiguous()
+
+
+def active_plan(query: Any, key: Any) -> ColumnPlan | None:
+    """The plan of this thread's step when `query`/`key` are that step's (one query per row)."""
+    plan: ColumnPlan | None = getattr(_local, "plan", None)
+    if plan is None or query.shape[2] != 1 or query.shape[0] != plan.rows or key.shape[-2] != plan.width:
+        return None
+    return plan
 
 
 def attention(
@@ -35,6 +122,9 @@ def attention(
     import torch
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    plan = active_plan(query, key)
+    if plan is not None and kwargs.get("position_bias") is None:
+        return decode_attention(query, key, value, plan, scaling), None
     groups = getattr(module, "num_key_value_groups", 1)
     if query.shape[2] != 1 or groups == 1 or kwargs.get("position_bias") is not None:
         return sdpa_attention_forward(

@@ -28,9 +28,11 @@ bounded). Two bounds keep the running set what the device can hold:
   holding it back would make the pipeline slower than its arrivals.
 
 A group whose prompts would spend more than `step_token_budget` tokens in
-one prefill while rows are decoding is prefilled in chunks between steps
-(`chunked_prefill`), so a long prompt never stalls the running rows for
-its whole prefill; a prompt longer than the budget is prefilled alone.
+one prefill while rows are decoding is prefilled in chunks (`chunked_prefill`),
+so a long prompt never stalls the running rows for its whole prefill; a
+prompt longer than the budget is prefilled alone. With `fused_chunks` each
+chunk rides in a decode step's forward pass (`fused_step`), otherwise it is
+a forward pass of its own between steps.
 
 A row whose deadline passes stops between steps (answered `expired` with
 the text so far), a joiner past its deadline is never prefilled, and a
@@ -62,8 +64,9 @@ from pipeline.core.engine.joins import JOIN_GROUP, JOIN_WAIT_STEPS, Joiner, Join
 from pipeline.core.engine.shedding import CANNOT_MEET_DEADLINE
 
 from .base import Output, describe_error
-from .chunked_prefill import ChunkedPrefill, ChunkPacer
+from .chunked_prefill import MIN_CHUNK, ChunkedPrefill, ChunkPacer, RidePacer, needs_chunks, riders, split_long
 from .decoding import RunningSet, Sequence, drop_expired
+from .fused_step import ride, supported
 
 JOIN_SLOTS = 2 * JOIN_GROUP
 """In-flight batches beyond what the running set holds: joiners queued for room, so that
@@ -110,6 +113,7 @@ class IterationScheduler:
         step_token_budget: int = 0,
         tpot_ms: float | None = None,
         refuse_hopeless: bool = True,
+        fused_chunks: bool = True,
     ) -> None:
         self._new_running = new_running
         self._to_output = to_output
@@ -119,7 +123,8 @@ class IterationScheduler:
         self._join_group = join_group
         self._join_wait_steps = join_wait_steps
         self.step_token_budget = step_token_budget
-        self._pacer = ChunkPacer(step_token_budget)
+        self.fused_chunks = fused_chunks
+        self._pacer = RidePacer(step_token_budget) if fused_chunks else ChunkPacer(step_token_budget)
         self._rule = JoinRule(JoinSettings(token_cap, step_budget_ms, join_group, join_wait_steps, tpot_ms,
                                            step_token_budget, refuse_hopeless))
         self._running = new_running()
@@ -134,7 +139,7 @@ class IterationScheduler:
         self.joins = 0
         """Prefills (groups admitted) so far."""
         self.chunks = 0
-        """Forward passes of chunked prefills so far."""
+        """Chunks of chunked prefills so far (forward passes of their own, or riding in a step)."""
         self._thread = threading.Thread(target=self._loop, name="batchtide-decode", daemon=True)
         self._thread.start()
 
@@ -215,12 +220,7 @@ class IterationScheduler:
                     if joining:
                         self.joins += 1
                         finished += self._join(joining)
-                    finished += self._advance_prefill(now)
-                    if len(self._running):
-                        started = time.perf_counter()
-                        finished += self._running.step()
-                        self._last_step_ms = (time.perf_counter() - started) * 1000.0
-                        self.steps += 1
+                    finished += self._step(now)
                 except Exception as e:  # noqa: BLE001 - every row of the set fails; the loop goes on
                     failing = self._running.live + joining + [s for p in self._prefills for s in p.seqs]
                     self._finish([s for s in finished if s not in failing])
@@ -252,10 +252,23 @@ class IterationScheduler:
                 self._size_at_join = len(self._running)
         return finished
 
-    def _advance_prefill(self, now_ms: float) -> list[Sequence]:
-        """One chunk of the oldest queued prefill (all of it when no row is decoding); a group
-        complete is merged into the running set, a group whose every deadline passed is dropped."""
+    def _step(self, now_ms: float) -> list[Sequence]:
+        """A chunk of the oldest queued prefill, then a decode step of the running rows (one forward
+        pass when the chunk rode in the step); `_last_step_ms` times plain steps only."""
+        finished, stepped = self._advance_prefill(now_ms)
+        if len(self._running) and not stepped:
+            started = time.perf_counter()
+            finished += self._running.step()
+            self._last_step_ms = (time.perf_counter() - started) * 1000.0
+            self.steps += 1
+        return finished
+
+    def _advance_prefill(self, now_ms: float) -> tuple[list[Sequence], bool]:
+        """One chunk of the oldest queued prefill (all of it when no row is decoding), riding in the
+        decode step when chunks are fused; a group complete is merged into the running set, a group
+        whose every deadline passed is dropped. Returns the finished rows and whether the step ran."""
         finished: list[Sequence] = []
+        stepped = False
         while self._prefills:
             prefill = self._prefills[0]
             if all(s.deadline_ms is not None and s.deadline_ms <= now_ms for s in prefill.seqs):
@@ -265,8 +278,21 @@ class IterationScheduler:
                 continue
             decoding = len(self._running)
             started = time.perf_counter()
-            fed = prefill.advance(self._pacer.tokens(decoding, self._last_step_ms) if decoding else None)
-            self._pacer.observe(fed, (time.perf_counter() - started) * 1000.0)
+            tokens = self._pacer.tokens(decoding, self._last_step_ms) if decoding else None
+            stepped = bool(decoding) and self.fused_chunks and supported(self._running.model)
+            if stepped:
+                riding = riders(list(self._prefills), tokens or MIN_CHUNK)
+                done, fed = ride(self._running, riding)
+                finished += done
+                self._pacer.observe_ride(fed, (time.perf_counter() - started) * 1000.0, self._last_step_ms)  # type: ignore[union-attr]
+                self.steps += 1
+                for later, _ in riding[1:]:  # short groups behind the oldest rode whole
+                    self._prefills.remove(later)
+                    finished += later.admit()
+                    self._size_at_join = len(self._running)
+            else:
+                fed = prefill.advance(tokens)
+                self._pacer.observe(fed, (time.perf_counter() - started) * 1000.0)
             self.chunks += 1
             if not prefill.complete:
                 break
@@ -275,7 +301,7 @@ class IterationScheduler:
             self._size_at_join = len(self._running)
             if decoding:
                 break
-        return finished
+        return finished, stepped
 
     def _finish(self, seqs: list[Sequence]) -> None:
         for seq in seqs:

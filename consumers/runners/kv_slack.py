@@ -12,9 +12,10 @@ A `SlackLayer` is a view `[rows, start:end)` of a larger zeroed buffer with
 spare columns (`SLACK`) and spare rows: a step writes one column, a joiner
 is written into a free row (a finished row's, or a spare one), and trimming
 padding columns moves `start`. The cache is copied only when columns run out
-(every `SLACK` steps), when rows run out, and when the set shrinks
-(compaction). Positions never exposed by the view are zero, never garbage:
-masked keys still pass through attention's arithmetic.
+(every `SLACK` steps, or a quarter of the width when that is more), when
+rows run out, and when the set shrinks (compaction). Positions never exposed
+by the view are zero, never garbage: masked keys still pass through
+attention's arithmetic.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ if TYPE_CHECKING:
 
 SLACK = 32
 """Free columns kept after the last one: steps between two copies of the cache."""
+GROWTH = 4
+"""A full buffer grows by 1/GROWTH of its width (at least SLACK columns): after a long prompt joined,
+a copy of the now wide cache every SLACK steps would cost more than the steps it serves."""
 
 
 def spare_rows(rows: int) -> int:
@@ -124,7 +128,7 @@ class SlackLayer(DynamicLayer):
     def _regrow(self, new: int) -> None:
         width = self._end - self._start
         rows, heads, _, dim = self._k.shape
-        shape = (rows, heads, width + max(SLACK, new), dim)
+        shape = (rows, heads, width + max(SLACK, new, width // GROWTH), dim)
         k_buf, v_buf = self._k.new_zeros(shape), self._v.new_zeros(shape)
         k_buf[:, :, :width] = self._k[:, :, self._start : self._end]
         v_buf[:, :, :width] = self._v[:, :, self._start : self._end]

@@ -186,7 +186,7 @@ class TransformersRunner:
             model = auto.from_pretrained(source.directory, config=hf_config, dtype=pick_dtype(self.device))
             model.to(self.device).eval()
             if task == "generate":
-                from .gqa_decode import install
+                from .fused_step import install
 
                 install(model)
             generation_config = getattr(model, "generation_config", None)
@@ -213,7 +213,8 @@ class TransformersRunner:
             budget = profile.slo_ms_per_new_token or profile.compute_budget_ms or profile.slo_p99_ms / 2.0
             self.iteration = IterationScheduler(
                 self._running_set, self._to_output, token_cap=running_cap, step_budget_ms=budget,
-                step_token_budget=self.config.step_token_budget, tpot_ms=profile.slo_ms_per_new_token or None,
+                step_token_budget=self.config.step_token_budget, fused_chunks=self.config.fused_chunks,
+                tpot_ms=profile.slo_ms_per_new_token or None,
             )
 
     def _ids(self, req: Request) -> list[int]:

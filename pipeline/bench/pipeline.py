@@ -132,6 +132,7 @@ async def run_bench(
     llm_mixes: tuple[str, ...] = ("mixed", "equal"),
     profile_now: bool = False,
     budgets: tuple[int | None, ...] = (None,),
+    fusions: tuple[bool | None, ...] = (None,),
 ) -> dict[str, Any]:
     """Start (or reuse) a broker and run the requested modes; returns the JSON-ready figures.
 
@@ -148,7 +149,7 @@ async def run_bench(
             figures |= await find_max(ramp, kafka, workdir, say)
         if rates_mode and options.runner == "smollm":
             say(f"smollm at {', '.join(f'{r:g}' for r in options.rates)} req/s, modes {', '.join(llm_modes_list)}")
-            figures |= await llm_modes(options, kafka, workdir, say, llm_modes_list, equal_tokens, llm_mixes, profile_now, budgets)
+            figures |= await llm_modes(options, kafka, workdir, say, llm_modes_list, equal_tokens, llm_mixes, profile_now, budgets, fusions)
         elif rates_mode:
             say(f"{options.runner} runner at {', '.join(f'{r:g}' for r in options.rates)} req/s")
             figures |= await at_rates(options, kafka, workdir, say)

@@ -61,6 +61,8 @@ def llm_model(options: BenchOptions) -> dict[str, Any]:
         rows = max(1, cap // per_request)
         if options.step_token_budget is not None:
             runner["step_token_budget"] = options.step_token_budget
+        if options.chunk_fusion is not None:
+            runner["fused_chunks"] = options.chunk_fusion
         if wide:
             # prompts of very different lengths: a batch in tokens sized for the longest would
             # pack several short ones (all answered when the last ends); one request a batch, the

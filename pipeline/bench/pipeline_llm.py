@@ -75,6 +75,7 @@ async def llm_modes(
     mixes: tuple[str, ...] = ("mixed", "equal"),
     profile_now: bool = False,
     budgets: tuple[int | None, ...] = (None,),
+    fusions: tuple[bool | None, ...] = (None,),
 ) -> dict[str, Any]:
     """Every batching mode at every rate, for each length mix; shares of the limit, goodput."""
     if profile_now:
@@ -92,11 +93,21 @@ async def llm_modes(
             f"lengths {mix} (mean max_new_tokens {mean_new:.0f}): machine limit "
             + (f"{limit[0]:.0f} generated tokens/s (b={limit[1]}, from the profile's prefill and decode-step curves)" if profile else "unknown (no --profile)")
         )
-        runs = [(mode, budget) for mode in modes for budget in (budgets if mode == "iteration" else (None,))]
-        for mode, budget in runs:
+        runs = [
+            (mode, budget, fused)
+            for mode in modes
+            for budget in (budgets if mode == "iteration" else (None,))
+            for fused in (fusions if mode == "iteration" and budget != 0 else (None,))  # no chunks, nothing to fuse
+        ]
+        for mode, budget, fused in runs:
             for rate in options.rates:
-                trial_options = replace(options, llm_mode=mode, new_tokens=new_tokens, lengths=mix, step_token_budget=budget)  # type: ignore[arg-type]
-                say(f" {mix} / {mode}" + ("" if budget is None else f" / step_token_budget {budget}") + ":")
+                trial_options = replace(
+                    options, llm_mode=mode, new_tokens=new_tokens, lengths=mix, step_token_budget=budget, chunk_fusion=fused  # type: ignore[arg-type]
+                )
+                say(
+                    f" {mix} / {mode}" + ("" if budget is None else f" / step_token_budget {budget}")
+                    + ("" if fused is None else f" / chunks {'fused' if fused else 'separate'}") + ":"
+                )
                 trial = await run_trial(trial_options, kafka, rate, workdir, say, read_events=True)
                 share = trial.steady_generated_tokens_per_s / limit[0] if profile and limit[0] else float("nan")
                 say(
@@ -107,7 +118,7 @@ async def llm_modes(
                     f" goodput {trial.goodput_rps:.2f} req/s ({trial.slo_attainment:.0%} of those sent)"
                 )
                 out["llm_runs"].append(
-                    {"mix": mix, "mode": mode, "step_token_budget": budget, "share_of_limit": share}
+                    {"mix": mix, "mode": mode, "step_token_budget": budget, "chunk_fusion": fused, "share_of_limit": share}
                     | asdict(trial)
                     | {"sustained": trial.sustained}
                 )

@@ -51,6 +51,8 @@ class BenchOptions:
     """smollm: the prompt and output length mix (`pipeline_lengths.MIXES`)."""
     step_token_budget: int | None = None
     """smollm, iteration: the consumer's step_token_budget (chunked prefill; 0 off); None: the default."""
+    chunk_fusion: bool | None = None
+    """smollm, iteration: the consumer's fused_chunks (chunks ride in decode steps); None: the default."""
     ttft_slo_ms: float = 5000.0
     """smollm: time-to-first-token objective of the goodput column."""
     tpot_slo_ms: float = 500.0

@@ -48,21 +48,23 @@ def stage_line(trial: Trial) -> str:
 
 
 def label(run: dict[str, Any]) -> str:
-    """The mode, with the step token budget when the run set one (`iteration/64`)."""
-    budget = run.get("step_token_budget")
-    return run["mode"] if budget is None else f"{run['mode']}/{budget}"
+    """The mode, with the step token budget when the run set one (`iteration/64`), and whether
+    chunks rode in decode steps when the run said (`iteration/128/fused`, `.../separate`)."""
+    budget, fused = run.get("step_token_budget"), run.get("chunk_fusion")
+    name = run["mode"] if budget is None else f"{run['mode']}/{budget}"
+    return name if fused is None else f"{name}/{'fused' if fused else 'separate'}"
 
 
 def llm_table(out: dict[str, Any]) -> str:
     lines = [
-        f"{'lengths':<9} {'mode':<14} {'req/s':>6} {'answered':>9} {'gen tok/s':>9} {'share':>6} {'p50 ms':>8} {'p99 ms':>8}"
-        f" {'TTFT p99':>9} {'TPOT p99':>9} {'goodput':>8} {'RSS peak MiB':>12}"
+        f"{'lengths':<9} {'mode':<24} {'req/s':>6} {'answered':>9} {'gen tok/s':>9} {'share':>6} {'p50 ms':>8} {'p99 ms':>8}"
+        f" {'TTFT p99':>9} {'long TTFT p99':>13} {'TPOT p99':>9} {'goodput':>8} {'RSS peak MiB':>12}"
     ]
     for run in out["llm_runs"]:
         lines.append(
-            f"{run['mix']:<9} {label(run):<14} {run['offered_rps']:>6g} {run['answered']:>4}/{run['sent']:<4} "
+            f"{run['mix']:<9} {label(run):<24} {run['offered_rps']:>6g} {run['answered']:>4}/{run['sent']:<4} "
             f"{run['steady_generated_tokens_per_s']:>9.1f} {run['share_of_limit']:>6.2f} {run['p50_ms']:>8.0f} {run['p99_ms']:>8.0f}"
-            f" {run['ttft_p99_ms']:>9.0f} {run['tpot_p99_ms']:>9.1f} {run.get('goodput_rps', float('nan')):>8.2f} {run['rss_peak_mib']:>12.0f}"
+            f" {run['ttft_p99_ms']:>9.0f} {run.get('long_ttft_p99_ms', float('nan')):>13.0f} {run['tpot_p99_ms']:>9.1f} {run.get('goodput_rps', float('nan')):>8.2f} {run['rss_peak_mib']:>12.0f}"
         )
     return "\n".join(lines)
 

@@ -82,6 +82,8 @@ class Trial:
     stages_p99_ms: dict[str, float] = field(default_factory=dict)
     ttft_p50_ms: float = float("nan")
     ttft_p99_ms: float = float("nan")
+    long_ttft_p99_ms: float = float("nan")
+    """TTFT p99 of the requests with a long prompt (`pipeline_events.long_prompt`)."""
     tpot_p50_ms: float = float("nan")
     tpot_p99_ms: float = float("nan")
     rss_start_mib: float = float("nan")
@@ -251,6 +253,7 @@ async def run_trial(
             consumer_cpu_ms_per_request=consumer_cpu_s * 1000.0 / max(len(ids), 1),
             ttft_p50_ms=events.ttft_ms[0],
             ttft_p99_ms=events.ttft_ms[1],
+            long_ttft_p99_ms=events.long_ttft_p99_ms,
             tpot_p50_ms=events.tpot_ms[0],
             tpot_p99_ms=events.tpot_ms[1],
             rss_start_mib=rss_start,

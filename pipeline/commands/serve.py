@@ -209,6 +209,7 @@ def bench_pipeline(
     equal_tokens: int = typer.Option(64, "--equal-tokens", help="smollm: max_new_tokens of the all-equal load."),
     lengths: str = typer.Option("mixed,equal", "--lengths", help="smollm: length mixes to run (mixed, equal, lognormal, short, long)."),
     step_token_budget: Optional[str] = typer.Option(None, "--step-token-budget", help="smollm, iteration: the consumer's step_token_budget (chunked prefill; 0 off); several (0,64) run each."),
+    chunk_fusion: Optional[str] = typer.Option(None, "--chunk-fusion", help="smollm, iteration: the consumer's fused_chunks, on or off (chunks ride in decode steps, or run as passes of their own); on,off runs each (not for budget 0)."),
     ttft_slo_ms: float = typer.Option(5000.0, "--ttft-slo-ms", help="smollm: TTFT objective of the goodput column."),
     tpot_slo_ms: float = typer.Option(500.0, "--tpot-slo-ms", help="smollm: TPOT objective of the goodput column."),
     profile_in_run: bool = typer.Option(False, "--profile-in-run", help="smollm: profile the model first, in this run, for the machine limit and token cap."),
@@ -286,6 +287,12 @@ def bench_pipeline(
     if any(b is not None and b < 0 for b in budgets):
         typer.echo(f"error: --step-token-budget takes whole numbers >= 0 separated by commas (got {step_token_budget!r})", err=True)
         raise typer.Exit(2)
+    switch = {"on": True, "off": False}
+    fusion_words = [w.strip() for w in chunk_fusion.split(",") if w.strip()] if chunk_fusion else []
+    if not set(fusion_words) <= set(switch) or (chunk_fusion and not fusion_words):
+        typer.echo(f"error: --chunk-fusion takes on and off separated by commas (got {chunk_fusion!r})", err=True)
+        raise typer.Exit(2)
+    fusions: tuple[bool | None, ...] = tuple(switch[w] for w in fusion_words) or (None,)
     mode_list = tuple(m.strip() for m in modes.split(",") if m.strip())
     if runner == "smollm" and not set(mode_list) <= {"static", "iteration", "fixed"}:
         typer.echo(f"error: --modes takes static, iteration and fixed (got {modes!r})", err=True)
@@ -294,6 +301,7 @@ def bench_pipeline(
         run_bench(
             options, find_max_mode=find_max, rates_mode=bool(offered), say=typer.echo,
             llm_modes_list=mode_list, equal_tokens=equal_tokens, llm_mixes=mix_list, profile_now=profile_in_run, budgets=budgets,
+            fusions=fusions,
         )
     )
     if find_max:

@@ -257,9 +257,14 @@ class ModelConfig:
     step_token_budget: int = 128
     """Generation, `iteration` batching: tokens one decode step may process, the running rows' one
     each plus a chunk of a joining prompt. A group whose prefill would take more is prefilled in
-    chunks between steps, each sized to about half a decode step's time (measured), so a long prompt
-    does not stall the running rows' next token; outputs are the same. Short joins stay one piece.
-    0 prefills every group in one piece."""
+    chunks (see `fused_chunks`), each sized from measured time, so a long prompt does not stall the
+    running rows' next token; outputs are the same. Short joins stay one piece. 0 prefills every
+    group in one piece."""
+    fused_chunks: bool = True
+    """Generation, `iteration` batching: a prefill chunk rides in the decode step's forward pass
+    (the rows' tokens and the chunk's in one pass, attention split between them), sized to add about
+    a third of a plain step's time; false runs each chunk as a forward pass of its own between steps,
+    sized to about half a step's time."""
     cost_points: tuple[tuple[int, float], ...] = ()
     """cost-model runner: measured (batch size, ms) points, interpolated."""
     cost_a_ms: float = 5.0

@@ -11,8 +11,19 @@ from pathlib import Path
 import pytest
 
 from consumers.runners import make_runner
-from consumers.runners.chunked_prefill import CHUNK_STEP_SHARE, MIN_CHUNK, ChunkedPrefill, ChunkPacer, needs_chunks, split_long
+from consumers.runners.chunked_prefill import (
+    CHUNK_STEP_SHARE,
+    MIN_CHUNK,
+    RIDE_SHARE,
+    ChunkedPrefill,
+    ChunkPacer,
+    RidePacer,
+    needs_chunks,
+    riders,
+    split_long,
+)
 from consumers.runners.decoding import Sequence, decode_all
+from consumers.runners.fused_step import ride
 from consumers.runners.iteration import IterationScheduler
 from consumers.runners.transformers_runner import TransformersRunner
 from pipeline.core.config import ConfigError, ModelConfig, parse_config
@@ -64,13 +75,53 @@ def test_a_group_prefilled_in_chunks_decodes_what_one_piece_decodes(runner: Tran
     assert first.generated == _alone(runner, early, 20)
 
 
-def test_a_long_prompt_joins_in_chunks_between_the_running_rows_steps(runner: TransformersRunner) -> None:
+@pytest.mark.parametrize("chunk", [1, 5, 16, 64])
+def test_a_group_riding_in_decode_steps_decodes_what_one_piece_decodes(runner: TransformersRunner, chunk: int) -> None:
+    """A group of left-padded prompts fed `chunk` tokens a row at a time inside the decode steps
+    of running rows of very different widths (one forward pass each): every row's tokens, the
+    group's and the running ones', equal its one-piece run alone."""
+    rng = random.Random(100 + chunk)
+    prompts = [_prompt(rng, n) for n in (23, 5, 40)]
+    early = [_prompt(rng, n) for n in (70, 4, 9)]
+    running = runner._running_set()
+    rows = [Sequence(list(p), 50) for p in early]
+    running.join(rows)
+    for _ in range(2):
+        running.step()
+    group = [Sequence(list(p), 12) for p in prompts]
+    prefill = ChunkedPrefill(running, group)
+    behind = [Sequence(_prompt(rng, n), 12) for n in (6, 3)]
+    short = ChunkedPrefill(running, behind)  # queued behind: rides whole in the first step
+    rides = 0
+    while not prefill.complete:
+        if not len(running):  # every row ended (a stop token): the rest is a pass of its own
+            prefill.advance(chunk * len(group))
+            continue
+        _, fed = ride(running, [(prefill, chunk * len(group))] + ([(short, None)] if not rides else []))
+        assert fed == len(group) * min(chunk, 40 - (prefill.chunks - 1) * chunk) + (12 if not rides else 0)
+        if not rides:
+            assert short.complete and short.chunks == 1
+            short.admit()
+        rides += 1
+    assert prefill.chunks == -(-40 // chunk) and rides >= min(prefill.chunks, 3)
+    prefill.admit()
+    while len(running):
+        running.step()
+    assert [s.generated for s in group] == [_alone(runner, p, 12) for p in prompts]
+    assert [s.generated for s in rows] == [_alone(runner, p, 50) for p in early]
+    assert [s.generated for s in behind] == [_alone(runner, s.prompt, 12) for s in behind]
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_long_prompt_joins_in_chunks_between_the_running_rows_steps(runner: TransformersRunner, fused: bool) -> None:
     """A 60-token prompt joining one decoding row under a small budget: chunks of MIN_CHUNK
-    tokens, each beside a decode step, so it gets its first token while that row still decodes;
-    both answers are what they are alone."""
+    tokens, each riding in a decode step's forward pass (fused) or beside it (not), so it gets
+    its first token while that row still decodes; both answers are what they are alone."""
     rng = random.Random(7)
     short_prompt, long_prompt = _prompt(rng, 6), _prompt(rng, 60)
-    scheduler = IterationScheduler(runner._running_set, lambda s: s, step_token_budget=4)  # type: ignore[arg-type, return-value]
+    passes = [0]
+    hook = runner._model.register_forward_hook(lambda *_: passes.__setitem__(0, passes[0] + 1))
+    scheduler = IterationScheduler(runner._running_set, lambda s: s, step_token_budget=4, fused_chunks=fused)  # type: ignore[arg-type, return-value]
     got: dict[str, Sequence] = {}
 
     def submit(name: str, prompt: list[int], limit: int) -> None:
@@ -84,7 +135,9 @@ def test_a_long_prompt_joins_in_chunks_between_the_running_rows_steps(runner: Tr
     submit("long", long_prompt, 8)
     short.join(60)
     scheduler.close()
+    hook.remove()
     assert scheduler.chunks >= 60 // MIN_CHUNK
+    assert passes[0] == scheduler.steps + 1 + (0 if fused else scheduler.chunks)  # one pass a step, and the short's prefill
     assert got["long"].first_token_ms is not None and got["short"].last_token_ms is not None
     assert got["long"].first_token_ms < got["short"].last_token_ms
     assert got["short"].generated == _alone(runner, short_prompt, 40)
@@ -113,6 +166,28 @@ def test_chunks_are_paced_to_half_a_step_within_the_budget_and_long_prompts_go_a
     assert needs_chunks([short] * 7, 64, 1) and not needs_chunks([short] * 6, 64, 1)
 
 
+def test_short_groups_behind_a_long_one_ride_whole_and_the_long_one_gets_the_rest(runner: TransformersRunner) -> None:
+    running = runner._running_set()
+    long, a, b, c = (ChunkedPrefill(running, [Sequence([5] * n, 4)]) for n in (500, 30, 10, 80))
+    assert [(p, t) for p, t in riders([long, a, b, c], 64)] == [(long, 24), (a, None), (b, None)]
+    assert riders([long, c], 64) == [(long, 64)]  # nothing else fits: the oldest gets it all
+    assert riders([long, a, b], 40) == [(long, 30), (b, None)]  # a does not fit beside MIN_CHUNK for the oldest
+    assert riders([b, a], 64) == [(b, None), (a, None)]
+
+
+def test_ridden_chunks_add_a_share_of_a_plain_step_from_the_measured_cost_per_token() -> None:
+    pacer = RidePacer(128)
+    assert pacer.tokens(10, 100.0) == 32  # nothing measured yet: a quarter of the budget
+    pacer.observe(500, 1000.0)  # a one-piece prefill: 2 ms a token, until a ride is measured
+    assert pacer.tokens(10, 100.0) == int(RIDE_SHARE * 100.0 / 2.0)
+    pacer.observe_ride(20, 110.0, 100.0)
+    pacer.observe_ride(30, 115.0, 100.0)  # rides: 25 ms over 50 tokens, 0.5 ms a token
+    assert pacer.per_token() == pytest.approx(0.5)
+    assert pacer.tokens(10, 100.0) == int(RIDE_SHARE * 100.0 / 0.5)  # 70 tokens add 35 ms to a 100 ms step
+    assert pacer.tokens(100, 100.0) == 28  # what the budget leaves beside 100 rows
+    assert pacer.tokens(10, 5.0) == MIN_CHUNK  # a fast step: the prompt still moves
+
+
 def test_a_negative_step_token_budget_is_refused_at_load() -> None:
     with pytest.raises(ConfigError, match="step_token_budget"):
         parse_config({"models": {"g": {"step_token_budget": -1}}})
@@ -125,5 +200,14 @@ def test_the_model_config_budget_reaches_the_decode_loop(tiny_gpt2_dir: Path) ->
     runner.load()
     try:
         assert runner.iteration is not None and runner.iteration.step_token_budget == 7
+        assert runner.iteration.fused_chunks
+    finally:
+        runner.close()
+    config = ModelConfig(name="g", model_path=str(tiny_gpt2_dir), device="cpu", batching="iteration", fused_chunks=False)
+    runner = make_runner(config)
+    assert isinstance(runner, TransformersRunner)
+    runner.load()
+    try:
+        assert runner.iteration is not None and not runner.iteration.fused_chunks
     finally:
         runner.close()

@@ -48,11 +48,44 @@ def llama(tiny_llama_dir: Path) -> TransformersRunner:
     return _runner(tiny_llama_dir, max_new_tokens=40)
 
 
-def test_grouped_query_models_decode_with_their_own_attention(llama: TransformersRunner, tiny_gpt2_dir: Path) -> None:
-    from consumers.runners.gqa_decode import NAME
+def test_generation_models_decode_with_their_own_attention(llama: TransformersRunner, tiny_gpt2_dir: Path) -> None:
+    from consumers.runners.fused_step import NAME
 
     assert llama._model.config._attn_implementation == NAME
-    assert _runner(tiny_gpt2_dir, max_new_tokens=4)._model.config._attn_implementation != NAME
+    assert _runner(tiny_gpt2_dir, max_new_tokens=4)._model.config._attn_implementation == NAME
+
+
+def test_rows_attend_their_own_columns_after_a_long_row_joined(llama: TransformersRunner, tiny_llama_dir: Path) -> None:
+    """Short rows beside one long row: a step splits them (all rows over the short ones' columns,
+    the long row alone over the whole width), and every row's tokens are what it gets alone."""
+    import torch
+
+    from consumers.runners.gqa_decode import column_plan
+
+    ids = [llama._tokenize([p])[0] for p in PROMPTS]
+    long = llama._tokenize([" ".join(PROMPTS * 3)])[0]
+    mask = torch.zeros((5, len(long) + 1), dtype=torch.long)
+    mask[0] = 1
+    for row in range(1, 5):
+        mask[row, -len(ids[row - 1]) - 1 :] = 1
+    plan = column_plan(mask)
+    assert plan is not None and plan.wide.tolist() == [0] and plan.cut == len(long) + 1 - max(len(x) + 1 for x in ids)
+    assert column_plan(torch.ones((5, 9), dtype=torch.long)) is None  # no padding: one pass
+    running = RunningSet(llama._model, "cpu", llama._pad_id, frozenset())
+    seqs = [Sequence(long, 12)] + [Sequence(x, 12) for x in ids]
+    decode_all(running, seqs)
+    assert [s.generated for s in seqs] == [_reference(tiny_llama_dir, s.prompt, s.limit) for s in seqs]
+
+
+def test_a_full_buffer_grows_by_a_quarter_of_its_width() -> None:
+    import torch
+
+    keys = torch.ones((2, 1, 400, 2))
+    layer = SlackLayer.stacked([(keys, keys.clone())], 400)
+    for _ in range(SLACK + 1):
+        layer.update(torch.ones((2, 1, 1, 2)), torch.ones((2, 1, 1, 2)))
+    assert layer._k.shape[-2] == 400 + SLACK + (400 + SLACK) // 4
+    assert torch.equal(layer.keys, torch.ones((2, 1, 400 + SLACK + 1, 2)))
 
 
 def test_padded_running_set_gives_transformers_greedy_tokens(llama: TransformersRunner, tiny_llama_dir: Path) -> None:

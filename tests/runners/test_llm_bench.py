@@ -125,6 +125,26 @@ def test_the_long_prompt_mixes_serve_one_request_a_batch_with_room_for_the_long_
     assert short.profile == model.profile and short.step_token_budget == 128  # the baseline differs only in its prompts (and the budget asked)
 
 
+def test_the_bench_sets_chunk_fusion_and_reports_the_long_prompts_ttft() -> None:
+    from pipeline.bench.pipeline_events import long_ttft_p99
+    from pipeline.bench.pipeline_report import label, llm_table
+
+    for fused in (True, False):
+        options = BenchOptions(runner="smollm", llm_mode="iteration", lengths="long", step_token_budget=128, chunk_fusion=fused)
+        assert parse_config(tomllib.loads(consumer_config(options, KafkaSettings()))).model("bench").fused_chunks is fused
+    short = [{"enqueue_ms": 0, "first_token_ms": 100 + i, "tokens_in": 24} for i in range(20)]
+    long = [{"enqueue_ms": 0, "first_token_ms": 5000 + i, "tokens_in": 510} for i in range(3)]
+    assert long_ttft_p99(short + long) == pytest.approx(5002, abs=0.1)  # only the long prompts count
+    assert long_ttft_p99(short) != long_ttft_p99(short)  # none: nan
+    run = {"mix": "long", "mode": "iteration", "step_token_budget": 128, "chunk_fusion": True}
+    assert label(run) == "iteration/128/fused" and label(run | {"chunk_fusion": False}) == "iteration/128/separate"
+    assert label(run | {"chunk_fusion": None, "step_token_budget": 0}) == "iteration/0"
+    figures = {"offered_rps": 0.3, "answered": 9, "sent": 9, "steady_generated_tokens_per_s": 10.0, "share_of_limit": 0.5,
+               "p50_ms": 1.0, "p99_ms": 2.0, "ttft_p99_ms": 3.0, "long_ttft_p99_ms": 4321.0, "tpot_p99_ms": 5.0, "rss_peak_mib": 6.0}  # fmt: skip
+    table = llm_table({"llm_runs": [run | figures]})
+    assert "long TTFT p99" in table.splitlines()[0] and "4321" in table.splitlines()[1]
+
+
 def test_goodput_counts_requests_within_both_objectives() -> None:
     from pipeline.bench.pipeline_events import meets_objectives
 
