@@ -116,8 +116,8 @@ def test_every_request_is_answered_once() -> None:
 
 
 def test_the_loop_follows_the_consumer() -> None:
-    """The simulator runs the consumer's own admission rule and its fused chunked prefill (written
-    against the fused rule: a chunk rides in the decode step's forward pass, RIDE_SHARE of a step)."""
+    """The simulator runs the consumer's own admission rule and its fused chunked prefill (a chunk
+    rides in the decode step's forward pass for RIDE_SHARE of a step)."""
     from consumers.runners import chunked_prefill, decoding, iteration
     from pipeline.core.engine import joins
     from pipeline.core.sim import genchunks, gensim
@@ -127,7 +127,7 @@ def test_the_loop_follows_the_consumer() -> None:
         iteration.JOIN_GROUP, iteration.JOIN_WAIT_STEPS, iteration.JOIN_SLOTS)
     assert gensim.DEAD_SHARE == decoding.DEAD_SHARE
     assert joins.MIN_CHUNK == chunked_prefill.MIN_CHUNK
-    assert genchunks.RIDE_SHARE == getattr(chunked_prefill, "RIDE_SHARE", genchunks.RIDE_SHARE)
+    assert genchunks.RIDE_SHARE == chunked_prefill.RIDE_SHARE
     from pipeline.core.config import ModelConfig
 
     assert gensim.STEP_TOKEN_BUDGET == ModelConfig(name="m").step_token_budget
