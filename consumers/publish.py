@@ -3,7 +3,8 @@
 A record counts as answered only once its answer, dead letter or forward is
 on the broker (`consumers.delivery` gets it there in some form, never
 raising a produce error). Committing then moves each partition to its first
-unanswered record (`pipeline.core.kafka.offsets`): at-least-once. With
+unanswered record (`pipeline.core.kafka.offsets`), its metadata listing the
+records answered past it (the next owner skips them): at-least-once. With
 `KafkaSettings.transactional` the records and the offsets they free go into
 one Kafka transaction: exactly-once answers. A record refused inside a
 transaction aborts it; the refused records are replaced and the whole
@@ -164,7 +165,7 @@ class Publisher:
                         self.tracker.answered(tp, offset)
                     offsets = self._commit_points()
                     if offsets:
-                        await producer.send_offsets_to_transaction(offsets, self._group_id)
+                        await producer.send_offsets_to_transaction(self._with_metadata(offsets), self._group_id)
                         if why := self._guard.stale(generation):
                             raise _SelfFenced(why)
             except _Refused as refusal:
@@ -182,6 +183,15 @@ class Publisher:
     def _commit_points(self, partitions: set[TopicPartition] | None = None) -> dict[TopicPartition, int]:
         return commit_points(self.tracker, self._consumer.assignment(), partitions)
 
+    def _with_metadata(self, offsets: dict[TopicPartition, int]) -> dict[TopicPartition, tuple[int, str]]:
+        """Each offset with the metadata that lists what is answered past it (`CommitPoint`)."""
+        out: dict[TopicPartition, tuple[int, str]] = {}
+        for tp, offset in offsets.items():
+            metadata, left_out = self.tracker.point(tp, offset).encode()
+            self._stats.answered_left_out_of_metadata += left_out
+            out[tp] = (offset, metadata)
+        return out
+
     async def commit(self, partitions: set[TopicPartition] | None = None) -> None:
         """Commit what is answered (of `partitions`, default all); a failed commit is retried later."""
         if self.transactional:
@@ -191,7 +201,7 @@ class Publisher:
         if not offsets:
             return
         try:
-            await self._consumer.commit(offsets)
+            await self._consumer.commit(self._with_metadata(offsets))
         except (CommitFailedError, KafkaError) as e:
             log.warning("commit of %s failed (%r); the next owner re-reads from the last commit", offsets, e)
             return
@@ -209,5 +219,5 @@ class Publisher:
                 log.warning("%s commit of %s skipped, the next owner re-reads from the last commit: %s", SELF_FENCED, offsets, why)
                 return
             async with producer.transaction():
-                await producer.send_offsets_to_transaction(offsets, self._group_id)
+                await producer.send_offsets_to_transaction(self._with_metadata(offsets), self._group_id)
             self.tracker.committed(offsets)
