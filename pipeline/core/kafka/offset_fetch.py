@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import TopicPartition
-from aiokafka.conn import ConnectionGroup
+from aiokafka.client import ConnectionGroup
 from aiokafka.protocol.api import Request, RequestStruct, Response
 from aiokafka.protocol.types import Boolean, CompactArray, CompactString, Int16, Int32, Int64, Schema, TaggedFields
 
