@@ -38,7 +38,7 @@ from aiokafka.errors import CommitFailedError, KafkaError
 from consumers.delivery import Delivery
 from consumers.fencing import LEFT_FOR_OWNERS, NO_GENERATION, SELF_FENCED, MembershipGuard
 from consumers.membership import commit_points
-from pipeline.core.kafka.offsets import OffsetTracker
+from pipeline.core.kafka.offsets import CommitPoint, OffsetTracker
 from pipeline.core.kafka.outbox import Failure, Message, Outbox
 from consumers.stats import ConsumerStats
 
@@ -46,6 +46,11 @@ log = logging.getLogger("batchtide.consumer")
 
 Place = tuple[TopicPartition, int]
 """(partition, offset) of a source record."""
+
+
+def _plain(points: dict[TopicPartition, CommitPoint]) -> dict[TopicPartition, int]:
+    """Commit points as bare offsets, for a log line."""
+    return {tp: point.offset for tp, point in points.items()}
 
 
 class _Refused(Exception):
@@ -180,16 +185,18 @@ class Publisher:
         """The group assigned partitions: membership is confirmed as of now."""
         self._guard.joined()
 
-    def _commit_points(self, partitions: set[TopicPartition] | None = None) -> dict[TopicPartition, int]:
-        return commit_points(self.tracker, self._consumer.assignment(), partitions)
+    def _commit_points(self, partitions: set[TopicPartition] | None = None) -> dict[TopicPartition, CommitPoint]:
+        """What to commit now: each offset with the records answered past it."""
+        tracker = self.tracker
+        return {tp: tracker.point(tp, offset) for tp, offset in commit_points(tracker, self._consumer.assignment(), partitions).items()}
 
-    def _with_metadata(self, offsets: dict[TopicPartition, int]) -> dict[TopicPartition, tuple[int, str]]:
-        """Each offset with the metadata that lists what is answered past it (`CommitPoint`)."""
+    def _with_metadata(self, points: dict[TopicPartition, CommitPoint]) -> dict[TopicPartition, tuple[int, str]]:
+        """Each offset with the metadata that lists what is answered past it."""
         out: dict[TopicPartition, tuple[int, str]] = {}
-        for tp, offset in offsets.items():
-            metadata, left_out = self.tracker.point(tp, offset).encode()
-            self._stats.answered_left_out_of_metadata += left_out
-            out[tp] = (offset, metadata)
+        for tp, point in points.items():
+            metadata, left_out = point.encode()
+            self._stats.answered_left_out_of_metadata = max(self._stats.answered_left_out_of_metadata, left_out)
+            out[tp] = (point.offset, metadata)
         return out
 
     async def commit(self, partitions: set[TopicPartition] | None = None) -> None:
@@ -203,7 +210,7 @@ class Publisher:
         try:
             await self._consumer.commit(self._with_metadata(offsets))
         except (CommitFailedError, KafkaError) as e:
-            log.warning("commit of %s failed (%r); the next owner re-reads from the last commit", offsets, e)
+            log.warning("commit of %s failed (%r); the next owner re-reads from the last commit", _plain(offsets), e)
             return
         self.tracker.committed(offsets)
         self._stats.commits += 1
@@ -216,7 +223,9 @@ class Publisher:
                 return
             if why := self._guard.stale(self._guard.generation):
                 self._stats.transactions_self_fenced += 1
-                log.warning("%s commit of %s skipped, the next owner re-reads from the last commit: %s", SELF_FENCED, offsets, why)
+                log.warning(
+                    "%s commit of %s skipped, the next owner re-reads from the last commit: %s", SELF_FENCED, _plain(offsets), why
+                )
                 return
             async with producer.transaction():
                 await producer.send_offsets_to_transaction(self._with_metadata(offsets), self._group_id)

@@ -86,6 +86,7 @@ class StableStart:
         except Exception as e:  # never strand a partition paused: fall back to aiokafka's own position
             log.warning("consumer group %s: no stable commit points (%r); starting from aiokafka's", self._group_id, e)
             points = {}
+        inherited = 0
         for tp in partitions:
             if tp not in self.holding:
                 continue
@@ -93,8 +94,13 @@ class StableStart:
             if point is not None:
                 self._tracker.inherit(tp, point)
                 self._consumer.seek(tp, point.offset)
-                self._stats.answered_inherited += len(point.answered)
+                inherited += len(point.answered)
             self.holding.discard(tp)
+        self._stats.answered_inherited += inherited
+        log.info(
+            "consumer group %s: %d of %d partitions start at their stable commit points, %d answered records inherited",
+            self._group_id, len(points), len(partitions), inherited,
+        )
 
     async def _stable_points(self, partitions: list[TopicPartition]) -> dict[TopicPartition, CommitPoint]:
         """Each partition's commit point, asked again while unstable; past the wait, the last stable one."""
@@ -110,6 +116,8 @@ class StableStart:
                     points[tp] = CommitPoint.decode(committed.offset, committed.metadata)
                 elif committed.error == UNSTABLE_OFFSET_COMMIT:
                     unstable_seen.add(tp)
+                elif committed.error:
+                    log.info("consumer group %s: offset fetch of %s: error %d", self._group_id, tp, committed.error)
             if late:  # the last ask did not require stable offsets: what it got is what there is
                 self._stats.unstable_offsets_given_up += len(set(left) & unstable_seen)
                 break

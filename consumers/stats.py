@@ -43,5 +43,5 @@ class ConsumerStats:
     unstable_offsets_given_up: int = 0
     """Of those, partitions still unstable after the wait: started from the last stable commit."""
     answered_left_out_of_metadata: int = 0
-    """Answered offsets past a commit point left out of its metadata (size cap), summed over commits:
+    """Most answered offsets past a commit point that one commit's metadata left out (its size cap):
     a next owner would answer them again."""

@@ -60,11 +60,31 @@ def test_an_inheriting_tracker_skips_the_answered_and_carries_the_unread_into_it
     assert tracker.to_commit() == {}  # the inherited point is already committed
     assert [tracker.received("p", o) for o in (10, 11, 12, 13, 14)] == [True, True, False, False, True]
     tracker.answered("p", 11)
-    assert tracker.to_commit() == {}  # 10 is still the first unanswered
+    # 10 is still the first unanswered, but 11 is answered past it now: the metadata grows
+    assert tracker.to_commit() == {"p": 10}
+    assert tracker.point("p", 10).encode() == ("bt1 1-3,10", 0)
     tracker.answered("p", 10)
     assert tracker.to_commit() == {"p": 14}
     # 20 was never read here: the next owner must still skip it
     assert tracker.point("p", 14).encode() == ("bt1 6", 0)
+
+
+def test_a_commit_runs_again_when_more_is_answered_past_an_offset_that_does_not_move() -> None:
+    """The first record of a partition may stay unanswered for long (a frozen broker, a slow
+    batch) while hundreds past it are answered: each commit must list them for the next owner."""
+    tracker: OffsetTracker[str] = OffsetTracker()
+    for offset in range(6):
+        tracker.received("p", offset)
+    tracker.answered("p", 2)
+    assert tracker.to_commit() == {"p": 0}
+    tracker.committed({"p": tracker.point("p", 0)})
+    assert tracker.to_commit() == {}
+    tracker.answered("p", 4)
+    tracker.answered("p", 3)
+    assert tracker.to_commit() == {"p": 0}
+    assert tracker.point("p", 0).encode() == ("bt1 2-3", 0)
+    tracker.committed({"p": tracker.point("p", 0)})
+    assert tracker.to_commit() == {}
 
 
 async def _published(kafka: KafkaSettings, topic: str) -> list[str]:

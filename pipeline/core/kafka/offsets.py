@@ -18,6 +18,7 @@ hundreds of answered records.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Generic, Hashable, TypeVar
 
@@ -91,6 +92,8 @@ class PartitionProgress:
     """One past the highest offset received: the commit point when nothing is outstanding."""
     inherited: set[int] = field(default_factory=set)
     """Offsets not read yet that a previous owner already answered (its commit's metadata)."""
+    saved: int = 0
+    """How many answered offsets past the commit point the last commit's metadata listed."""
 
     def received(self, offset: int) -> bool:
         """Track `offset`; False when a previous owner answered it (it counts as answered now)."""
@@ -115,6 +118,11 @@ class PartitionProgress:
             return self.outstanding[0]
         return self.next_offset
 
+    @property
+    def answered_past(self) -> int:
+        """How many offsets past the commit point are answered (here or by a previous owner)."""
+        return len(self.done) + len(self.inherited)
+
     def point(self, offset: int) -> CommitPoint:
         """Committing `offset`: what is answered past it, here or by a previous owner."""
         return CommitPoint(offset, frozenset(o for o in (*self.done, *self.inherited) if o >= offset))
@@ -137,7 +145,9 @@ class OffsetTracker(Generic[P]):
     def inherit(self, partition: P, point: CommitPoint) -> None:
         """Start `partition` over at a commit point read from the group: reading resumes at its
         offset and the offsets it lists as answered are skipped and carried into our commits."""
-        self._parts[partition] = PartitionProgress(next_offset=point.offset, inherited=set(point.answered))
+        self._parts[partition] = PartitionProgress(
+            next_offset=point.offset, inherited=set(point.answered), saved=len(point.answered)
+        )
         self._committed[partition] = point.offset
 
     def point(self, partition: P, offset: int) -> CommitPoint:
@@ -160,20 +170,31 @@ class OffsetTracker(Generic[P]):
         return len(progress.outstanding) if progress else 0
 
     def to_commit(self, partitions: set[P] | None = None) -> dict[P, int]:
-        """Offsets that moved since the last `committed()` call (optionally only `partitions`)."""
+        """Offsets that moved, or whose answered records past them grew, since the last
+        `committed()` call (optionally only `partitions`). While the first unanswered record
+        holds a partition's offset, a commit still tells the next owner what was answered past it."""
         out: dict[P, int] = {}
         for partition, progress in self._parts.items():
             if partitions is not None and partition not in partitions:
                 continue
             offset = progress.committable
-            if offset is not None and offset > self._committed.get(partition, -1):
+            if offset is None:
+                continue
+            last = self._committed.get(partition, -1)
+            if offset > last or (offset == last and progress.answered_past > progress.saved):
                 out[partition] = offset
         return out
 
-    def committed(self, offsets: dict[P, int]) -> None:
-        for partition, offset in offsets.items():
-            if offset > self._committed.get(partition, -1):
-                self._committed[partition] = offset
+    def committed(self, offsets: Mapping[P, int | CommitPoint]) -> None:
+        """Offsets (or the commit points, with what their metadata listed) that are committed now."""
+        for partition, committed in offsets.items():
+            offset = committed.offset if isinstance(committed, CommitPoint) else committed
+            if offset < self._committed.get(partition, -1):
+                continue
+            self._committed[partition] = offset
+            progress = self._parts.get(partition)
+            if progress is not None:
+                progress.saved = len(committed.answered) if isinstance(committed, CommitPoint) else progress.answered_past
 
     def forget(self, partitions: set[P]) -> None:
         """Drop revoked partitions: their unanswered records belong to the next owner now."""
