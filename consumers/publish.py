@@ -168,15 +168,15 @@ class Publisher:
                         raise _Refused(refused)
                     for tp, offset in done:
                         self.tracker.answered(tp, offset)
-                    offsets = self._commit_points()
-                    if offsets:
-                        await producer.send_offsets_to_transaction(self._with_metadata(offsets), self._group_id)
+                    points = self._commit_points()
+                    if points:
+                        await producer.send_offsets_to_transaction(self._with_metadata(points), self._group_id)
                         if why := self._guard.stale(generation):
                             raise _SelfFenced(why)
             except _Refused as refusal:
                 return refusal.failures
-            self.tracker.committed(offsets)
-            self._stats.commits += 1 if offsets else 0
+            self.tracker.committed(points)
+            self._stats.commits += 1 if points else 0
             return []
 
         await self._delivery.until_accepted(messages, attempt, all_or_nothing=True)
@@ -204,29 +204,29 @@ class Publisher:
         if self.transactional:
             await self._commit_transaction(partitions)
             return
-        offsets = self._commit_points(partitions)
-        if not offsets:
+        points = self._commit_points(partitions)
+        if not points:
             return
         try:
-            await self._consumer.commit(self._with_metadata(offsets))
+            await self._consumer.commit(self._with_metadata(points))
         except (CommitFailedError, KafkaError) as e:
-            log.warning("commit of %s failed (%r); the next owner re-reads from the last commit", _plain(offsets), e)
+            log.warning("commit of %s failed (%r); the next owner re-reads from the last commit", _plain(points), e)
             return
-        self.tracker.committed(offsets)
+        self.tracker.committed(points)
         self._stats.commits += 1
 
     async def _commit_transaction(self, partitions: set[TopicPartition] | None) -> None:
         producer = self._producer
         async with self._txn_lock:
-            offsets = self._commit_points(partitions)
-            if not offsets:
+            points = self._commit_points(partitions)
+            if not points:
                 return
             if why := self._guard.stale(self._guard.generation):
                 self._stats.transactions_self_fenced += 1
                 log.warning(
-                    "%s commit of %s skipped, the next owner re-reads from the last commit: %s", SELF_FENCED, _plain(offsets), why
+                    "%s commit of %s skipped, the next owner re-reads from the last commit: %s", SELF_FENCED, _plain(points), why
                 )
                 return
             async with producer.transaction():
-                await producer.send_offsets_to_transaction(self._with_metadata(offsets), self._group_id)
-            self.tracker.committed(offsets)
+                await producer.send_offsets_to_transaction(self._with_metadata(points), self._group_id)
+            self.tracker.committed(points)

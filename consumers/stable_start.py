@@ -34,6 +34,8 @@ STABLE_WAIT_S = 30.0
 """How long a partition waits for open transactions on its offsets before it starts from the last stable commit."""
 RETRY_S = 0.2
 """Pause between two asks while an offset is unstable or the coordinator unavailable."""
+ASK_AGAIN = {UNSTABLE_OFFSET_COMMIT, 14, 15, 16}
+"""Partition errors worth asking again for: unstable, coordinator loading, not available, moved."""
 
 
 class StableStart:
@@ -116,7 +118,7 @@ class StableStart:
                     points[tp] = CommitPoint.decode(committed.offset, committed.metadata)
                 elif committed.error == UNSTABLE_OFFSET_COMMIT:
                     unstable_seen.add(tp)
-                elif committed.error:
+                elif committed.error not in ASK_AGAIN:
                     log.info("consumer group %s: offset fetch of %s: error %d", self._group_id, tp, committed.error)
             if late:  # the last ask did not require stable offsets: what it got is what there is
                 self._stats.unstable_offsets_given_up += len(set(left) & unstable_seen)
@@ -124,7 +126,7 @@ class StableStart:
             if answers is not None:
                 left = [
                     tp for tp in left
-                    if tp in self.holding and tp in answers and answers[tp].error == UNSTABLE_OFFSET_COMMIT
+                    if tp in self.holding and tp in answers and answers[tp].error in ASK_AGAIN
                 ]
             if left:
                 await asyncio.sleep(RETRY_S)
