@@ -14,10 +14,13 @@ import uuid
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.abc import ConsumerRebalanceListener
 
 from consumers.delivery import Delivery
 from consumers.fencing import MembershipGuard
+from consumers.clock import SystemClock
 from consumers.publish import Publisher
+from consumers.stable_start import StableStart
 from consumers.stats import ConsumerStats
 from pipeline.core.config import ConsumerSettings, KafkaSettings
 from pipeline.core.kafka.client import client_options, create_topics, durable_producer
@@ -139,6 +142,65 @@ def test_require_stable_waits_for_an_open_transaction_carrying_offsets(kafka_set
             _, other = await fetch_committed(client, node, f"{group}.none", [tp])
             assert other[tp].offset == NO_OFFSET
         finally:
+            await producer.stop()
+            await consumer.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_new_owner_waits_for_an_open_transaction_and_starts_at_its_commit_point(kafka_settings: KafkaSettings) -> None:
+    """The last owner's transaction carries offset 2 with 3 and 4 answered past it and is still
+    open when the partition is assigned: the partition stays paused until it commits, then starts
+    at 2 and skips 3 and 4 (aiokafka alone would have started at 0: nothing stable committed yet)."""
+    prefix = kafka_settings.topic_prefix
+    source, group = f"{prefix}.wait.in", f"{prefix}.wait.group"
+    tp = TopicPartition(source, 0)
+
+    async def scenario() -> None:
+        await create_topics(kafka_settings, {source: 1})
+        await produce_json(kafka_settings, source, [{"n": n} for n in range(6)])
+        options = client_options(kafka_settings)
+        producer = AIOKafkaProducer(**options, transactional_id=f"wait-{uuid.uuid4()}", **durable_producer())
+        await producer.start()
+        consumer = AIOKafkaConsumer(**options, group_id=group, enable_auto_commit=False, auto_offset_reset="earliest")
+        await consumer.start()
+        stats, tracker = ConsumerStats(), OffsetTracker[TopicPartition]()
+        stable = StableStart(consumer, tracker, group, stats, SystemClock())
+
+        class Listener(ConsumerRebalanceListener):
+            async def on_partitions_revoked(self, revoked: object) -> None:
+                return None
+
+            async def on_partitions_assigned(self, assigned: object) -> None:
+                stable.assigned(set(consumer.assignment()))
+
+        try:
+            await producer.begin_transaction()
+            await producer.send_offsets_to_transaction({tp: (2, "bt1 1-2")}, group)
+            consumer.subscribe([source], listener=Listener())
+            for _ in range(100):
+                assert await consumer.getmany(timeout_ms=100) == {}
+                if consumer.assignment():
+                    break
+            await asyncio.sleep(1.0)
+            assert stable.holding == {tp}, "held while the transaction is open"
+            await producer.commit_transaction()
+            for _ in range(100):
+                if not stable.holding:
+                    break
+                await asyncio.sleep(0.1)
+            assert not stable.holding
+            consumer.resume(tp)  # the fetcher does this in the consumer
+            records = []
+            for _ in range(50):
+                records += [r for b in (await consumer.getmany(timeout_ms=200)).values() for r in b]
+                if len(records) >= 4:
+                    break
+            assert [r.offset for r in records] == [2, 3, 4, 5]
+            assert [tracker.received(tp, r.offset) for r in records] == [True, False, False, True]
+            assert (stats.unstable_offsets_waited, stats.unstable_offsets_given_up, stats.answered_inherited) == (1, 0, 2)
+        finally:
+            await stable.stop()
             await producer.stop()
             await consumer.stop()
 
