@@ -44,7 +44,7 @@ def test_a_commit_point_round_trips_as_ranges_relative_to_its_offset() -> None:
 
 
 def test_metadata_not_ours_or_damaged_lists_nothing() -> None:
-    for metadata in ("", None, "some other client", "bt1 x,3", "bt2 1,2", "bt1 "):
+    for metadata in ("", None, "some other client", "bt1 x,3", "bt2 1,2", "bt1 ", "bt1 0-0", "bt1 1-999999999"):
         assert CommitPoint.decode(5, metadata) == CommitPoint(5)
 
 

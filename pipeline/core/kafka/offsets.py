@@ -28,6 +28,8 @@ METADATA_TAG = "bt1"
 """Starts every commit metadata string this module writes (its format's version)."""
 METADATA_MAX_CHARS = 4000
 """Under the broker's default `offset.metadata.max.bytes` (4096), which refuses the whole commit."""
+METADATA_MAX_OFFSETS = 1_000_000
+"""More answered offsets than this in one metadata string is damage, not a backlog: ignored."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,8 +66,10 @@ class CommitPoint:
         try:
             for part in body.split(","):
                 start, _, count = part.partition("-")
-                first = offset + int(start)
-                answered.update(range(first, first + (int(count) if count else 1)))
+                first, n = offset + int(start), int(count) if count else 1
+                if n < 1 or len(answered) + n > METADATA_MAX_OFFSETS:
+                    return cls(offset)
+                answered.update(range(first, first + n))
         except ValueError:
             return cls(offset)
         return cls(offset, frozenset(o for o in answered if o >= offset))
