@@ -54,17 +54,22 @@ class Admission:
         self.offered_cost = 0
         """Cost units of its own traffic (forwards in left out) offered to the engine so far: the
         group's balance reads its rate."""
+        self.skipped_answered = 0
+        """Records skipped because a previous owner of their partition answered them."""
 
     def intake(
         self, records: dict[TopicPartition, list[ConsumerRecord]], now_ms: float, tracker: OffsetTracker[TopicPartition],
         engine: BatchPolicy,
     ) -> list[tuple[ConsumerRecord, Rejection]]:
         """Admit one fetch: every record's offset is tracked (the commit must not pass it before it
-        is answered), admitted requests are offered to `engine`, refused records returned."""
+        is answered), records a previous owner answered are skipped, admitted requests are offered
+        to `engine`, refused records returned."""
         rejected: list[tuple[ConsumerRecord, Rejection]] = []
         for tp, batch in records.items():
             for record in batch:
-                tracker.received(tp, record.offset)
+                if not tracker.received(tp, record.offset):
+                    self.skipped_answered += 1
+                    continue
                 admitted = self.admit(tp, record, int(now_ms))
                 if isinstance(admitted, Rejection):
                     rejected.append((record, admitted))

@@ -6,7 +6,8 @@ with its outbox; then the size limits of the topics the consumer writes;
 then the group consumer (`read_committed` under transactions, so aborted
 answers are never read back), the publisher that ties producer and
 consumer, the membership guard that lets a transaction commit offsets only
-while the group membership is fresh (`fencing.py`), the fetcher and its watchdog (`fetch_watchdog.py`: a fetch stuck
+while the group membership is fresh (`fencing.py`), what starts newly assigned partitions at
+their stable commit points (`stable_start.py`), the fetcher and its watchdog (`fetch_watchdog.py`: a fetch stuck
 on a broker that stopped answering). Closing takes what the stop budget gives each
 client (aiokafka can wait forever for a broker that is gone).
 """
@@ -24,6 +25,7 @@ from consumers.fencing import MembershipGuard
 from consumers.fetch_watchdog import FetchWatchdog
 from consumers.fetcher import Fetcher
 from consumers.publish import Publisher
+from consumers.stable_start import StableStart
 from consumers.stats import ConsumerStats
 from pipeline.core.config import KafkaSettings
 from pipeline.core.kafka.client import client_options, durable_producer, stop_client
@@ -39,9 +41,11 @@ class KafkaClients:
     publisher: Publisher
     fetcher: Fetcher
     watchdog: FetchWatchdog
+    stable_start: StableStart
 
     async def stop_consumer(self, name: str, timeout_s: float) -> None:
         await self.watchdog.stop()
+        await self.stable_start.stop()
         await stop_client(self.consumer.stop, f"{name}: the Kafka consumer", timeout_s)
 
     async def stop_producer(self, name: str, timeout_s: float) -> None:
@@ -98,7 +102,8 @@ async def open_clients(
         stats=stats,
         guard=guard,
     )
-    fetcher = Fetcher(consumer, priority_topic, max_queue, stats)
+    stable_start = StableStart(consumer, publisher.tracker, group_id, stats, clock)
+    fetcher = Fetcher(consumer, priority_topic, max_queue, stats, stable_start.holding)
     watchdog = FetchWatchdog(consumer, stats, clock)
     watchdog.start()
-    return KafkaClients(producer, outbox, consumer, publisher, fetcher, watchdog)
+    return KafkaClients(producer, outbox, consumer, publisher, fetcher, watchdog, stable_start)

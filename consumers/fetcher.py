@@ -23,8 +23,13 @@ RESUME_FRACTION = 0.75
 class Fetcher:
     """Which partitions to read and reading them, for one consumer."""
 
-    def __init__(self, consumer: AIOKafkaConsumer, priority_topic: str, max_queue: int, stats: ConsumerStats) -> None:
+    def __init__(
+        self, consumer: AIOKafkaConsumer, priority_topic: str, max_queue: int, stats: ConsumerStats,
+        holding: set[TopicPartition],
+    ) -> None:
         self._consumer = consumer
+        self._holding = holding
+        """Partitions not started yet (consumers/stable_start.py): paused whatever the queue."""
         self._priority_topic = priority_topic
         self._max_queue = max_queue
         self._stats = stats
@@ -53,9 +58,9 @@ class Fetcher:
             self.paused = False
         priority_full = queued >= limit
         consumer = self._consumer
-        paused = consumer.paused()
+        paused, holding = consumer.paused(), self._holding
         for tp in consumer.assignment():
-            want_paused = priority_full if tp.topic == self._priority_topic else self.paused
+            want_paused = tp in holding or (priority_full if tp.topic == self._priority_topic else self.paused)
             if want_paused and tp not in paused:
                 consumer.pause(tp)
             elif not want_paused and tp in paused:

@@ -8,6 +8,8 @@ batch's transaction instead, and the loop here does not run. When
 partitions are revoked, their waiting requests are withdrawn from the
 engine (the next owner reads them again), running batches and publishes
 finish, and what they answered is committed before the partitions go.
+Partitions assigned start at their stable commit points, skipping what the
+previous owner answered past them (`consumers.stable_start`).
 After a failure nothing more is committed, so what the consumer held is
 redelivered.
 """
@@ -23,6 +25,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 
 from consumers.admit import Admission
+from consumers.stable_start import StableStart
 from pipeline.core.engine.decisions import ServingPolicy
 from pipeline.core.kafka.offsets import OffsetTracker
 
@@ -63,11 +66,13 @@ class Membership(ConsumerRebalanceListener):
         """Waits for running batches and publishes (their answers free offsets to commit)."""
         self._kafka: AIOKafkaConsumer | None = None
         self._publisher: Committer | None = None
+        self._stable_start: StableStart | None = None
         self._committing = True
 
-    def join(self, kafka: AIOKafkaConsumer, publisher: Committer, topics: list[str]) -> None:
+    def join(self, kafka: AIOKafkaConsumer, publisher: Committer, topics: list[str], stable_start: StableStart) -> None:
         self._kafka = kafka
         self._publisher = publisher
+        self._stable_start = stable_start
         kafka.subscribe(topics, listener=self)
 
     def owned(self) -> set[TopicPartition]:
@@ -105,9 +110,13 @@ class Membership(ConsumerRebalanceListener):
         await self.commit(lost)
         if self._publisher is not None:
             self._publisher.tracker.forget(lost)
+        if self._stable_start is not None:
+            await self._stable_start.revoked(lost)
         log.info("consumer %s: revoked %d partitions", self._consumer_id, len(lost))
 
     async def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
         if self._publisher is not None:
             self._publisher.joined()
+        if self._stable_start is not None:
+            self._stable_start.assigned(set(assigned))
         log.info("consumer %s: assigned %s", self._consumer_id, sorted(f"{tp.topic}:{tp.partition}" for tp in assigned))

@@ -3,7 +3,8 @@
 A record counts as answered only once its answer, dead letter or forward is
 on the broker (`consumers.delivery` gets it there in some form, never
 raising a produce error). Committing then moves each partition to its first
-unanswered record (`pipeline.core.kafka.offsets`): at-least-once. With
+unanswered record (`pipeline.core.kafka.offsets`), its metadata listing the
+records answered past it (the next owner skips them): at-least-once. With
 `KafkaSettings.transactional` the records and the offsets they free go into
 one Kafka transaction: exactly-once answers. A record refused inside a
 transaction aborts it; the refused records are replaced and the whole
@@ -37,7 +38,7 @@ from aiokafka.errors import CommitFailedError, KafkaError
 from consumers.delivery import Delivery
 from consumers.fencing import LEFT_FOR_OWNERS, NO_GENERATION, SELF_FENCED, MembershipGuard
 from consumers.membership import commit_points
-from pipeline.core.kafka.offsets import OffsetTracker
+from pipeline.core.kafka.offsets import CommitPoint, OffsetTracker
 from pipeline.core.kafka.outbox import Failure, Message, Outbox
 from consumers.stats import ConsumerStats
 
@@ -45,6 +46,11 @@ log = logging.getLogger("batchtide.consumer")
 
 Place = tuple[TopicPartition, int]
 """(partition, offset) of a source record."""
+
+
+def _plain(points: dict[TopicPartition, CommitPoint]) -> dict[TopicPartition, int]:
+    """Commit points as bare offsets, for a log line."""
+    return {tp: point.offset for tp, point in points.items()}
 
 
 class _Refused(Exception):
@@ -162,15 +168,15 @@ class Publisher:
                         raise _Refused(refused)
                     for tp, offset in done:
                         self.tracker.answered(tp, offset)
-                    offsets = self._commit_points()
-                    if offsets:
-                        await producer.send_offsets_to_transaction(offsets, self._group_id)
+                    points = self._commit_points()
+                    if points:
+                        await producer.send_offsets_to_transaction(self._with_metadata(points), self._group_id)
                         if why := self._guard.stale(generation):
                             raise _SelfFenced(why)
             except _Refused as refusal:
                 return refusal.failures
-            self.tracker.committed(offsets)
-            self._stats.commits += 1 if offsets else 0
+            self.tracker.committed(points)
+            self._stats.commits += 1 if points else 0
             return []
 
         await self._delivery.until_accepted(messages, attempt, all_or_nothing=True)
@@ -179,35 +185,48 @@ class Publisher:
         """The group assigned partitions: membership is confirmed as of now."""
         self._guard.joined()
 
-    def _commit_points(self, partitions: set[TopicPartition] | None = None) -> dict[TopicPartition, int]:
-        return commit_points(self.tracker, self._consumer.assignment(), partitions)
+    def _commit_points(self, partitions: set[TopicPartition] | None = None) -> dict[TopicPartition, CommitPoint]:
+        """What to commit now: each offset with the records answered past it."""
+        tracker = self.tracker
+        return {tp: tracker.point(tp, offset) for tp, offset in commit_points(tracker, self._consumer.assignment(), partitions).items()}
+
+    def _with_metadata(self, points: dict[TopicPartition, CommitPoint]) -> dict[TopicPartition, tuple[int, str]]:
+        """Each offset with the metadata that lists what is answered past it."""
+        out: dict[TopicPartition, tuple[int, str]] = {}
+        for tp, point in points.items():
+            metadata, left_out = point.encode()
+            self._stats.answered_left_out_of_metadata = max(self._stats.answered_left_out_of_metadata, left_out)
+            out[tp] = (point.offset, metadata)
+        return out
 
     async def commit(self, partitions: set[TopicPartition] | None = None) -> None:
         """Commit what is answered (of `partitions`, default all); a failed commit is retried later."""
         if self.transactional:
             await self._commit_transaction(partitions)
             return
-        offsets = self._commit_points(partitions)
-        if not offsets:
+        points = self._commit_points(partitions)
+        if not points:
             return
         try:
-            await self._consumer.commit(offsets)
+            await self._consumer.commit(self._with_metadata(points))
         except (CommitFailedError, KafkaError) as e:
-            log.warning("commit of %s failed (%r); the next owner re-reads from the last commit", offsets, e)
+            log.warning("commit of %s failed (%r); the next owner re-reads from the last commit", _plain(points), e)
             return
-        self.tracker.committed(offsets)
+        self.tracker.committed(points)
         self._stats.commits += 1
 
     async def _commit_transaction(self, partitions: set[TopicPartition] | None) -> None:
         producer = self._producer
         async with self._txn_lock:
-            offsets = self._commit_points(partitions)
-            if not offsets:
+            points = self._commit_points(partitions)
+            if not points:
                 return
             if why := self._guard.stale(self._guard.generation):
                 self._stats.transactions_self_fenced += 1
-                log.warning("%s commit of %s skipped, the next owner re-reads from the last commit: %s", SELF_FENCED, offsets, why)
+                log.warning(
+                    "%s commit of %s skipped, the next owner re-reads from the last commit: %s", SELF_FENCED, _plain(points), why
+                )
                 return
             async with producer.transaction():
-                await producer.send_offsets_to_transaction(offsets, self._group_id)
-            self.tracker.committed(offsets)
+                await producer.send_offsets_to_transaction(self._with_metadata(points), self._group_id)
+            self.tracker.committed(points)

@@ -33,3 +33,15 @@ class ConsumerStats:
     transactions_self_fenced: int = 0
     """Transactions aborted, and commits skipped, because the group membership was not fresh
     (consumers/fencing.py)."""
+    answered_inherited: int = 0
+    """Records past a commit point that a partition's previous owner had answered (its commit's
+    metadata; consumers/stable_start.py)."""
+    stale_offset_records_skipped: int = 0
+    """Records read again from a commit point and skipped because a previous owner answered them."""
+    unstable_offsets_waited: int = 0
+    """Newly assigned partitions whose commit point waited for an open transaction (UNSTABLE_OFFSET_COMMIT)."""
+    unstable_offsets_given_up: int = 0
+    """Of those, partitions still unstable after the wait: started from the last stable commit."""
+    answered_left_out_of_metadata: int = 0
+    """Most answered offsets past a commit point that one commit's metadata left out (its size cap):
+    a next owner would answer them again."""

@@ -134,7 +134,9 @@ class Consumer:
             own_topics=self._own_topics, results_topic=self.topics.results(self.model.name), limits=self._limits,
             priority_topic=self.priority_topic, max_queue=self.settings.max_queue, stats=self.stats, clock=self.clock,
         )
-        self.membership.join(clients.consumer, clients.publisher, [self.request_topic, self.priority_topic])
+        self.membership.join(
+            clients.consumer, clients.publisher, [self.request_topic, self.priority_topic], clients.stable_start
+        )
         self.forwarding.start(self.kafka, self.settings.fleet_beacon_ms, self.beacon)
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -226,6 +228,7 @@ class Consumer:
         now = self.clock.now_ms()
         rejected = self._admission.intake(records, now, tracker, self.engine)
         self.stats.fetched += sum(len(batch) for batch in records.values())
+        self.stats.stale_offset_records_skipped = self._admission.skipped_answered
         self.stats.queue = queued = self.engine.pending
         self.stats.max_queue_seen = max(self.stats.max_queue_seen, queued)
         if rejected:

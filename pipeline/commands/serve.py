@@ -71,7 +71,8 @@ def consume(
             f"[{c.consumer_id}] fetched={s.fetched} ok={s.answered['ok']} expired={s.answered['expired']} "
             f"error={s.answered['error']} rejected={s.answered['rejected']} dlq={s.dead_letters} "
             f"batches={s.batches} forwarded={s.forwarded} queue={s.queue} backlog={s.backlog} pauses={s.pauses} "
-            f"stalls_unblocked={s.fetch_stalls_unblocked} self_fenced={s.transactions_self_fenced}"
+            f"stalls_unblocked={s.fetch_stalls_unblocked} self_fenced={s.transactions_self_fenced} "
+            f"inherited={s.answered_inherited} unstable_waits={s.unstable_offsets_waited}"
         )
 
     async def main() -> None:
