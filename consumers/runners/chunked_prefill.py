@@ -21,13 +21,17 @@ to stall, and the rest is prefilled at once.
 
 With `fused_chunks` a chunk is not a forward pass of its own: it rides in
 the decode step's (`fused_step`), paced by `RidePacer` to add RIDE_SHARE of
-a plain step; `ChunkPacer` paces the separate passes.
+a plain step, or with a time-per-output-token objective to fill the
+objective's slack over the plain step (joins.ride_tokens); `ChunkPacer`
+paces the separate passes.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from typing import TYPE_CHECKING, Any
+
+from pipeline.core.engine.joins import RIDE_SHARE, ride_plan, ride_tokens
 
 from .decoding import RunningSet, Sequence, prompt_tensors
 
@@ -91,13 +95,6 @@ class ChunkPacer:
         return int(max(MIN_CHUNK, min(room, paced)))
 
 
-RIDE_SHARE = 0.35
-"""A decode step that carries a chunk in its forward pass may take this share longer than a plain
-one. From a measurement (docs/runners.md, "Fused chunks"): a ridden SmolLM2 token added 3-9 ms to a
-260-700 ms step of 16 rows, and at 0.35 the pacer's rides over a 512-token join averaged 1.26x and
-1.51x a plain step: a row decoding through a whole join stays about within the 1.5x goal."""
-
-
 class RidePacer:
     """How many prompt tokens ride in the next decode step (`fused_step`).
 
@@ -107,11 +104,15 @@ class RidePacer:
     averaged (ratio of sums) over the recent rides; before any ride, a
     one-piece prefill's time per token. It gets what adds RIDE_SHARE of a
     plain step, never more than the step's token budget leaves beside the
-    decoding rows, never under MIN_CHUNK.
+    decoding rows; with a time-per-output-token objective (`tpot_ms`), as
+    many as the objective's slack over the plain step pays for, when that
+    is more (joins.ride_tokens, the simulator's rule too); never under
+    MIN_CHUNK.
     """
 
-    def __init__(self, budget: int) -> None:
+    def __init__(self, budget: int, tpot_ms: float | None = None) -> None:
         self.budget = budget
+        self.tpot_ms = tpot_ms
         self._prefills: deque[tuple[int, float]] = deque(maxlen=PACE_WINDOW)
         self._rides: deque[tuple[int, float]] = deque(maxlen=PACE_WINDOW)
 
@@ -139,7 +140,7 @@ class RidePacer:
         per_token = self.per_token()
         if per_token is None or step_ms <= 0:
             return max(MIN_CHUNK, min(room, self.budget // 4))
-        return int(max(MIN_CHUNK, min(room, RIDE_SHARE * step_ms / per_token)))
+        return ride_tokens(min(room, RIDE_SHARE * step_ms / per_token), step_ms, per_token, self.tpot_ms)
 
 
 def riders(prefills: list["ChunkedPrefill"], tokens: int) -> list[tuple["ChunkedPrefill", int | None]]:
@@ -147,16 +148,8 @@ def riders(prefills: list["ChunkedPrefill"], tokens: int) -> list[tuple["Chunked
     whole rest fits go whole (smallest first, in queue order in the list), so short prompts queued
     behind a long one start decoding instead of waiting for all of its chunks; the oldest gets what
     is left, never under MIN_CHUNK (None: its whole rest fits)."""
-    head, left = prefills[0], tokens - MIN_CHUNK
-    whole: set[int] = set()
-    for prefill in sorted(prefills[1:], key=lambda p: p.remaining_tokens):
-        if prefill.remaining_tokens > left:
-            break
-        whole.add(id(prefill))
-        left -= prefill.remaining_tokens
-    left += MIN_CHUNK
-    first: tuple[ChunkedPrefill, int | None] = (head, None if head.remaining_tokens <= left else left)
-    return [first] + [(p, None) for p in prefills[1:] if id(p) in whole]
+    head, whole = ride_plan([p.remaining_tokens for p in prefills], tokens)
+    return [(prefills[0], head)] + [(prefills[k], None) for k in whole]
 
 
 def needs_chunks(seqs: list[Sequence], budget: int, decoding_rows: int) -> bool:

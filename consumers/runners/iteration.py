@@ -124,7 +124,7 @@ class IterationScheduler:
         self._join_wait_steps = join_wait_steps
         self.step_token_budget = step_token_budget
         self.fused_chunks = fused_chunks
-        self._pacer = RidePacer(step_token_budget) if fused_chunks else ChunkPacer(step_token_budget)
+        self._pacer = RidePacer(step_token_budget, tpot_ms) if fused_chunks else ChunkPacer(step_token_budget)
         self._rule = JoinRule(JoinSettings(token_cap, step_budget_ms, join_group, join_wait_steps, tpot_ms,
                                            step_token_budget, refuse_hopeless))
         self._running = new_running()
@@ -241,7 +241,8 @@ class IterationScheduler:
             group = [joining[k] for k in members]
             width = max(len(s.prompt) for s in group)
             queued = sum(len(p.seqs) * p.width for p in self._prefills)
-            if not self._rule.one_piece(len(group), width, len(self._running), queued):
+            per_step = self._pacer.tokens(len(self._running), self._last_step_ms) if self._running else None
+            if not self._rule.one_piece(len(group), width, len(self._running), queued, per_step):
                 self._prefills.extend(ChunkedPrefill(self._running, [s]) for s in group)  # a ride pays no padding
             else:
                 started = time.perf_counter()

@@ -53,6 +53,9 @@ RIDE_BACKLOG = 24
 credit may prefill it in one piece instead."""
 PREFILL_WINDOW = 16
 """Recent one-piece prefills the ms-per-token estimate is taken over."""
+RIDE_SHARE = 0.35
+"""Without a time-per-output-token objective, a decode step that carries prompt tokens in its
+forward pass may take this share longer than a plain one (docs/runners.md, "Fused chunks")."""
 
 
 @dataclass(frozen=True)
@@ -203,21 +206,51 @@ class JoinRule:
             return None
         return tokens * sum(ms for _, ms in self._prefills) / sum(t for t, _ in self._prefills)
 
-    def one_piece(self, rows: int, width: int, running: int, queued: int = 0) -> bool:
+    def one_piece(self, rows: int, width: int, running: int, queued: int = 0, per_step: int | None = None) -> bool:
         """Whether a group of `rows` prompts padded to `width` is prefilled at once, stalling the
         running rows, or rides the decode steps in chunks (`queued`: padded prompt tokens already
         waiting to ride). Riding costs the rows no stall and a prompt token less than a prefill of
         its own, so a group rides while the ride queue, itself included, clears within
-        `RIDE_BACKLOG` steps; beyond that it is prefilled in one piece if the stall credit covers
-        it (spending it), else it queues to ride."""
+        `RIDE_BACKLOG` steps of `per_step` tokens (`ride_tokens`; default the step token budget);
+        beyond that it is prefilled in one piece if the stall credit covers it (spending it), else
+        it queues to ride."""
         budget = self.s.step_token_budget
         tokens = rows * width
         if budget <= 0 or not running:
             return True
-        if queued + tokens <= RIDE_BACKLOG * budget or not self.s.tpot_ms:
+        if queued + tokens <= RIDE_BACKLOG * max(budget, per_step or 0) or not self.s.tpot_ms:
             return False
         estimate = self.prefill_estimate_ms(tokens)
         if estimate is None or estimate > self.credit_ms:
             return False
         self.credit_ms -= estimate
         return True
+
+
+def ride_tokens(paced: float, step_ms: float, per_token_ms: float | None, tpot_ms: float | None) -> int:
+    """Prompt tokens the next decode step carries in its forward pass. Without a time-per-output-token
+    objective, `paced` (what adds RIDE_SHARE of the plain step, within the step's token budget).
+    With one, as many as the objective's slack over the plain step (`step_ms`) pays for at
+    `per_token_ms` a ridden token, when that is more: a step that still meets the objective costs
+    the rows nothing they were promised, and every token ridden now is a token a joiner does not
+    wait for (or a stall the credit does not pay). Never under MIN_CHUNK: the prompt moves."""
+    if tpot_ms and per_token_ms and per_token_ms > 0 and step_ms > 0:
+        paced = max(paced, (tpot_ms - step_ms) / per_token_ms)
+    return int(max(MIN_CHUNK, paced))
+
+
+def ride_plan(remaining: Sequence[int], tokens: int) -> tuple[int | None, list[int]]:
+    """One ride of about `tokens` prompt tokens over the queued groups' `remaining` tokens (oldest
+    first): the groups behind the oldest whose whole rest fits go whole (smallest first), so short
+    prompts queued behind a long one start decoding instead of waiting for all of its chunks; the
+    oldest gets what is left, never under MIN_CHUNK. Returns the oldest's tokens (None: its whole
+    rest fits) and the indices of the groups riding whole."""
+    left = tokens - MIN_CHUNK
+    whole: list[int] = []
+    for k in sorted(range(1, len(remaining)), key=lambda k: remaining[k]):
+        if remaining[k] > left:
+            break
+        whole.append(k)
+        left -= remaining[k]
+    left += MIN_CHUNK
+    return (None if remaining[0] <= left else left), sorted(whole)

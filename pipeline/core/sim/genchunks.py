@@ -1,10 +1,12 @@
 """Chunked prefill as the consumer's decode loop runs it: a chunk rides in the decode step's forward pass.
 
-A group that is not prefilled in one piece (joins.py decides) rides the decode steps: each
-step carries a chunk of `step_token_budget` padded prompt tokens in its own forward pass: the
-weights are read once, so a step carrying a chunk costs the plain step plus `RIDE_SHARE` of it
-(the consumer's fused rule, consumers/runners/chunked_prefill.py: its pacer sizes a chunk to
-add that share, within the budget); a group's last, shorter chunk costs its share of that. With no row decoding there
+A group that is not prefilled in one piece (joins.py decides) rides the decode steps in their
+own forward pass: the weights are read once, so a chunk of `step_token_budget` padded prompt
+tokens costs the plain step plus `RIDE_SHARE` of it, a part chunk its part. A step carries a
+chunk, or with a time-per-output-token objective as many tokens as the objective's slack over
+the plain step pays for (joins.ride_tokens, the consumer's pacer:
+consumers/runners/chunked_prefill.py), over the queued groups as the consumer spreads them
+(joins.ride_plan). With no row decoding there
 is nothing to stall: the rest of the prompt is prefilled at once. The group's rows join the
 running set (their first token) when its last column is in.
 
@@ -15,10 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.core.engine.joins import MIN_CHUNK
-
-RIDE_SHARE = 0.35
-"""A chunk riding a decode step adds this share of a plain step (the consumer's fused rule)."""
+from pipeline.core.engine.joins import MIN_CHUNK, RIDE_SHARE
 
 
 @dataclass(eq=False)
@@ -44,10 +43,11 @@ class ChunkedGroup:
     def reserved(self) -> int:
         return sum(r.reserved for r in self.rows)
 
-    def ride(self, budget: int, decoding: int) -> int:
-        """One chunk rides the next step beside `decoding` rows; returns its padded tokens."""
+    def ride(self, tokens: int | None) -> int:
+        """About `tokens` padded tokens (None: all the rest) ride the next step; returns those fed."""
         start = self.done
-        self.done = min(self.width, self.done + max(1, chunk_tokens(budget, decoding) // len(self.rows)))
+        columns = self.width - self.done if tokens is None else max(1, tokens // len(self.rows))
+        self.done = min(self.width, self.done + columns)
         return (self.done - start) * len(self.rows)
 
     def rest_tokens(self) -> int:
@@ -59,6 +59,12 @@ def chunk_tokens(budget: int, decoding: int) -> int:
     """Padded prompt tokens one chunk carries (the step's token budget; `decoding` rows beside it
     are paid for by the step itself)."""
     return max(budget, MIN_CHUNK)
+
+
+def ride_token_ms(step_ms: float, budget: int, decoding: int) -> float:
+    """What one ridden prompt token adds to a plain step of `step_ms` (the runner's measured cost:
+    a chunk adds RIDE_SHARE of the step); the consumer's pacer measures it."""
+    return RIDE_SHARE * step_ms / chunk_tokens(budget, decoding)
 
 
 def ride_ms(step_ms: float, chunks: float = 1.0) -> float:

@@ -25,8 +25,9 @@ from typing import Sequence
 import numpy as np
 
 from pipeline.core.engine.decisions import Batch, BatchPolicy, PendingRequest
-from pipeline.core.engine.joins import JOIN_GROUP, JOIN_WAIT_STEPS, Joiner, JoinRule, JoinSettings, LoopView, length_groups
-from pipeline.core.sim.genchunks import ChunkedGroup, chunk_tokens, ride_ms
+from pipeline.core.engine.joins import (JOIN_GROUP, JOIN_WAIT_STEPS, Joiner, JoinRule, JoinSettings, LoopView,
+                                        length_groups, ride_plan, ride_tokens)
+from pipeline.core.sim.genchunks import ChunkedGroup, chunk_tokens, ride_ms, ride_token_ms
 from pipeline.core.sim.gencost import GenerationCost
 
 JOIN_SLOTS = 2 * JOIN_GROUP
@@ -127,6 +128,8 @@ class _Loop:
     steps: int = 0
     joins: int = 0
     last_step_ms: float = 0.0
+    plain_ms: float = 0.0
+    """The last step's time without the prompt tokens it carried (what the consumer's pacer times)."""
     busy: bool = False
     inflight: int = 0
 
@@ -237,13 +240,22 @@ def simulate_generation(arrivals: GenArrivals, cost: GenerationCost, policies: S
         loop = loops[lane]
         rows = len(loop.live) + loop.dead
         width = max(int(arr.prompt[r.i]) + r.emitted for r in loop.live)
-        ms = cost.step_ms(rows, width)
-        merged = None
+        ms = loop.plain_ms = cost.step_ms(rows, width)
+        merged: list[_Row] = []
         if loop.prefills:
-            head: ChunkedGroup = loop.prefills[0]
-            ms = ride_ms(ms, head.ride(budget, len(loop.live)) / chunk_tokens(budget, len(loop.live)))
-            if head.complete:
-                merged = loop.prefills.popleft().rows
+            decoding = len(loop.live)
+            tokens = ride_tokens(chunk_tokens(budget, decoding), ms, ride_token_ms(ms, budget, decoding), settings.tpot_ms)
+            queue: list[ChunkedGroup] = list(loop.prefills)
+            head_tokens, behind = ride_plan([p.rest_tokens() for p in queue], tokens)
+            fed = queue[0].ride(head_tokens)
+            for k in behind:  # short groups behind the oldest ride whole
+                fed += queue[k].ride(None)
+                loop.prefills.remove(queue[k])
+                merged += queue[k].rows
+            if queue[0].complete:
+                loop.prefills.remove(queue[0])
+                merged += queue[0].rows
+            ms = ride_ms(ms, fed / chunk_tokens(budget, decoding))
         step_rows.append(rows)
         loop.busy = True
         push(now + ms, _STEPPED, lane, (ms, merged))
@@ -279,7 +291,9 @@ def simulate_generation(arrivals: GenArrivals, cost: GenerationCost, policies: S
             for group in length_groups([int(arr.prompt[r.i]) for r in joining]):
                 rows = [joining[k] for k in group]
                 width = max(int(arr.prompt[r.i]) for r in rows)
-                if rule.one_piece(len(rows), width, len(loop.live), sum(p.tokens for p in loop.prefills)):
+                per_step = ride_tokens(chunk_tokens(budget, len(loop.live)), loop.plain_ms,
+                                       ride_token_ms(loop.plain_ms, budget, len(loop.live)), settings.tpot_ms)
+                if rule.one_piece(len(rows), width, len(loop.live), sum(p.tokens for p in loop.prefills), per_step):
                     took = cost.prefill_ms(len(rows), width)
                     rule.prefilled(len(rows) * width, took)
                     ms += took
