@@ -127,7 +127,18 @@ def test_the_loop_follows_the_consumer() -> None:
         iteration.JOIN_GROUP, iteration.JOIN_WAIT_STEPS, iteration.JOIN_SLOTS)
     assert gensim.DEAD_SHARE == decoding.DEAD_SHARE
     assert joins.MIN_CHUNK == chunked_prefill.MIN_CHUNK
-    assert genchunks.RIDE_SHARE == chunked_prefill.RIDE_SHARE
+    assert genchunks.RIDE_SHARE == chunked_prefill.RIDE_SHARE == joins.RIDE_SHARE
+    # one pacing rule and one spreading rule: the consumer's pacer and the simulator call the same
+    assert chunked_prefill.ride_tokens is gensim.ride_tokens is joins.ride_tokens
+    assert chunked_prefill.ride_plan is gensim.ride_plan is joins.ride_plan
+    pacer = chunked_prefill.RidePacer(128, tpot_ms=100.0)
+    pacer.observe_ride(128, 50.0 * 1.35, 50.0)  # the simulator's ride cost: a chunk adds RIDE_SHARE
+    per_token = genchunks.ride_token_ms(50.0, 128, 4)
+    assert pacer.per_token() == pytest.approx(per_token)
+    assert pacer.tokens(4, 50.0) == joins.ride_tokens(124, 50.0, per_token, 100.0) == int(50.0 / per_token)
+    plain = chunked_prefill.RidePacer(128)
+    plain.observe_ride(128, 50.0 * 1.35, 50.0)
+    assert plain.tokens(4, 50.0) == 124  # no objective: within the budget beside the rows
     from pipeline.core.config import ModelConfig
 
     assert gensim.STEP_TOKEN_BUDGET == ModelConfig(name="m").step_token_budget
@@ -152,14 +163,30 @@ def test_a_long_prompt_rides_the_steps_in_chunks() -> None:
 
 def test_a_stall_credit_prefills_in_one_piece() -> None:
     """With a TPOT objective that the steps beat, the banked credit pays a one-piece prefill."""
-    arr = arrivals([0.0, 2000.0], [32, 300], [80, 4], limit=80)
-    # 300 tokens at 8 a step is a longer ride queue than RIDE_BACKLOG steps: the credit decides
-    credited = run(arr, LoopSettings(reserve_tokens=80, step_token_budget=8, tpot_ms=200.0))
-    plain = run(arr, LoopSettings(reserve_tokens=80, step_token_budget=8))
+    slow = GenerationCost.linear(PREFILL_A, PREFILL_C, 150.0, STEP_C)  # a 155 ms step, an objective of 180
+    arr = arrivals([0.0, 8000.0], [32, 300], [80, 4], limit=80)
+    # the objective's 25 ms of slack pays for a few ridden tokens a step (MIN_CHUNK): 300 tokens
+    # are a longer ride queue than RIDE_BACKLOG steps, so the credit decides
+    credited = run(arr, LoopSettings(reserve_tokens=80, step_token_budget=8, tpot_ms=180.0), cost=slow)
+    plain = run(arr, LoopSettings(reserve_tokens=80, step_token_budget=8), cost=slow)
     assert credited.longest_gap_ms >= PREFILL_C * 300  # one piece: the row stalled for it
-    assert plain.longest_gap_ms <= 1.35 * (STEP_A + STEP_C) + 1e-6
+    assert plain.longest_gap_ms <= 1.35 * (150.0 + STEP_C) + 1e-6
     tpot = (credited.done_ms[0] - credited.first_ms[0]) / 79
-    assert tpot <= 200.0  # the stall fit within what the faster steps banked
+    assert tpot <= 180.0  # the stall fit within what the faster steps banked
+
+
+def test_a_tpot_objective_rides_its_slack() -> None:
+    """With a TPOT objective a step carries as many prompt tokens as the objective's slack over the
+    plain step pays for, not one budget's chunk: the long prompt starts sooner, and no step of the
+    running row takes longer than the objective."""
+    arr = arrivals([0.0, 100.0], [32, 1000], [40, 4], limit=64)
+    step = STEP_A + STEP_C
+    paced = run(arr, LoopSettings(reserve_tokens=64, step_token_budget=128))
+    slack = run(arr, LoopSettings(reserve_tokens=64, step_token_budget=128, tpot_ms=4 * step))
+    assert slack.first_ms[1] < paced.first_ms[1] - 3 * step
+    assert slack.longest_gap_ms <= 4 * step + 1e-6
+    # a ridden token adds 0.35 step / 128: 3 steps of slack pay for ~1097 tokens, the whole prompt
+    assert slack.longest_gap_ms == pytest.approx(step * (1 + 0.35 * 1000 / 128))
 
 
 def test_cost_from_profile_curves_reads_the_attention_slope() -> None:
