@@ -46,9 +46,9 @@ sharing itself among all of them until all expire.
 Admission is the shared rule of pipeline/core/engine/joins.py (the
 generation bench simulates this loop with it): urgent joiners first, groups
 of like prompt lengths (padding at most 1.25x), prompts riding the decode
-steps in chunks while the chunk queue is short, and beyond it, with
-slo_ms_per_new_token, a stall credit that lets a group be prefilled in one
-piece when the running rows' steps ran fast enough to absorb it.
+steps in chunks while rows decode (with slo_ms_per_new_token a step
+carries as many prompt tokens as the objective's slack over the plain step
+pays for: joins.ride_tokens), in one piece when nobody decodes.
 """
 
 from __future__ import annotations
@@ -233,23 +233,19 @@ class IterationScheduler:
         return bool(len(self._running) or self._prefills)
 
     def _join(self, joining: list[Sequence]) -> list[Sequence]:
-        """Prefill the admitted joiners in groups of like prompt lengths: a group rides the decode
-        steps in chunks while the chunks queued clear soon, else in one piece when the stall credit
-        covers it (joins.py), else it queues to ride."""
+        """Prefill the admitted joiners in groups of like prompt lengths: while rows decode a group
+        rides the decode steps in chunks, one prompt at a time (a ride pays no padding); with
+        nobody decoding it is prefilled in one piece (joins.py)."""
         finished: list[Sequence] = []
         for members in length_groups([len(s.prompt) for s in joining]):
             group = [joining[k] for k in members]
-            width = max(len(s.prompt) for s in group)
-            queued = sum(len(p.seqs) * p.width for p in self._prefills)
-            per_step = self._pacer.tokens(len(self._running), self._last_step_ms) if self._running else None
-            if not self._rule.one_piece(len(group), width, len(self._running), queued, per_step):
-                self._prefills.extend(ChunkedPrefill(self._running, [s]) for s in group)  # a ride pays no padding
+            if not self._rule.one_piece(len(self._running)):
+                self._prefills.extend(ChunkedPrefill(self._running, [s]) for s in group)
             else:
+                width = max(len(s.prompt) for s in group)
                 started = time.perf_counter()
                 finished += self._running.join(group)
-                ms = (time.perf_counter() - started) * 1000.0
-                self._pacer.observe(len(group) * width, ms)
-                self._rule.prefilled(len(group) * width, ms)
+                self._pacer.observe(len(group) * width, (time.perf_counter() - started) * 1000.0)
                 self._size_at_join = len(self._running)
         return finished
 

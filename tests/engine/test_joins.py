@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.core.engine.joins import (
-    CREDIT_STEPS, LEARN_AFTER, MAX_PADDING, RIDE_BACKLOG, Joiner, JoinRule, JoinSettings, LoopView, length_groups,
+    LEARN_AFTER, MAX_PADDING, MIN_CHUNK, Joiner, JoinRule, JoinSettings, LoopView, length_groups, ride_plan, ride_tokens,
 )
 
 
@@ -63,19 +63,24 @@ def test_a_join_waits_for_company_until_it_pays() -> None:
     assert rule.admit([joiner(step=9)] * 4, VIEW, 0.0) == [0, 1, 2, 3]
 
 
-def test_a_group_rides_while_the_ride_queue_is_short_then_the_credit_decides() -> None:
+def test_a_group_rides_while_rows_decode() -> None:
     rule = JoinRule(JoinSettings(tpot_ms=50.0, step_token_budget=128))
-    rule.prefilled(1000, 100.0)  # 0.1 ms a padded token
-    backlog = RIDE_BACKLOG * 128
-    assert not rule.one_piece(2, 500, running=8)  # 1,000 tokens: rides
-    assert not rule.one_piece(1, 500, running=8, queued=backlog)  # no credit yet: it queues to ride
-    rule.stepped(4, 30.0)  # four steps 20 ms under the objective
-    assert rule.credit_ms == pytest.approx(80.0)
-    assert rule.one_piece(1, 500, running=8, queued=backlog)  # 50 ms of stall, covered
-    assert rule.credit_ms == pytest.approx(30.0)
-    assert not rule.one_piece(1, 500, running=8, queued=backlog)
-    rule.stepped(1000, 0.0)
-    assert rule.credit_ms == pytest.approx(CREDIT_STEPS * 50.0)
-    assert JoinRule(JoinSettings(step_token_budget=128)).one_piece(8, 500, running=0)  # nobody to stall
-    assert not JoinRule(JoinSettings(step_token_budget=128)).one_piece(8, 500, running=4, queued=backlog)  # no objective
-    assert JoinRule(JoinSettings(step_token_budget=0)).one_piece(8, 500, running=4)  # chunking off
+    assert not rule.one_piece(running=8)  # rows decode: it rides, whatever its size
+    assert rule.one_piece(running=0)  # nobody to stall
+    assert JoinRule(JoinSettings(step_token_budget=0)).one_piece(running=4)  # chunking off
+
+
+def test_a_tpot_objective_fills_its_slack_with_ridden_tokens() -> None:
+    # a 30 ms plain step, 0.1 ms a ridden token, an objective of 50 ms: 20 ms of slack, 200 tokens
+    assert ride_tokens(64, 30.0, 0.1, 50.0) == 200
+    assert ride_tokens(64, 30.0, 0.1, None) == 64  # no objective: the paced share
+    assert ride_tokens(64, 45.0, 0.1, 50.0) == 64  # little slack: never under the paced share
+    assert ride_tokens(64, 60.0, 0.1, 50.0) == 64  # the plain step misses it already: the share
+    assert ride_tokens(2, 60.0, 0.1, None) == MIN_CHUNK  # the prompt moves
+
+
+def test_a_ride_takes_short_prompts_whole_beside_the_oldest() -> None:
+    assert ride_plan([1000, 50, 30, 500], 128) == (48, [1, 2])  # 80 whole, the oldest the rest
+    assert ride_plan([1000, 200], 128) == (128, [])
+    assert ride_plan([40, 30], 128) == (None, [1])  # everything fits
+    assert ride_plan([1000, 125], 128) == (128, [])  # the oldest keeps MIN_CHUNK at least

@@ -17,12 +17,13 @@ simulator (pipeline/core/sim/gensim.py), so the bench runs the consumer's own de
 - length groups: joiners are prefilled in groups of like prompts, so that left-padding to the
   longest prompt of a group costs at most `MAX_PADDING` x the real tokens (a group that rides
   rides one prompt at a time: a ride is paid per token, so it pays no padding at all);
-- rides and stall credit: a group's prompt rides the decode steps in chunks (in the step's own
-  forward pass: no stall, the cheapest prefill) while the chunks queued, its own included, clear
-  within `RIDE_BACKLOG` steps. Beyond that, with a time-per-output-token objective, the stall
-  credit decides: every step faster than the objective banks the difference (up to
-  `CREDIT_STEPS` objectives), and a group whose one-piece prefill the credit covers is prefilled
-  at once (the rows' mean time per token still meets the objective); the others queue to ride.
+- rides: while rows decode, a group's prompt rides the decode steps in chunks (in the step's own
+  forward pass: no stall, the cheapest prefill); with nobody decoding it is prefilled at once.
+  A step carries what adds RIDE_SHARE of a plain step or, with a time-per-output-token
+  objective, as many tokens as the objective's slack over the plain step pays for
+  (`ride_tokens`): the slack goes to the rides, so no stall is banked against it (an earlier
+  stall credit spent the same slack on one-piece prefills, and rows riding through them
+  missed the objective).
 
 Pure: no clock, no device; every time is an argument.
 """
@@ -44,15 +45,8 @@ LEARN_AFTER = 8
 ANSWER_WINDOW = 256
 """Recent answer lengths the p75 is taken over."""
 ANSWER_QUANTILE = 0.75
-CREDIT_STEPS = 8
-"""Stall credit banked at most, in time-per-output-token objectives."""
 MIN_CHUNK = 8
 """Prompt tokens a chunk carries at least (the consumer's chunked prefill)."""
-RIDE_BACKLOG = 24
-"""Decode steps of chunks a joining group may queue behind (itself included) before the stall
-credit may prefill it in one piece instead."""
-PREFILL_WINDOW = 16
-"""Recent one-piece prefills the ms-per-token estimate is taken over."""
 RIDE_SHARE = 0.35
 """Without a time-per-output-token objective, a decode step that carries prompt tokens in its
 forward pass may take this share longer than a plain one (docs/runners.md, "Fused chunks")."""
@@ -67,9 +61,9 @@ class JoinSettings:
     join_group: int = JOIN_GROUP
     join_wait_steps: int = JOIN_WAIT_STEPS
     tpot_ms: float | None = None
-    """Time-per-output-token objective (the model's slo_ms_per_new_token): enables the stall credit."""
+    """Time-per-output-token objective (the model's slo_ms_per_new_token): rides fill its slack."""
     step_token_budget: int = 0
-    """Tokens one step may process: a larger group is chunked unless credited (0: never chunked)."""
+    """Tokens a ride carries without an objective: a group rides while rows decode (0: never chunked)."""
     refuse_hopeless: bool = True
 
 
@@ -119,15 +113,12 @@ def length_groups(prompts: Sequence[int]) -> list[list[int]]:
 
 
 class JoinRule:
-    """The admission rule of one decode loop; it learns answer lengths, prefill costs and the credit."""
+    """The admission rule of one decode loop; it learns answer lengths."""
 
     def __init__(self, settings: JoinSettings) -> None:
         self.s = settings
         self._answers: deque[int] = deque(maxlen=ANSWER_WINDOW)
         self._expected: int | None = None
-        self._prefills: deque[tuple[int, float]] = deque(maxlen=PREFILL_WINDOW)
-        self.credit_ms = 0.0
-        self._seen_steps = 0
 
     def learn(self, tokens: int) -> None:
         """An answer ended with `tokens` generated (not one stopped by its deadline)."""
@@ -155,19 +146,10 @@ class JoinRule:
             return []
         return [k for k, j in enumerate(joiners) if self.hopeless(j, view, now_ms)]
 
-    def stepped(self, steps: int, last_step_ms: float) -> None:
-        """The loop has run `steps` steps, the last in `last_step_ms`: bank (or spend) the credit."""
-        tpot = self.s.tpot_ms
-        new = steps - self._seen_steps
-        self._seen_steps = steps
-        if tpot and new > 0:
-            self.credit_ms = min(CREDIT_STEPS * tpot, max(0.0, self.credit_ms + new * (tpot - last_step_ms)))
-
     def admit(self, joiners: Sequence[Joiner], view: LoopView, now_ms: float) -> list[int]:
         """Indices of the joiners to prefill now, urgent first, or none yet. Call `refused` first:
         a hopeless joiner here is skipped (it waits)."""
         s = self.s
-        self.stepped(view.steps, view.last_step_ms)
         room = None if s.token_cap is None else s.token_cap - view.reserved
         order = sorted(range(len(joiners)), key=lambda k: joiners[k].priority)
         fits: list[int] = []
@@ -196,35 +178,11 @@ class JoinRule:
         )
         return fits if pays else []
 
-    def prefilled(self, tokens: int, ms: float) -> None:
-        """A one-piece prefill of `tokens` padded tokens took `ms`."""
-        if tokens > 0 and ms > 0:
-            self._prefills.append((tokens, ms))
-
-    def prefill_estimate_ms(self, tokens: int) -> float | None:
-        if not self._prefills:
-            return None
-        return tokens * sum(ms for _, ms in self._prefills) / sum(t for t, _ in self._prefills)
-
-    def one_piece(self, rows: int, width: int, running: int, queued: int = 0, per_step: int | None = None) -> bool:
-        """Whether a group of `rows` prompts padded to `width` is prefilled at once, stalling the
-        running rows, or rides the decode steps in chunks (`queued`: padded prompt tokens already
-        waiting to ride). Riding costs the rows no stall and a prompt token less than a prefill of
-        its own, so a group rides while the ride queue, itself included, clears within
-        `RIDE_BACKLOG` steps of `per_step` tokens (`ride_tokens`; default the step token budget);
-        beyond that it is prefilled in one piece if the stall credit covers it (spending it), else
-        it queues to ride."""
-        budget = self.s.step_token_budget
-        tokens = rows * width
-        if budget <= 0 or not running:
-            return True
-        if queued + tokens <= RIDE_BACKLOG * max(budget, per_step or 0) or not self.s.tpot_ms:
-            return False
-        estimate = self.prefill_estimate_ms(tokens)
-        if estimate is None or estimate > self.credit_ms:
-            return False
-        self.credit_ms -= estimate
-        return True
+    def one_piece(self, running: int) -> bool:
+        """Whether a group is prefilled at once (nobody decodes: nothing to stall; or chunking is
+        off) or rides the decode steps in chunks (no stall, and a prompt token costs less than in
+        a prefill of its own)."""
+        return self.s.step_token_budget <= 0 or not running
 
 
 def ride_tokens(paced: float, step_ms: float, per_token_ms: float | None, tpot_ms: float | None) -> int:
@@ -233,7 +191,7 @@ def ride_tokens(paced: float, step_ms: float, per_token_ms: float | None, tpot_m
     With one, as many as the objective's slack over the plain step (`step_ms`) pays for at
     `per_token_ms` a ridden token, when that is more: a step that still meets the objective costs
     the rows nothing they were promised, and every token ridden now is a token a joiner does not
-    wait for (or a stall the credit does not pay). Never under MIN_CHUNK: the prompt moves."""
+    wait for. Never under MIN_CHUNK: the prompt moves."""
     if tpot_ms and per_token_ms and per_token_ms > 0 and step_ms > 0:
         paced = max(paced, (tpot_ms - step_ms) / per_token_ms)
     return int(max(MIN_CHUNK, paced))

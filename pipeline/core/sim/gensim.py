@@ -79,7 +79,7 @@ class LoopSettings:
     join_group: int = JOIN_GROUP
     join_wait_steps: int = JOIN_WAIT_STEPS
     tpot_ms: float | None = None
-    """The model's slo_ms_per_new_token (None: no stall credit)."""
+    """The model's slo_ms_per_new_token (None: rides add RIDE_SHARE of a step)."""
     step_token_budget: int = STEP_TOKEN_BUDGET
     refuse_hopeless: bool = True
 
@@ -291,12 +291,8 @@ def simulate_generation(arrivals: GenArrivals, cost: GenerationCost, policies: S
             for group in length_groups([int(arr.prompt[r.i]) for r in joining]):
                 rows = [joining[k] for k in group]
                 width = max(int(arr.prompt[r.i]) for r in rows)
-                per_step = ride_tokens(chunk_tokens(budget, len(loop.live)), loop.plain_ms,
-                                       ride_token_ms(loop.plain_ms, budget, len(loop.live)), settings.tpot_ms)
-                if rule.one_piece(len(rows), width, len(loop.live), sum(p.tokens for p in loop.prefills), per_step):
-                    took = cost.prefill_ms(len(rows), width)
-                    rule.prefilled(len(rows) * width, took)
-                    ms += took
+                if rule.one_piece(len(loop.live)):
+                    ms += cost.prefill_ms(len(rows), width)
                     whole += rows
                 else:
                     loop.prefills.extend(ChunkedGroup([r], int(arr.prompt[r.i])) for r in rows)  # rides: unpadded
