@@ -142,21 +142,14 @@ class RidePacer:
         return int(max(MIN_CHUNK, min(room, RIDE_SHARE * step_ms / per_token)))
 
 
-def riders(prefills: list["ChunkedPrefill"], tokens: int) -> list[tuple["ChunkedPrefill", int | None]]:
-    """The chunks of one ride of about `tokens` tokens: the queued groups behind the oldest whose
-    whole rest fits go whole (smallest first, in queue order in the list), so short prompts queued
-    behind a long one start decoding instead of waiting for all of its chunks; the oldest gets what
-    is left, never under MIN_CHUNK (None: its whole rest fits)."""
-    head, left = prefills[0], tokens - MIN_CHUNK
-    whole: set[int] = set()
-    for prefill in sorted(prefills[1:], key=lambda p: p.remaining_tokens):
-        if prefill.remaining_tokens > left:
-            break
-        whole.add(id(prefill))
-        left -= prefill.remaining_tokens
-    left += MIN_CHUNK
-    first: tuple[ChunkedPrefill, int | None] = (head, None if head.remaining_tokens <= left else left)
-    return [first] + [(p, None) for p in prefills[1:] if id(p) in whole]
+def riders(prefills: list["ChunkedPrefill"], tokens: int, whole: int) -> list[tuple["ChunkedPrefill", int | None]]:
+    """The chunks of one ride: the oldest group gets about `tokens` tokens (None: its whole rest
+    fits), and every group queued behind it whose whole rest is at most `whole` tokens (a join that
+    would have been one piece had no long prompt been queued) rides whole beside it, so short
+    prompts queued behind a long one start decoding instead of waiting for all of its chunks."""
+    head = prefills[0]
+    first: tuple[ChunkedPrefill, int | None] = (head, None if head.remaining_tokens <= tokens else tokens)
+    return [first] + [(p, None) for p in prefills[1:] if p.remaining_tokens <= whole]
 
 
 def needs_chunks(seqs: list[Sequence], budget: int, decoding_rows: int) -> bool:

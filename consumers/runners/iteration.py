@@ -279,7 +279,8 @@ class IterationScheduler:
             tokens = self._pacer.tokens(decoding, self._last_step_ms) if decoding else None
             stepped = bool(decoding) and self.fused_chunks and supported(self._running.model)
             if stepped:
-                riding = riders(list(self._prefills), tokens or MIN_CHUNK)
+                one_piece = max(self.step_token_budget - decoding, MIN_CHUNK)
+                riding = riders(list(self._prefills), tokens or MIN_CHUNK, one_piece)
                 done, fed = ride(self._running, riding)
                 finished += done
                 self._pacer.observe_ride(fed, (time.perf_counter() - started) * 1000.0, self._last_step_ms)  # type: ignore[union-attr]

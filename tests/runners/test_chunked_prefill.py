@@ -169,10 +169,9 @@ def test_chunks_are_paced_to_half_a_step_within_the_budget_and_long_prompts_go_a
 def test_short_groups_behind_a_long_one_ride_whole_and_the_long_one_gets_the_rest(runner: TransformersRunner) -> None:
     running = runner._running_set()
     long, a, b, c = (ChunkedPrefill(running, [Sequence([5] * n, 4)]) for n in (500, 30, 10, 80))
-    assert [(p, t) for p, t in riders([long, a, b, c], 64)] == [(long, 24), (a, None), (b, None)]
-    assert riders([long, c], 64) == [(long, 64)]  # nothing else fits: the oldest gets it all
-    assert riders([long, a, b], 40) == [(long, 30), (b, None)]  # a does not fit beside MIN_CHUNK for the oldest
-    assert riders([b, a], 64) == [(b, None), (a, None)]
+    assert riders([long, a, b, c], 16, 64) == [(long, 16), (a, None), (b, None)]  # c would have been chunked
+    assert riders([long, c], 16, 64) == [(long, 16)]
+    assert riders([b, a], 16, 64) == [(b, None), (a, None)]  # the oldest's whole rest fits
 
 
 def test_ridden_chunks_add_a_share_of_a_plain_step_from_the_measured_cost_per_token() -> None:
