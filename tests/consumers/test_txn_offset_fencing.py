@@ -4,21 +4,29 @@ Against the real broker: a consumer joins a group, and a transactional producer 
 TxnOffsetCommit v3 (`fence_txn_offsets`) commits an answer and an offset in one transaction as
 that member with a stale generation, as a member the group does not know, and as the member it
 is. The first two are refused and land nothing; the last lands. aiokafka's own v0 carries no
-member and would commit all three.
+member and would commit all three. Then the whole path: a consumer expelled while its own guard
+still counts it fresh has its publisher's transaction refused, aborted and given up.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.client import ConnectionGroup, CoordinationType
 
+from consumers.delivery import Delivery
+from consumers.fencing import MembershipGuard
+from consumers.publish import Publisher
+from consumers.stats import ConsumerStats
 from pipeline.core.config import KafkaSettings
 from pipeline.core.kafka.client import client_options, create_topics, durable_producer
 from pipeline.core.kafka.offset_fetch import NO_OFFSET, UNSTABLE_OFFSET_COMMIT, fetch_committed
+from pipeline.core.kafka.outbox import Message, Outbox
+from pipeline.core.kafka.topic_limits import TopicLimits
 from pipeline.core.kafka.txn_offset_commit import (
     ILLEGAL_GENERATION,
     UNKNOWN_MEMBER_ID,
@@ -27,6 +35,7 @@ from pipeline.core.kafka.txn_offset_commit import (
     TxnOffsetsRefused,
     fence_txn_offsets,
 )
+from tests.support.clock import FakeClock
 from tests.support.kafka import produce_json
 
 
@@ -115,5 +124,81 @@ def test_offsets_of_a_stale_or_unknown_member_are_refused_and_the_current_member
         finally:
             await producer.stop()
             await consumer.stop()
+
+    asyncio.run(scenario())
+
+
+def test_an_expelled_consumer_that_believes_it_is_fresh_has_its_transaction_refused_and_aborted(
+    kafka_settings: KafkaSettings,
+) -> None:
+    """The zombie of a frozen coordinator: a member whose heartbeats stopped is expelled and the group
+    moves on without it, while its own guard (the test's clock stands still) still counts it fresh.
+    Its publisher's transaction goes as TxnOffsetCommit v3 (as `consumers.clients` wires it): the
+    coordinator refuses the offsets, the transaction is aborted, counted, and the batch given up."""
+    prefix = kafka_settings.topic_prefix
+    source, answers, group = f"{prefix}.expelled.in", f"{prefix}.expelled.out", f"{prefix}.expelled.group"
+    tp = TopicPartition(source, 0)
+
+    async def scenario() -> None:
+        await create_topics(kafka_settings, {source: 1, answers: 1})
+        await produce_json(kafka_settings, source, [{"n": 0}, {"n": 1}])
+        clock, stats = FakeClock(), ConsumerStats()
+        options = client_options(kafka_settings)
+        producer = AIOKafkaProducer(**options, transactional_id=f"expelled-{uuid.uuid4()}", **durable_producer())
+        await producer.start()
+        zombie = AIOKafkaConsumer(
+            **options, group_id=group, enable_auto_commit=False, auto_offset_reset="earliest",
+            isolation_level="read_committed", session_timeout_ms=6000, heartbeat_interval_ms=200,
+        )
+        successor = AIOKafkaConsumer(**options, group_id=group, enable_auto_commit=False, auto_offset_reset="earliest")
+        limits = TopicLimits(kafka_settings)
+        outbox = Outbox(producer, set(), limits)
+        outbox.start()
+        await zombie.start()
+        guard = MembershipGuard(clock)
+        guard.attach(zombie)
+        fence_txn_offsets(producer, guard.member)
+        publisher = Publisher(
+            transactional=True, group_id=group, producer=producer, consumer=zombie, outbox=outbox,
+            delivery=Delivery(producer, outbox, limits, {answers}, answers, clock), stats=stats, guard=guard,
+        )
+        try:
+            zombie.subscribe([source])
+            records = []
+            for _ in range(60):
+                records += [r for batch in (await zombie.getmany(timeout_ms=500)).values() for r in batch]
+                if len(records) >= 2:
+                    break
+            assert len(records) == 2
+            publisher.joined()
+            for record in records:
+                publisher.tracker.received(tp, record.offset)
+            generation = guard.generation
+            assert await publisher.publish([Message(answers, b"0", json.dumps(0).encode())], [(tp, 0)])
+            assert await _answers(kafka_settings, answers) == ["0"]
+
+            # its heartbeats stop (a frozen coordinator); a successor joins and, once the session has
+            # expired, the group forms the next generation without it
+            await zombie._coordinator._stop_heartbeat_task()
+            await successor.start()
+            successor.subscribe([source])
+            for _ in range(120):
+                await successor.getmany(timeout_ms=250)
+                if successor.assignment():
+                    break
+            assert successor.assignment() == {tp}
+            assert guard.generation == generation and guard.stale(generation) is None, "it believes it is fresh"
+
+            published = await asyncio.wait_for(
+                publisher.publish([Message(answers, b"1", json.dumps(1).encode())], [(tp, 1)]), 30
+            )
+            assert published is False and stats.txn_offsets_refused == 1
+            assert await _answers(kafka_settings, answers) == ["0"], "the zombie's answer was aborted"
+            assert await successor.committed(tp) == 1, "its offset did not land"
+        finally:
+            await outbox.stop()
+            await producer.stop()
+            await successor.stop()
+            await zombie.stop()
 
     asyncio.run(scenario())
