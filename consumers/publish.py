@@ -151,7 +151,7 @@ class Publisher:
 
     async def _transaction(self, messages: Sequence[Message], done: Sequence[Place], generation: int) -> bool:
         """One transaction for `messages` and the offsets `done` frees, published under `generation`;
-        False when self-fenced for good."""
+        False when self-fenced for good or its offsets were refused (given up either way)."""
         while True:
             try:
                 await self._attempts(messages, done, generation)
