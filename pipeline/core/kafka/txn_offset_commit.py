@@ -148,7 +148,7 @@ def partition_errors(response: Any) -> dict[tuple[str, int], int]:
     return {(topic, partition): error for topic, partitions, _ in response.topics for partition, error, _ in partitions}
 
 
-class FencedTxnOffsetCommitHandler(TxnOffsetCommitHandler):  # type: ignore[misc]
+class FencedTxnOffsetCommitHandler(TxnOffsetCommitHandler):
     """aiokafka's handler, sending v3 as `member` and refusing the whole commit on a fencing error."""
 
     def __init__(self, sender: Any, offsets: Any, group_id: str, member: GroupMember) -> None:
