@@ -31,6 +31,7 @@ from pipeline.core.config import KafkaSettings
 from pipeline.core.kafka.client import client_options, durable_producer, stop_client
 from pipeline.core.kafka.outbox import BATCH_BYTES, Outbox
 from pipeline.core.kafka.topic_limits import TopicLimits
+from pipeline.core.kafka.txn_offset_commit import fence_txn_offsets
 
 
 @dataclass
@@ -92,6 +93,8 @@ async def open_clients(
     await consumer.start()
     guard = MembershipGuard(clock)
     guard.attach(consumer)
+    if kafka.transactional:
+        fence_txn_offsets(producer, guard.member)
     publisher = Publisher(
         transactional=kafka.transactional,
         group_id=group_id,

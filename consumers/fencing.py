@@ -4,8 +4,12 @@ aiokafka (0.14) sends `send_offsets_to_transaction` as TxnOffsetCommit v0,
 which carries no generation or member id, so the broker cannot refuse the
 offsets of a member it has already expelled (KIP-447 added those fields in
 v3, apache/kafka#7897; kafka-python added them in dpkp/kafka-python#2984,
-aiokafka has not). When a
-group coordinator freezes for longer than the session timeout, the group
+aiokafka has not). The consumer's producer now sends v3 with `member`
+(`pipeline.core.kafka.txn_offset_commit`), so the coordinator refuses such
+offsets; this guard stays the first line: it also aborts before anything
+is asked, and catches a generation that moved while the offsets were sent.
+
+When a group coordinator freezes for longer than the session timeout, the group
 can expel a member that does not know it yet; that member's next
 transaction would still commit its answers and their offsets while the
 partition's new owner answers the same records again.
@@ -28,6 +32,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer
 
 from consumers.clock import Clock
+from pipeline.core.kafka.txn_offset_commit import GroupMember
 
 FRESH_FRACTION = 0.5
 """A heartbeat older than this share of the session timeout makes the membership stale."""
@@ -82,6 +87,13 @@ class MembershipGuard:
     @property
     def generation(self) -> int:
         return NO_GENERATION if self._coordinator is None else int(self._coordinator.generation)
+
+    def member(self) -> GroupMember:
+        """Who this consumer is in its group now, for the broker to check a transaction's offsets against."""
+        coordinator = self._coordinator
+        if coordinator is None:
+            return GroupMember(NO_GENERATION, "")
+        return GroupMember(int(coordinator.generation), str(coordinator.member_id), coordinator._group_instance_id)
 
     def joined(self) -> None:
         """The group just assigned partitions: the join confirms membership like a heartbeat."""

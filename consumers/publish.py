@@ -19,11 +19,18 @@ finish while a transaction is in flight wait for it together and go out in
 the next one (group commit): one transaction carries every answer ready by then.
 
 Before a transaction that carries offsets commits, the consumer checks that
-its group membership is fresh (`consumers.fencing`: the broker cannot fence
-an expelled member's offsets for aiokafka). If it is not, the transaction is
+its group membership is fresh (`consumers.fencing`). If it is not, the transaction is
 aborted (`transactions_self_fenced`); while the generation holds, it runs
 again once a heartbeat is accepted; once the generation moved, its records
 are left unanswered for whoever owns their partitions now.
+
+The check cannot see what the coordinator did while it could not answer,
+so the broker checks too: the transaction's offsets go as TxnOffsetCommit
+v3 with this member's generation and member id
+(`pipeline.core.kafka.txn_offset_commit`). If the coordinator no longer
+counts this member in that generation it refuses them; the transaction is
+aborted (`txn_offsets_refused`) and its records are left for the
+partitions' new owners.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ from consumers.fencing import LEFT_FOR_OWNERS, NO_GENERATION, SELF_FENCED, Membe
 from consumers.membership import commit_points
 from pipeline.core.kafka.offsets import CommitPoint, OffsetTracker
 from pipeline.core.kafka.outbox import Failure, Message, Outbox
+from pipeline.core.kafka.txn_offset_commit import TxnOffsetsRefused
 from consumers.stats import ConsumerStats
 
 log = logging.getLogger("batchtide.consumer")
@@ -65,6 +73,8 @@ class _SelfFenced(Exception):
     """Aborts a transaction whose offsets this consumer may no longer own."""
 
 
+TXN_OFFSETS_REFUSED = "txn offsets refused:"
+"""Starts the log line of a transaction whose offsets the group coordinator refused (the chaos rows count them)."""
 SELF_FENCED_RETRY_S = 0.5
 """How often a self-fenced transaction looks again at the membership."""
 
@@ -141,11 +151,14 @@ class Publisher:
 
     async def _transaction(self, messages: Sequence[Message], done: Sequence[Place], generation: int) -> bool:
         """One transaction for `messages` and the offsets `done` frees, published under `generation`;
-        False when self-fenced for good."""
+        False when self-fenced for good or its offsets were refused (given up either way)."""
         while True:
             try:
                 await self._attempts(messages, done, generation)
                 return True
+            except TxnOffsetsRefused as refused:
+                self._refused(refused)
+                return False
             except _SelfFenced as fenced:
                 self._stats.transactions_self_fenced += 1
                 if generation == NO_GENERATION or self._guard.generation != generation:
@@ -180,6 +193,10 @@ class Publisher:
             return []
 
         await self._delivery.until_accepted(messages, attempt, all_or_nothing=True)
+
+    def _refused(self, refused: TxnOffsetsRefused) -> None:
+        self._stats.txn_offsets_refused += 1
+        log.warning("%s transaction aborted, records left for the partitions' owners: %s", TXN_OFFSETS_REFUSED, refused)
 
     def joined(self) -> None:
         """The group assigned partitions: membership is confirmed as of now."""
@@ -227,6 +244,10 @@ class Publisher:
                     "%s commit of %s skipped, the next owner re-reads from the last commit: %s", SELF_FENCED, _plain(points), why
                 )
                 return
-            async with producer.transaction():
-                await producer.send_offsets_to_transaction(self._with_metadata(points), self._group_id)
+            try:
+                async with producer.transaction():
+                    await producer.send_offsets_to_transaction(self._with_metadata(points), self._group_id)
+            except TxnOffsetsRefused as refused:
+                self._refused(refused)
+                return
             self.tracker.committed(points)

@@ -33,6 +33,9 @@ class ConsumerStats:
     transactions_self_fenced: int = 0
     """Transactions aborted, and commits skipped, because the group membership was not fresh
     (consumers/fencing.py)."""
+    txn_offsets_refused: int = 0
+    """Transactions aborted because the group coordinator refused their offsets: this member was not
+    (or no longer) current in its generation (TxnOffsetCommit v3, pipeline/core/kafka/txn_offset_commit.py)."""
     answered_inherited: int = 0
     """Records past a commit point that a partition's previous owner had answered (its commit's
     metadata; consumers/stable_start.py)."""

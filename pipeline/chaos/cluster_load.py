@@ -18,6 +18,7 @@ from typing import Any
 
 from consumers.fencing import LEFT_FOR_OWNERS, SELF_FENCED
 from consumers.fetch_watchdog import REFRESHED, UNBLOCKED
+from consumers.publish import TXN_OFFSETS_REFUSED
 from pipeline.chaos.cluster_look import cluster_of, replication_settled
 from pipeline.chaos.deployment import Deployment, Device, Stage
 from pipeline.chaos.ledger import EventTally, FaultReport
@@ -147,12 +148,14 @@ def answer_gap(d: Deployment, start: float, end: float) -> float:
 
 def fetch_watchdog_counts(d: Deployment) -> dict[str, int]:
     """How often the consumers' fetch watchdogs found a stalled partition and had to reconnect
-    (`consumers/fetch_watchdog.py`), and how often a consumer self-fenced a transaction
-    (`consumers/fencing.py`), counted in their logs."""
+    (`consumers/fetch_watchdog.py`), how often a consumer self-fenced a transaction
+    (`consumers/fencing.py`) and how often the group coordinator refused one's offsets
+    (`consumers/publish.py`), counted in their logs."""
     logs = [proc.log_text() for proc in d.consumers.values()]
     return {
         "fetch_stalls_seen": sum(text.count(REFRESHED) for text in logs),
         "fetch_stalls_unblocked": sum(text.count(UNBLOCKED) for text in logs),
         "transactions_self_fenced": sum(text.count(SELF_FENCED) for text in logs),
         "self_fenced_records_left": sum(text.count(LEFT_FOR_OWNERS) for text in logs),
+        "txn_offsets_refused": sum(text.count(TXN_OFFSETS_REFUSED) for text in logs),
     }

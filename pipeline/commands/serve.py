@@ -72,6 +72,7 @@ def consume(
             f"error={s.answered['error']} rejected={s.answered['rejected']} dlq={s.dead_letters} "
             f"batches={s.batches} forwarded={s.forwarded} queue={s.queue} backlog={s.backlog} pauses={s.pauses} "
             f"stalls_unblocked={s.fetch_stalls_unblocked} self_fenced={s.transactions_self_fenced} "
+            f"txn_refused={s.txn_offsets_refused} "
             f"inherited={s.answered_inherited} unstable_waits={s.unstable_offsets_waited}"
         )
 
