@@ -176,5 +176,16 @@ async def committed_offsets(kafka: KafkaSettings, topic: str, partitions: int, g
     return {p: committed.get((topic, p), 0) for p in range(partitions)}
 
 
+async def poll_records(consumer: Any, count: int, *, polls: int = 60) -> list[Any]:
+    """The first `count` records a started, subscribed aiokafka consumer fetches (or what came in
+    `polls` half-second polls: the caller asserts the count)."""
+    records: list[Any] = []
+    for _ in range(polls):
+        records += [r for batch in (await consumer.getmany(timeout_ms=500)).values() for r in batch]
+        if len(records) >= count:
+            break
+    return records
+
+
 def topics(kafka: KafkaSettings) -> Topics:
     return Topics(kafka.topic_prefix)

@@ -22,6 +22,7 @@ from pipeline.core.kafka.outbox import Message, Outbox
 from pipeline.core.kafka.topic_limits import TopicLimits
 from tests.support.clock import FakeClock
 from tests.support.kafka import produce_json
+from tests.consumers.harness import poll_records
 
 
 def test_the_rule_refuses_a_stale_heartbeat_a_moved_generation_and_no_membership() -> None:
@@ -84,11 +85,7 @@ def test_a_stale_member_waits_for_a_heartbeat_and_an_expelled_one_leaves_its_rec
         tp = TopicPartition(source, 0)
         try:
             consumer.subscribe([source])
-            records = []
-            for _ in range(60):
-                records += [r for batch in (await consumer.getmany(timeout_ms=500)).values() for r in batch]
-                if len(records) >= 2:
-                    break
+            records = await poll_records(consumer, 2)
             assert len(records) == 2
             publisher.joined()
             for record in records:

@@ -29,7 +29,7 @@ from pipeline.core.kafka.offsets import METADATA_TAG, CommitPoint, OffsetTracker
 from pipeline.core.kafka.outbox import Message, Outbox
 from pipeline.core.kafka.topic_limits import TopicLimits
 from tests.consumers.harness import collect, cost_model, create_topics as create_model_topics, make_consumer, request
-from tests.consumers.harness import running, send, topics
+from tests.consumers.harness import poll_records, running, send, topics
 from tests.support.clock import FakeClock
 from tests.support.kafka import produce_json
 
@@ -242,11 +242,7 @@ def test_a_new_owner_skips_what_the_last_owner_answered_past_its_commit(
         )
         try:
             consumer.subscribe([source])
-            records = []
-            for _ in range(60):
-                records += [r for batch in (await consumer.getmany(timeout_ms=500)).values() for r in batch]
-                if len(records) >= 20:
-                    break
+            records = await poll_records(consumer, 20)
             assert len(records) == 20
             publisher.joined()
             for record in records:

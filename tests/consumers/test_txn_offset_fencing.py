@@ -37,6 +37,7 @@ from pipeline.core.kafka.txn_offset_commit import (
 )
 from tests.support.clock import FakeClock
 from tests.support.kafka import produce_json
+from tests.consumers.harness import poll_records
 
 
 async def _answers(kafka: KafkaSettings, topic: str) -> list[str]:
@@ -164,11 +165,7 @@ def test_an_expelled_consumer_that_believes_it_is_fresh_has_its_transaction_refu
         )
         try:
             zombie.subscribe([source])
-            records = []
-            for _ in range(60):
-                records += [r for batch in (await zombie.getmany(timeout_ms=500)).values() for r in batch]
-                if len(records) >= 2:
-                    break
+            records = await poll_records(zombie, 2)
             assert len(records) == 2
             publisher.joined()
             for record in records:
