@@ -152,23 +152,6 @@ def riders(prefills: list["ChunkedPrefill"], tokens: int) -> list[tuple["Chunked
     return [(prefills[0], head)] + [(prefills[k], None) for k in whole]
 
 
-def needs_chunks(seqs: list[Sequence], budget: int, decoding_rows: int) -> bool:
-    """Whether prefilling `seqs` in one piece would spend more than one step's budget."""
-    if budget <= 0 or decoding_rows == 0:
-        return False
-    return len(seqs) * max(len(s.prompt) for s in seqs) > max(budget - decoding_rows, MIN_CHUNK)
-
-
-def split_long(seqs: list[Sequence], budget: int) -> list[list[Sequence]]:
-    """Prefill groups for joiners admitted together: a prompt longer than the budget is prefilled
-    alone (in one group, every short prompt would be left-padded to its width and prefilled as
-    padding), the short ones together."""
-    if budget <= 0:
-        return [seqs]
-    short = [s for s in seqs if len(s.prompt) <= budget]
-    return ([short] if short else []) + [[s] for s in seqs if len(s.prompt) > budget]
-
-
 class ChunkedPrefill:
     """The prefill of one group of joiners, advanced a chunk of columns at a time."""
 

@@ -64,7 +64,7 @@ from pipeline.core.engine.joins import JOIN_GROUP, JOIN_WAIT_STEPS, Joiner, Join
 from pipeline.core.engine.shedding import CANNOT_MEET_DEADLINE
 
 from .base import Output, describe_error
-from .chunked_prefill import MIN_CHUNK, ChunkedPrefill, ChunkPacer, RidePacer, needs_chunks, riders, split_long
+from .chunked_prefill import MIN_CHUNK, ChunkedPrefill, ChunkPacer, RidePacer, riders
 from .decoding import RunningSet, Sequence, drop_expired
 from .fused_step import ride, supported
 

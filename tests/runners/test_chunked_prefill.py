@@ -18,9 +18,7 @@ from consumers.runners.chunked_prefill import (
     ChunkedPrefill,
     ChunkPacer,
     RidePacer,
-    needs_chunks,
     riders,
-    split_long,
 )
 from consumers.runners.decoding import Sequence, decode_all
 from consumers.runners.fused_step import ride
@@ -144,7 +142,7 @@ def test_a_long_prompt_joins_in_chunks_between_the_running_rows_steps(runner: Tr
     assert got["long"].generated == _alone(runner, long_prompt, 8)
 
 
-def test_chunks_are_paced_to_half_a_step_within_the_budget_and_long_prompts_go_alone() -> None:
+def test_separate_chunks_are_paced_to_half_a_step_within_the_budget() -> None:
     pacer = ChunkPacer(128)
     assert pacer.tokens(10, 100.0) == 32  # nothing measured yet: a quarter of the budget
     pacer.observe(100, 200.0)  # one size only: 2 ms a token, no fixed part known
@@ -158,12 +156,6 @@ def test_chunks_are_paced_to_half_a_step_within_the_budget_and_long_prompts_go_a
     assert (fixed, per_token) == (pytest.approx(30.0), pytest.approx(2.0))
     assert pacer.tokens(10, 200.0) == int((CHUNK_STEP_SHARE * 200.0 - 30.0) / 2.0)  # 35 tokens: 100 ms with the fixed part
     assert pacer.tokens(10, 80.0) == 15  # the fixed part is over half the share: as many tokens as it costs, not fewer
-    short, other, long = Sequence([1] * 10, 4), Sequence([1] * 3, 4), Sequence([1] * 100, 4)
-    assert split_long([short, long, other], 64) == [[short, other], [long]]
-    assert split_long([short, long], 0) == [[short, long]]
-    assert not needs_chunks([long], 64, 0)  # nobody decoding: nothing to stall
-    assert needs_chunks([long], 64, 1) and not needs_chunks([long], 0, 5)
-    assert needs_chunks([short] * 7, 64, 1) and not needs_chunks([short] * 6, 64, 1)
 
 
 def test_short_groups_behind_a_long_one_ride_whole_and_the_long_one_gets_the_rest(runner: TransformersRunner) -> None:
