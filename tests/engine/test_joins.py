@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from pipeline.core.engine.joins import (
     LEARN_AFTER, MAX_PADDING, MIN_CHUNK, Joiner, JoinRule, JoinSettings, LoopView, length_groups, ride_plan, ride_tokens,
 )
