@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pipeline.devtools.broker_config import kafka_uuid
-from pipeline.devtools.broker_process import free_port, port_is_free
+from pipeline.devtools.broker_process import free_port, metadata_probe, port_is_free, run_sync
 from pipeline.devtools.kafka_jars import KafkaSetupError
 from pipeline.devtools.localkafka import CLUSTER_FILE, LocalKafka
 
@@ -155,9 +155,29 @@ class LocalCluster:
                 node.launch(detached=detached)
             for node in waiting:
                 node.wait_ready(max(timeout_s - (time.monotonic() - started), 1.0), started=started)
+            if waiting:
+                self._wait_all_listed(started + timeout_s)
         except BaseException:
             self.kill()
             raise
+
+    def _wait_all_listed(self, deadline: float) -> None:
+        """Until every node's metadata lists every node: each one learns of the others' registration
+        in its own time, and a client that counts live brokers right after `start` (topic creation
+        with "auto" replication) must see all of them."""
+        for node in self.nodes:
+            for other in self.nodes:
+                while True:
+                    try:
+                        run_sync(metadata_probe(
+                            node.bootstrap, other.node_id, max(deadline - time.monotonic(), 0.5),
+                            security=node.security_protocol, ca_file=node.ca_file, sasl_users=node.sasl_users,
+                        ))
+                        break
+                    except Exception as e:  # noqa: BLE001 - not listed yet; retried until the deadline
+                        if time.monotonic() >= deadline:
+                            raise KafkaSetupError(f"node {node.node_id} does not list node {other.node_id} ({e!r})") from e
+                        time.sleep(0.1)
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """Clean shutdown of every node at once (one by one, the last ones would lose their quorum)."""
