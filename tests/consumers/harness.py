@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
@@ -185,6 +185,21 @@ async def poll_records(consumer: Any, count: int, *, polls: int = 60) -> list[An
         if len(records) >= count:
             break
     return records
+
+
+async def read_committed(kafka: KafkaSettings, topic: str) -> list[str]:
+    """Every committed record's value on `topic` (read_committed, from the start), after a short drain."""
+    reader = AIOKafkaConsumer(
+        topic, **client_options(kafka), group_id=None, auto_offset_reset="earliest", isolation_level="read_committed"
+    )
+    await reader.start()
+    try:
+        out: list[str] = []
+        for _ in range(6):
+            out += [r.value.decode() for b in (await reader.getmany(timeout_ms=500)).values() for r in b]
+        return out
+    finally:
+        await reader.stop()
 
 
 def topics(kafka: KafkaSettings) -> Topics:

@@ -22,7 +22,7 @@ from pipeline.core.kafka.outbox import Message, Outbox
 from pipeline.core.kafka.topic_limits import TopicLimits
 from tests.support.clock import FakeClock
 from tests.support.kafka import produce_json
-from tests.consumers.harness import poll_records
+from tests.consumers.harness import poll_records, read_committed
 
 
 def test_the_rule_refuses_a_stale_heartbeat_a_moved_generation_and_no_membership() -> None:
@@ -39,22 +39,6 @@ def test_a_guard_without_a_group_is_never_fresh() -> None:
     guard = MembershipGuard(FakeClock())
     guard.joined()
     assert guard.generation == NO_GENERATION and guard.stale(NO_GENERATION) is not None
-
-
-async def _answers(kafka: KafkaSettings, topic: str) -> list[str]:
-    """Every committed record on `topic` (read_committed), after a short drain."""
-    consumer = AIOKafkaConsumer(
-        topic, **client_options(kafka), group_id=None, auto_offset_reset="earliest", isolation_level="read_committed"
-    )
-    await consumer.start()
-    try:
-        out: list[str] = []
-        for _ in range(6):
-            batch = await consumer.getmany(timeout_ms=500)
-            out += [r.value.decode() for records in batch.values() for r in records]
-        return out
-    finally:
-        await consumer.stop()
 
 
 def test_a_stale_member_waits_for_a_heartbeat_and_an_expelled_one_leaves_its_records(kafka_settings: KafkaSettings) -> None:
@@ -97,7 +81,7 @@ def test_a_stale_member_waits_for_a_heartbeat_and_an_expelled_one_leaves_its_rec
             assert guard.stale(guard.generation) is not None
             assert await publisher.publish([Message(answers, b"0", json.dumps(0).encode())], [(tp, 0)])
             assert stats.transactions_self_fenced >= 1
-            assert await _answers(kafka_settings, answers) == ["0"]
+            assert await read_committed(kafka_settings, answers) == ["0"]
             assert (await consumer.committed(tp)) == 1
 
             # stale with no heartbeat getting through (as when the coordinator is frozen): it waits; then
@@ -111,7 +95,7 @@ def test_a_stale_member_waits_for_a_heartbeat_and_an_expelled_one_leaves_its_rec
             consumer.unsubscribe()
             assert await asyncio.wait_for(publish, 30) is False
             assert stats.transactions_self_fenced > fenced
-            assert await _answers(kafka_settings, answers) == ["0"]
+            assert await read_committed(kafka_settings, answers) == ["0"]
         finally:
             await outbox.stop()
             await producer.stop()

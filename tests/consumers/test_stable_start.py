@@ -29,7 +29,7 @@ from pipeline.core.kafka.offsets import METADATA_TAG, CommitPoint, OffsetTracker
 from pipeline.core.kafka.outbox import Message, Outbox
 from pipeline.core.kafka.topic_limits import TopicLimits
 from tests.consumers.harness import collect, cost_model, create_topics as create_model_topics, make_consumer, request
-from tests.consumers.harness import poll_records, running, send, topics
+from tests.consumers.harness import poll_records, read_committed, running, send, topics
 from tests.support.clock import FakeClock
 from tests.support.kafka import produce_json
 
@@ -88,20 +88,6 @@ def test_a_commit_runs_again_when_more_is_answered_past_an_offset_that_does_not_
     assert tracker.point("p", 0).encode() == ("bt1 2-3", 0)
     tracker.committed({"p": tracker.point("p", 0)})
     assert tracker.to_commit() == {}
-
-
-async def _published(kafka: KafkaSettings, topic: str) -> list[str]:
-    reader = AIOKafkaConsumer(
-        topic, **client_options(kafka), group_id=None, auto_offset_reset="earliest", isolation_level="read_committed"
-    )
-    await reader.start()
-    try:
-        out: list[str] = []
-        for _ in range(4):
-            out += [r.value.decode() for b in (await reader.getmany(timeout_ms=300)).values() for r in b]
-        return out
-    finally:
-        await reader.stop()
 
 
 def test_require_stable_waits_for_an_open_transaction_carrying_offsets(kafka_settings: KafkaSettings) -> None:

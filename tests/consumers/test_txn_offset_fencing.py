@@ -37,22 +37,7 @@ from pipeline.core.kafka.txn_offset_commit import (
 )
 from tests.support.clock import FakeClock
 from tests.support.kafka import produce_json
-from tests.consumers.harness import poll_records
-
-
-async def _answers(kafka: KafkaSettings, topic: str) -> list[str]:
-    """What a read_committed reader sees on `topic`."""
-    reader = AIOKafkaConsumer(
-        topic, **client_options(kafka), group_id=None, auto_offset_reset="earliest", isolation_level="read_committed"
-    )
-    await reader.start()
-    try:
-        out: list[str] = []
-        for _ in range(4):
-            out += [r.value.decode() for b in (await reader.getmany(timeout_ms=300)).values() for r in b]
-        return out
-    finally:
-        await reader.stop()
+from tests.consumers.harness import poll_records, read_committed
 
 
 def test_offsets_of_a_stale_or_unknown_member_are_refused_and_the_current_members_land(
@@ -101,7 +86,7 @@ def test_offsets_of_a_stale_or_unknown_member_are_refused_and_the_current_member
                     await commit(3, f"zombie {code}")
                 assert refused.value.error_code == code
 
-            assert await _answers(kafka_settings, answers) == [], "the refused transactions were aborted"
+            assert await read_committed(kafka_settings, answers) == [], "the refused transactions were aborted"
             _, committed = await fetch_committed(consumer._client, node, group, [tp])
             assert (committed[tp].offset, committed[tp].error) == (1, 0), "no offset landed, none left pending"
 
@@ -113,14 +98,14 @@ def test_offsets_of_a_stale_or_unknown_member_are_refused_and_the_current_member
                     break
                 await asyncio.sleep(0.1)
             assert (committed[tp].offset, committed[tp].error) == (4, 0)
-            assert await _answers(kafka_settings, answers) == ["owner"]
+            assert await read_committed(kafka_settings, answers) == ["owner"]
 
             acting_as[0] = GroupMember(-1, "")
             with pytest.raises(TxnOffsetsRefused):
                 await commit(5, "not a member")  # v3 without a member would be accepted like v0
             _, committed = await fetch_committed(consumer._client, node, group, [tp])
             assert committed[tp].offset == 4 and committed[tp].offset != NO_OFFSET
-            assert await _answers(kafka_settings, answers) == ["owner"]
+            assert await read_committed(kafka_settings, answers) == ["owner"]
             assert producer._sender._coordinators.get(CoordinationType.GROUP) == node
         finally:
             await producer.stop()
@@ -172,7 +157,7 @@ def test_an_expelled_consumer_that_believes_it_is_fresh_has_its_transaction_refu
                 publisher.tracker.received(tp, record.offset)
             generation = guard.generation
             assert await publisher.publish([Message(answers, b"0", json.dumps(0).encode())], [(tp, 0)])
-            assert await _answers(kafka_settings, answers) == ["0"]
+            assert await read_committed(kafka_settings, answers) == ["0"]
 
             # its heartbeats stop (a frozen coordinator); a successor joins and, once the session has
             # expired, the group forms the next generation without it
@@ -190,7 +175,7 @@ def test_an_expelled_consumer_that_believes_it_is_fresh_has_its_transaction_refu
                 publisher.publish([Message(answers, b"1", json.dumps(1).encode())], [(tp, 1)]), 30
             )
             assert published is False and stats.txn_offsets_refused == 1
-            assert await _answers(kafka_settings, answers) == ["0"], "the zombie's answer was aborted"
+            assert await read_committed(kafka_settings, answers) == ["0"], "the zombie's answer was aborted"
             assert await successor.committed(tp) == 1, "its offset did not land"
         finally:
             await outbox.stop()
