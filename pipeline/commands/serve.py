@@ -331,6 +331,7 @@ def bench_fleet_live(
     seed: int = typer.Option(1, "--seed"),
     bootstrap: Optional[str] = typer.Option(None, "--bootstrap", help="Use this broker instead of starting a local one."),
     partitions: int = typer.Option(4, "--partitions", help="Partitions of the request topic."),
+    repeats: int = typer.Option(1, "--repeats", help="Run each case's off/on pair this many times (alternating, a new seed each) and report the median trial."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write every row, with its whole trial, as JSON here."),
 ) -> None:
     """A consumer group with a slow member, on the real pipeline: each case with the group's balance
@@ -351,12 +352,15 @@ def bench_fleet_live(
     if duration_scale <= 0:
         typer.echo(f"error: --duration-scale must be > 0 (got {duration_scale})", err=True)
         raise typer.Exit(2)
+    if repeats < 1:
+        typer.echo(f"error: --repeats must be >= 1 (got {repeats})", err=True)
+        raise typer.Exit(2)
     base = BenchOptions(seed=seed, bootstrap=bootstrap, partitions=partitions)
 
     async def main() -> dict[str, Any]:
         workdir = Path(tempfile.mkdtemp(prefix="batchtide-fleet-"))
         async with bench_broker(bootstrap, workdir, typer.echo) as kafka:
-            return await run_fleet(base, kafka, workdir, typer.echo, names, duration_scale)
+            return await run_fleet(base, kafka, workdir, typer.echo, names, duration_scale, repeats)
 
     figures = asyncio.run(main())
     for line in fleet_table(figures["fleet"]):

@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from consumers.runners.cost_model import Slowdown
-from pipeline.bench.fleet_live import CASES, recovered_after_s
+from pipeline.bench.fleet_live import CASES, median_trial, recovered_after_s
 from pipeline.bench.pipeline import run_bench
 from pipeline.bench.pipeline_events import STAGES
 from pipeline.bench.pipeline_options import BenchOptions
@@ -77,3 +77,11 @@ def test_the_slowdown_hook_and_the_recovery_measure(tmp_path: Path) -> None:
     assert recovered_after_s(trial, case, 80.0, 1.0) == 4 * WINDOW_S, "one good window between spikes is not recovery"
     assert recovered_after_s(replace(trial, p99_by_window_ms=[80.0] * len(windows)), case, 80.0, 1.0) == 0.0
     assert recovered_after_s(replace(trial, p99_by_window_ms=[400.0] * len(windows)), case, 80.0, 1.0) == math.inf
+
+
+def test_repeats_report_the_median_trial_by_p99() -> None:
+    trials = [Trial(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, p99_by_window_ms=[]) for _ in range(4)]
+    trials = [replace(t, p99_ms=p) for t, p in zip(trials, (120.0, 80.0, 300.0, 95.0))]
+    assert median_trial(trials[:3]).p99_ms == 120.0
+    assert median_trial(trials).p99_ms == 120.0, "an even count takes the upper median: never the flattering one"
+    assert median_trial(trials[1:2]).p99_ms == 80.0
