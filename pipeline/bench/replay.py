@@ -62,6 +62,8 @@ class Recorded:
     tpot_p99_ms: float = math.nan
     device_scale: float | None = None
     """Generation: how much slower than profiled the device ran in the window (its curves' factor)."""
+    step_overhead_ms: float | None = None
+    """Generation: the fixed ms each decode step paid in the window beyond the scaled curves."""
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,10 @@ CALIBRATION_PASSES = 8
 """Bisection steps spent finding the device's speed during the recording (to within ~0.3%)."""
 MAX_SCALE = 64.0
 """The slowest (and, inverted, fastest) the device may have run against its profile."""
+OVERHEAD_SHARES = tuple(k / 20 for k in range(19))
+"""Fixed costs per decode step tried, as shares of the recorded median time per output token."""
+MISFIT_TIE = 0.005
+"""A larger fixed cost must fit the answers' times per token this much better (mean |log| ratio)."""
 
 
 class GenerationReplayError(ReplayError):
@@ -179,6 +183,45 @@ def device_scale(setup: GenSetup, profile: BatchProfile, arrivals: GenArrivals, 
     return math.sqrt(lo * hi)
 
 
+def tpot_misfit(simulated: np.ndarray, recorded: np.ndarray) -> float:
+    """Mean |log| ratio of simulated to recorded time per output token, answer by answer."""
+    both = np.isfinite(simulated) & np.isfinite(recorded) & (simulated > 0) & (recorded > 0)
+    return float(np.mean(np.abs(np.log(simulated[both] / recorded[both])))) if both.any() else math.inf
+
+
+@dataclass(frozen=True)
+class Calibration:
+    scale: float
+    """Factor on the profile's prefill and decode-step curves."""
+    step_overhead_ms: float
+    """Fixed ms every decode step paid beyond its scaled curve."""
+    misfit: float
+    """Mean |log| ratio of simulated to recorded time per output token over the answers."""
+
+
+def calibrate_device(setup: GenSetup, profile: BatchProfile, arrivals: GenArrivals, cost: GenerationCost,
+                     tokens_out: np.ndarray, recorded: np.ndarray) -> Calibration:
+    """The device during the recording: a factor on the profile's curves and a fixed cost per decode
+    step, the pair whose simulated time per output token is closest to the recorded one answer by
+    answer. Each fixed cost tried (a share of the recorded median time per token, OVERHEAD_SHARES)
+    gets the factor that matches the median (device_scale); the answers tell them apart: an answer
+    that shared few rows decoded about as slowly as one that shared many when the fixed cost
+    dominates, while scaled curves alone make the first much faster. Ties keep the smaller cost."""
+    target = float(np.nanmedian(recorded)) if np.isfinite(recorded).any() else math.nan
+    if not math.isfinite(target) or target <= 0:
+        return Calibration(1.0, 0.0, math.nan)
+    best: Calibration | None = None
+    for share in OVERHEAD_SHARES:
+        trial = cost.with_step_overhead(share * target)
+        scale = device_scale(setup, profile, arrivals, trial, tokens_out, recorded)
+        sim = simulated_tpot(simulate_profile(setup, profile, arrivals, trial.scaled(scale), tokens_out))
+        found = Calibration(scale, share * target, tpot_misfit(sim, recorded))
+        if best is None or found.misfit < best.misfit - MISFIT_TIE:
+            best = found
+    assert best is not None
+    return best
+
+
 @dataclass(frozen=True)
 class GenPrediction:
     p50_ms: float
@@ -226,8 +269,9 @@ def replay_generation(traffic: RecordedTraffic, ran: BatchProfile, setup: GenSet
     arrivals, order = generation_arrivals(traffic, setup.model, ran.default_deadline_ms)
     tokens_out = np.maximum(traffic.tokens_out, 0)[order]
     base = GenerationCost.from_curves(setup.device.generation)
-    scale = device_scale(setup, ran, arrivals, base, tokens_out, recorded_tpot(traffic)[order]) if calibrate else 1.0
-    cost = base.scaled(scale)
+    fit = (calibrate_device(setup, ran, arrivals, base, tokens_out, recorded_tpot(traffic)[order]) if calibrate
+           else Calibration(1.0, 0.0, math.nan))
+    cost = base.with_step_overhead(fit.step_overhead_ms).scaled(fit.scale)
     hops = hops_ms(traffic)
     figures = recorded_figures(traffic)
     tpot = recorded_tpot(traffic)
@@ -235,7 +279,7 @@ def replay_generation(traffic: RecordedTraffic, ran: BatchProfile, setup: GenSet
     recorded = replace(figures, overhead_ms=hops,
                        ttft_p99_ms=float(np.nanpercentile(ttft, 99)) if np.isfinite(ttft).any() else math.nan,
                        tpot_p99_ms=float(np.nanpercentile(tpot, 99)) if np.isfinite(tpot).any() else math.nan,
-                       device_scale=scale)
+                       device_scale=fit.scale, step_overhead_ms=fit.step_overhead_ms)
     predictions = []
     for name, profile in generation_candidates(ran):
         g = predict(setup, profile, arrivals, cost, tokens_out, hops)

@@ -17,7 +17,10 @@ measured (pipeline/core/profile_file.py, `GenerationCurves`):
   profile measured at a longer cache (the longest admissible request).
 
 `scale` multiplies both: a device that ran slower than when it was profiled (cores shared
-with other processes) is the same device, slower.
+with other processes) is the same device, slower. `step_overhead_ms` is added to every decode
+step, unscaled: what a live loop pays per step that a profile measured alone does not (the
+decode thread sharing the interpreter with the consumer's event loop, the loop's own
+bookkeeping); the replay measures it from a recording (replay_generation.py).
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ class GenerationCost:
     per_row_token_ms: float = 0.0
     """Attention: ms per row and per cache token past `ref_cache`."""
     scale: float = 1.0
+    step_overhead_ms: float = 0.0
+    """ms every decode step pays whatever its rows (not scaled)."""
 
     def prefill_ms(self, rows: int, width: int) -> float:
         return self.scale * self.prefill.ms(rows * width)
@@ -46,10 +51,13 @@ class GenerationCost:
     def step_ms(self, rows: int, cache: int) -> float:
         base = self.step.ms(rows)
         attention = self.per_row_token_ms * rows * (cache - self.ref_cache)
-        return self.scale * max(0.5 * base, base + attention)
+        return self.scale * max(0.5 * base, base + attention) + self.step_overhead_ms
 
     def scaled(self, factor: float) -> "GenerationCost":
         return replace(self, scale=self.scale * factor)
+
+    def with_step_overhead(self, ms: float) -> "GenerationCost":
+        return replace(self, step_overhead_ms=ms)
 
     @classmethod
     def linear(cls, prefill_a_ms: float, prefill_c_ms: float, step_a_ms: float, step_c_ms: float,

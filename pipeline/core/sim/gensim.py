@@ -244,7 +244,8 @@ def simulate_generation(arrivals: GenArrivals, cost: GenerationCost, policies: S
         merged: list[_Row] = []
         if loop.prefills:
             decoding = len(loop.live)
-            tokens = ride_tokens(chunk_tokens(budget, decoding), ms, ride_token_ms(ms, budget, decoding), settings.tpot_ms)
+            device = ms - cost.step_overhead_ms  # a ride adds to the forward pass, not to the loop's fixed cost
+            tokens = ride_tokens(chunk_tokens(budget, decoding), ms, ride_token_ms(device, budget, decoding), settings.tpot_ms)
             queue: list[ChunkedGroup] = list(loop.prefills)
             head_tokens, behind = ride_plan([p.rest_tokens() for p in queue], tokens)
             fed = queue[0].ride(head_tokens)
@@ -255,7 +256,7 @@ def simulate_generation(arrivals: GenArrivals, cost: GenerationCost, policies: S
             if queue[0].complete:
                 loop.prefills.remove(queue[0])
                 merged += queue[0].rows
-            ms = ride_ms(ms, fed / chunk_tokens(budget, decoding))
+            ms = ride_ms(device, fed / chunk_tokens(budget, decoding)) + cost.step_overhead_ms
         step_rows.append(rows)
         loop.busy = True
         push(now + ms, _STEPPED, lane, (ms, merged))
