@@ -25,6 +25,7 @@ from schemas.messages import LatencyEvent
 
 HOPS_MS = 4.0
 SLOW = 2.0
+OVERHEAD_MS = 600.0
 NEW = 16
 RAN = BatchProfile(cost_unit="tokens", hard_cap=272, target_size=48, max_inflight_batches=24,
                    max_wait_ms=0.0, tail_mark_ratio=0.0, slo_p99_ms=30_000.0)
@@ -49,27 +50,18 @@ RAW = {
 PROFILE = parse_profile(RAW)
 
 
-@pytest.fixture(scope="module")
-def recorded(clickhouse_client, clickhouse_settings: ClickHouseSettings):
-    database = "replay_generation"
-    clickhouse_client.command(f"DROP DATABASE IF EXISTS {database} SYNC")
+def _store(client, settings: ClickHouseSettings, database: str, arr: GenArrivals, cost: GenerationCost):
+    """Simulate `arr` on `cost` and store it through the sink's writer with its token stamps; read it back."""
     from pipeline.core.store.migrations import Layout, migrate
 
-    migrate(clickhouse_client, Layout(database))
-    rng = np.random.default_rng(11)
-    n = 240
-    create = np.cumsum(rng.exponential(1000.0 / 4.0, n))
-    lag = rng.uniform(2.0, 8.0, n)
-    prompt = rng.integers(16, 64, n)
-    out = rng.integers(4, NEW + 1, n)
-    arr = GenArrivals(create, create + lag, prompt, out, np.full(n, NEW), np.zeros(n, dtype=int),
-                      np.zeros(n, dtype=int), np.full(n, np.nan))
+    client.command(f"DROP DATABASE IF EXISTS {database} SYNC")
+    migrate(client, Layout(database))
     setup = GenSetup(MODEL, PROFILE)
-    cost = GenerationCost.from_curves(PROFILE.generation).scaled(SLOW)
     sim = simulate_generation(arr, cost, [setup.engine(RAN)], setup.loop(RAN), RAN.max_inflight_batches)
     start = int(time.time() * 1000) - 600_000
+    create, lag, prompt, out = arr.create_ms, arr.deliver_ms - arr.create_ms, arr.prompt, arr.emits
     events = []
-    for i in range(n):
+    for i in range(len(arr)):
         ms = lambda t: start + int(round(t))  # noqa: E731
         done = float(sim.done_ms[i])
         events.append(LatencyEvent(
@@ -81,12 +73,43 @@ def recorded(clickhouse_client, clickhouse_settings: ClickHouseSettings):
             tokens_in=int(prompt[i]), tokens_out=int(out[i]), device_mem_bytes=0, device_mem_kind="none",
             partition=0, offset=i, first_token_ms=ms(sim.first_ms[i]), last_token_ms=ms(done),
         ))
-    insert_latency_events(clickhouse_client, database, events)
-    client = connect(clickhouse_settings, database=database)
+    insert_latency_events(client, database, events)
+    reader = connect(settings, database=database)
     now = int(time.time() * 1000)
-    traffic = read_traffic(client, database, "g", now - 3_600_000, now)
-    client.close()
+    traffic = read_traffic(reader, database, "g", now - 3_600_000, now)
+    reader.close()
+    return traffic
+
+
+def _arrivals(create: np.ndarray, rng: np.random.Generator) -> GenArrivals:
+    n = len(create)
+    lag = rng.uniform(2.0, 8.0, n)
+    return GenArrivals(create, create + lag, rng.integers(16, 64, n), rng.integers(4, NEW + 1, n), np.full(n, NEW),
+                       np.zeros(n, dtype=int), np.zeros(n, dtype=int), np.full(n, np.nan))
+
+
+@pytest.fixture(scope="module")
+def recorded(clickhouse_client, clickhouse_settings: ClickHouseSettings):
+    database = "replay_generation"
+    rng = np.random.default_rng(11)
+    arr = _arrivals(np.cumsum(rng.exponential(1000.0 / 4.0, 240)), rng)
+    traffic = _store(clickhouse_client, clickhouse_settings, database, arr,
+                     GenerationCost.from_curves(PROFILE.generation).scaled(SLOW))
     yield {"traffic": traffic, "database": database}
+    clickhouse_client.command(f"DROP DATABASE IF EXISTS {database} SYNC")
+
+
+@pytest.fixture(scope="module")
+def overhead(clickhouse_client, clickhouse_settings: ClickHouseSettings):
+    """A saturating burst, then a few late requests, on a device whose steps cost 3x the profile plus
+    OVERHEAD_MS each (a live loop sharing its interpreter): answers alone in the set decode at about
+    the pace of those that shared it with a dozen rows."""
+    database = "replay_generation_overhead"
+    rng = np.random.default_rng(5)
+    create = np.concatenate([np.sort(rng.uniform(0.0, 4000.0, 80)), 4000.0 + np.cumsum(rng.exponential(2500.0, 10))])
+    traffic = _store(clickhouse_client, clickhouse_settings, database, _arrivals(create, rng),
+                     GenerationCost.from_curves(PROFILE.generation).scaled(3.0).with_step_overhead(OVERHEAD_MS))
+    yield traffic
     clickhouse_client.command(f"DROP DATABASE IF EXISTS {database} SYNC")
 
 
@@ -117,6 +140,16 @@ def test_profile_speed_alone_is_off_by_the_slowdown(recorded) -> None:
     assert raw.validation()["p99_ratio"] < 0.75  # the profiled device is twice as fast
 
 
+
+
+def test_replay_measures_a_fixed_cost_per_step_from_the_answers(recorded, overhead) -> None:
+    result = replay_generation(overhead, RAN, GenSetup(MODEL, PROFILE))
+    assert result.recorded.step_overhead_ms == pytest.approx(OVERHEAD_MS, rel=0.15)
+    assert result.recorded.device_scale == pytest.approx(3.0, rel=0.15)
+    check = result.validation()
+    assert abs(check["p99_ratio"] - 1) < 0.05 and abs(check["throughput_ratio"] - 1) < 0.05, check
+    # a device that only ran slower is not given a fixed cost (the recording above: 2x the profile, none)
+    assert replay_generation(recorded["traffic"], RAN, GenSetup(MODEL, PROFILE)).recorded.step_overhead_ms < 0.1 * 50.0 * SLOW
 
 
 def test_cli_replays_a_generating_model_through_the_decode_loop(recorded, clickhouse_settings, tmp_path) -> None:
