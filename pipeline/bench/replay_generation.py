@@ -37,9 +37,11 @@ CALIBRATION_PASSES = 8
 """Bisection steps spent finding the device's speed during the recording (to within ~0.3%)."""
 MAX_SCALE = 64.0
 """The slowest (and, inverted, fastest) the device may have run against its profile."""
-OVERHEAD_SHARES = tuple(k / 20 for k in range(19))
-"""Fixed costs per decode step tried, as shares of the recorded median time per output token."""
-MISFIT_TIE = 0.005
+OVERHEAD_STEP = 0.1
+OVERHEAD_SHARES = tuple(k * OVERHEAD_STEP for k in range(10))
+"""Fixed costs per decode step tried, as shares of the recorded median time per output token (then
+half a step either side of the best)."""
+MISFIT_TIE = 0.001
 """A larger fixed cost must fit the answers' times per token this much better (mean |log| ratio)."""
 
 
@@ -210,15 +212,27 @@ def calibrate_device(setup: GenSetup, profile: BatchProfile, arrivals: GenArriva
     target = float(np.nanmedian(recorded)) if np.isfinite(recorded).any() else math.nan
     if not math.isfinite(target) or target <= 0:
         return Calibration(1.0, 0.0, math.nan)
-    best: Calibration | None = None
-    for share in OVERHEAD_SHARES:
+
+    def fit(share: float) -> Calibration:
         trial = cost.with_step_overhead(share * target)
         scale = device_scale(setup, profile, arrivals, trial, tokens_out, recorded)
         sim = simulated_tpot(simulate_profile(setup, profile, arrivals, trial.scaled(scale), tokens_out))
-        found = Calibration(scale, share * target, tpot_misfit(sim, recorded))
-        if best is None or found.misfit < best.misfit - MISFIT_TIE:
-            best = found
-    assert best is not None
+        return Calibration(scale, share * target, tpot_misfit(sim, recorded))
+
+    def better(found: Calibration, best: Calibration) -> bool:
+        if found.step_overhead_ms > best.step_overhead_ms:
+            return found.misfit < best.misfit - MISFIT_TIE
+        return found.misfit <= best.misfit + MISFIT_TIE
+
+    best = fit(OVERHEAD_SHARES[0])
+    for share in OVERHEAD_SHARES[1:]:
+        found = fit(share)
+        best = found if better(found, best) else best
+    chosen = best.step_overhead_ms / target
+    for share in (chosen - OVERHEAD_STEP / 2, chosen + OVERHEAD_STEP / 2):
+        if 0.0 < share < OVERHEAD_SHARES[-1] + OVERHEAD_STEP / 2:
+            found = fit(share)
+            best = found if better(found, best) else best
     return best
 
 
