@@ -64,6 +64,10 @@ class Recorded:
     """Generation: how much slower than profiled the device ran in the window (its curves' factor)."""
     step_overhead_ms: float | None = None
     """Generation: the fixed ms each decode step paid in the window beyond the scaled curves."""
+    join_pace_rps: float = math.nan
+    """Generation: requests per second the decode loop admitted while joiners waited (NaN: none waited)."""
+    ride_ms_per_token: float | None = None
+    """Generation: ms per ridden prompt token (before the device factor) that replays that pace."""
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from pipeline.core.config import BatchProfile, ModelConfig
+from pipeline.core.engine.joins import RIDE_SHARE
 from pipeline.core.engine import BatchingEngine
 from pipeline.core.profile_file import DeviceProfile, longest_request
 from pipeline.core.sim.gencost import GenerationCost
@@ -41,6 +42,10 @@ OVERHEAD_STEP = 0.1
 OVERHEAD_SHARES = tuple(k * OVERHEAD_STEP for k in range(10))
 """Fixed costs per decode step tried, as shares of the recorded median time per output token (then
 half a step either side of the best)."""
+RIDE_RANGE = 8.0
+"""The ride cost per token is looked for within this factor of the profile's prefill slope."""
+PACE_TOLERANCE = 0.05
+"""A simulated join pace this close to the recorded one keeps the profile's ride cost."""
 MISFIT_TIE = 0.001
 """A larger fixed cost must fit the answers' times per token this much better (mean |log| ratio)."""
 
@@ -128,6 +133,40 @@ def hops_ms(traffic: RecordedTraffic) -> float:
     return max(0.0, float(np.median(traffic.e2e_ms[ok] - (traffic.last_token_ms[ok] - traffic.enqueue_ms[ok]))))
 
 
+def join_pace(first: np.ndarray, last: np.ndarray, joined: np.ndarray) -> float:
+    """Requests per second whose first token came while others waited in the decode loop beside
+    decoding rows: how fast the loop admits a queue (its join rule, the prefills, the pacer riding
+    prompts in the steps), the rate a saturated loop serves at. Over the spans where a request was
+    in the loop (`joined`: dispatched to it) without its first token while rows decoded; NaN when
+    there were none."""
+    decoding = last > first
+    edges = np.unique(np.concatenate([first, last, joined]))
+    if len(edges) < 2:
+        return math.nan
+    mids = (edges[:-1] + edges[1:]) / 2.0
+    live = decoding[None, :] & (first[None, :] <= mids[:, None]) & (last[None, :] > mids[:, None])
+    waiting = ((joined[None, :] <= mids[:, None]) & (first[None, :] > mids[:, None])).any(axis=1)
+    busy = waiting & live.any(axis=1)
+    span_ms = float(np.diff(edges)[busy].sum())
+    if span_ms <= 0:
+        return math.nan
+    closed = np.searchsorted(edges, first, side="left") - 1  # the span each first token ends
+    came = closed >= 0
+    came[came] = busy[closed[came]]
+    return 1000.0 * float(came.sum()) / span_ms
+
+
+def recorded_join_pace(traffic: RecordedTraffic) -> float:
+    ok = (traffic.outcome == "ok") & (traffic.first_token_ms > 0) & (traffic.last_token_ms >= traffic.first_token_ms)
+    return join_pace(traffic.first_token_ms[ok], traffic.last_token_ms[ok], (traffic.enqueue_ms + traffic.wait_ms)[ok])
+
+
+def simulated_join_pace(run: "GenRun") -> float:
+    o = run.outcome
+    ok = ~o.expired & np.isfinite(o.first_ms)
+    return join_pace(o.first_ms[ok], o.done_ms[ok], o.dispatch_ms[ok])
+
+
 @dataclass(frozen=True)
 class GenRun:
     outcome: GenOutcome
@@ -199,40 +238,91 @@ class Calibration:
     """Fixed ms every decode step paid beyond its scaled curve."""
     misfit: float
     """Mean |log| ratio of simulated to recorded time per output token over the answers."""
+    ride_ms_per_token: float | None = None
+    """ms per ridden prompt token (measured, not scaled) that gives the recorded join pace; None: the
+    profile's prefill slope, scaled."""
 
 
 def calibrate_device(setup: GenSetup, profile: BatchProfile, arrivals: GenArrivals, cost: GenerationCost,
-                     tokens_out: np.ndarray, recorded: np.ndarray) -> Calibration:
-    """The device during the recording: a factor on the profile's curves and a fixed cost per decode
-    step, the pair whose simulated time per output token is closest to the recorded one answer by
-    answer. Each fixed cost tried (a share of the recorded median time per token, OVERHEAD_SHARES)
-    gets the factor that matches the median (device_scale); the answers tell them apart: an answer
-    that shared few rows decoded about as slowly as one that shared many when the fixed cost
-    dominates, while scaled curves alone make the first much faster. Ties keep the smaller cost."""
+                     tokens_out: np.ndarray, recorded: np.ndarray, pace: float = math.nan) -> Calibration:
+    """The device during the recording, from what the answers' stamps measured:
+
+    - a factor on the profile's curves and a fixed cost per decode step: the pair whose simulated
+      time per output token is closest to the recorded one answer by answer. Each fixed cost tried
+      (a share of the recorded median time per token, OVERHEAD_SHARES) gets the factor that matches
+      the median (device_scale); the answers tell them apart: an answer that shared few rows decoded
+      about as slowly as one that shared many when the fixed cost dominates, while scaled curves
+      alone make the first much faster. Ties keep the smaller cost;
+    - where joiners waited beside decoding rows (`pace`, recorded_join_pace), the cost per prompt
+      token riding a step that makes the simulated loop admit its queue at the recorded pace: a
+      saturated loop serves at that pace, and the profile's prefill slope (what a token adds to a
+      forward pass measured alone) made the simulated one admit faster than the live one did."""
     target = float(np.nanmedian(recorded)) if np.isfinite(recorded).any() else math.nan
     if not math.isfinite(target) or target <= 0:
         return Calibration(1.0, 0.0, math.nan)
 
-    def fit(share: float) -> Calibration:
-        trial = cost.with_step_overhead(share * target)
+    def fit(trial: GenerationCost) -> Calibration:
         scale = device_scale(setup, profile, arrivals, trial, tokens_out, recorded)
         sim = simulated_tpot(simulate_profile(setup, profile, arrivals, trial.scaled(scale), tokens_out))
-        return Calibration(scale, share * target, tpot_misfit(sim, recorded))
+        return Calibration(scale, trial.step_overhead_ms, tpot_misfit(sim, recorded), trial.ride_measured_ms)
+
+    def paced(trial: GenerationCost) -> GenerationCost:
+        """`trial` with the ride cost per token (ms, measured: not scaled) whose simulated join pace is
+        the recorded one, the device factor held at the one fitted to `trial`; unchanged when its
+        pace is within PACE_TOLERANCE. Bisection in log scale, the bracket grown by doubling."""
+        if not math.isfinite(pace) or pace <= 0 or not trial.ride_ms_per_token:
+            return trial
+        scale = device_scale(setup, profile, arrivals, trial, tokens_out, recorded)
+        ride = trial.scaled(scale).ride_token_ms()
+        assert ride is not None
+
+        def simulated_pace(per_token: float) -> float:
+            at = replace(trial, ride_measured_ms=per_token).scaled(scale)
+            return simulated_join_pace(simulate_profile(setup, profile, arrivals, at, tokens_out))
+
+        def too_fast(per_token: float) -> bool:
+            got = simulated_pace(per_token)
+            return not math.isfinite(got) or got > pace  # no queue at all: it admitted faster still
+
+        got = simulated_pace(ride)
+        if math.isfinite(got) and abs(got / pace - 1.0) <= PACE_TOLERANCE:
+            return trial
+        lo = hi = ride
+        if not math.isfinite(got) or got > pace:
+            while too_fast(hi) and hi < ride * RIDE_RANGE:
+                lo, hi = hi, hi * 2.0
+        else:
+            while not too_fast(lo) and lo > ride / RIDE_RANGE:
+                lo, hi = lo / 2.0, lo
+        for _ in range(CALIBRATION_PASSES):
+            mid = math.sqrt(lo * hi)
+            if too_fast(mid):
+                lo = mid
+            else:
+                hi = mid
+        return replace(trial, ride_measured_ms=math.sqrt(lo * hi))
 
     def better(found: Calibration, best: Calibration) -> bool:
         if found.step_overhead_ms > best.step_overhead_ms:
             return found.misfit < best.misfit - MISFIT_TIE
         return found.misfit <= best.misfit + MISFIT_TIE
 
-    best = fit(OVERHEAD_SHARES[0])
-    for share in OVERHEAD_SHARES[1:]:
-        found = fit(share)
-        best = found if better(found, best) else best
-    chosen = best.step_overhead_ms / target
-    for share in (chosen - OVERHEAD_STEP / 2, chosen + OVERHEAD_STEP / 2):
-        if 0.0 < share < OVERHEAD_SHARES[-1] + OVERHEAD_STEP / 2:
-            found = fit(share)
+    def overhead(base: GenerationCost) -> Calibration:
+        best = fit(base)
+        for share in OVERHEAD_SHARES[1:]:
+            found = fit(base.with_step_overhead(share * target))
             best = found if better(found, best) else best
+        chosen = best.step_overhead_ms / target
+        for share in (chosen - OVERHEAD_STEP / 2, chosen + OVERHEAD_STEP / 2):
+            if 0.0 < share < OVERHEAD_SHARES[-1] + OVERHEAD_STEP / 2:
+                found = fit(base.with_step_overhead(share * target))
+                best = found if better(found, best) else best
+        return best
+
+    best = overhead(paced(cost))
+    if math.isfinite(pace) and best.step_overhead_ms > 0:  # the pace with that cost, then the cost at that pace
+        again = paced(cost.with_step_overhead(best.step_overhead_ms))
+        best = overhead(replace(cost, ride_measured_ms=again.ride_measured_ms))
     return best
 
 
@@ -283,9 +373,10 @@ def replay_generation(traffic: RecordedTraffic, ran: BatchProfile, setup: GenSet
     arrivals, order = generation_arrivals(traffic, setup.model, ran.default_deadline_ms)
     tokens_out = np.maximum(traffic.tokens_out, 0)[order]
     base = GenerationCost.from_curves(setup.device.generation)
-    fit = (calibrate_device(setup, ran, arrivals, base, tokens_out, recorded_tpot(traffic)[order]) if calibrate
+    fit = (calibrate_device(setup, ran, arrivals, base, tokens_out, recorded_tpot(traffic)[order],
+                            recorded_join_pace(traffic)) if calibrate
            else Calibration(1.0, 0.0, math.nan))
-    cost = base.with_step_overhead(fit.step_overhead_ms).scaled(fit.scale)
+    cost = replace(base, ride_measured_ms=fit.ride_ms_per_token).with_step_overhead(fit.step_overhead_ms).scaled(fit.scale)
     hops = hops_ms(traffic)
     figures = recorded_figures(traffic)
     tpot = recorded_tpot(traffic)
@@ -293,7 +384,8 @@ def replay_generation(traffic: RecordedTraffic, ran: BatchProfile, setup: GenSet
     recorded = replace(figures, overhead_ms=hops,
                        ttft_p99_ms=float(np.nanpercentile(ttft, 99)) if np.isfinite(ttft).any() else math.nan,
                        tpot_p99_ms=float(np.nanpercentile(tpot, 99)) if np.isfinite(tpot).any() else math.nan,
-                       device_scale=fit.scale, step_overhead_ms=fit.step_overhead_ms)
+                       device_scale=fit.scale, step_overhead_ms=fit.step_overhead_ms,
+                       join_pace_rps=recorded_join_pace(traffic), ride_ms_per_token=fit.ride_ms_per_token)
     predictions = []
     for name, profile in generation_candidates(ran):
         g = predict(setup, profile, arrivals, cost, tokens_out, hops)

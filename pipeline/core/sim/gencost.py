@@ -11,6 +11,9 @@ measured (pipeline/core/profile_file.py, `GenerationCurves`):
   prefills: its work grows with the tokens, and one prefill measured while another process
   held the core (2.8 s at 256 tokens between 0.8 s at 128 and 3.6 s at 512, here) must not
   make every join of that size look slow;
+- a prompt token riding in a decode step (chunked prefill): the prefill line's slope, what a
+  token adds to a forward pass on a device whose passes are bound by their tokens (a CPU), and
+  what the consumer's pacer measures and paces the rides by;
 - one decode step: the step curve at the rows in the cache (finished rows not yet compacted
   away count: they are decoded too) plus attention over the cache, `per_row_token_ms` per row
   and cache token past the profiled cache length. That slope is taken from the steps the
@@ -44,6 +47,10 @@ class GenerationCost:
     scale: float = 1.0
     step_overhead_ms: float = 0.0
     """ms every decode step pays whatever its rows (not scaled)."""
+    ride_ms_per_token: float | None = None
+    """ms a prompt token riding in a decode step adds to it, as the consumer's pacer measures it
+    (chunked_prefill.RidePacer); None: a chunk of the step's token budget adds RIDE_SHARE of the
+    step (genchunks.py), the rule for a device whose step is bound by reading the weights."""
 
     def prefill_ms(self, rows: int, width: int) -> float:
         return self.scale * self.prefill.ms(rows * width)
@@ -52,6 +59,15 @@ class GenerationCost:
         base = self.step.ms(rows)
         attention = self.per_row_token_ms * rows * (cache - self.ref_cache)
         return self.scale * max(0.5 * base, base + attention) + self.step_overhead_ms
+
+    ride_measured_ms: float | None = None
+    """ms per ridden prompt token measured on a recording (the pace its loop admitted joiners at);
+    not scaled, and taken over `ride_ms_per_token`."""
+
+    def ride_token_ms(self) -> float | None:
+        if self.ride_measured_ms is not None:
+            return self.ride_measured_ms
+        return None if self.ride_ms_per_token is None else self.scale * self.ride_ms_per_token
 
     def scaled(self, factor: float) -> "GenerationCost":
         return replace(self, scale=self.scale * factor)
@@ -77,7 +93,8 @@ class GenerationCost:
             if cache > ref_cache + 1:
                 slopes.append((ms - step.ms(rows)) / (rows * (cache - ref_cache)))
         slope = max(0.0, sorted(slopes)[len(slopes) // 2]) if slopes else 0.0
-        return cls(_line(curves.prefill), step, ref_cache, slope)
+        prefill = _line(curves.prefill)
+        return cls(prefill, step, ref_cache, slope, ride_ms_per_token=prefill.c_ms if prefill.c_ms > 0 else None)
 
 
 def _line(points: tuple[tuple[int, float], ...]) -> DeviceCurve:

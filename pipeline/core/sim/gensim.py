@@ -25,8 +25,8 @@ from typing import Sequence
 import numpy as np
 
 from pipeline.core.engine.decisions import Batch, BatchPolicy, PendingRequest
-from pipeline.core.engine.joins import (JOIN_GROUP, JOIN_WAIT_STEPS, Joiner, JoinRule, JoinSettings, LoopView,
-                                        length_groups, ride_plan, ride_tokens)
+from pipeline.core.engine.joins import (JOIN_GROUP, JOIN_WAIT_STEPS, MIN_CHUNK, RIDE_SHARE, Joiner, JoinRule,
+                                        JoinSettings, LoopView, length_groups, ride_plan, ride_tokens)
 from pipeline.core.sim.genchunks import ChunkedGroup, chunk_tokens, ride_ms, ride_token_ms
 from pipeline.core.sim.gencost import GenerationCost
 
@@ -245,7 +245,13 @@ def simulate_generation(arrivals: GenArrivals, cost: GenerationCost, policies: S
         if loop.prefills:
             decoding = len(loop.live)
             device = ms - cost.step_overhead_ms  # a ride adds to the forward pass, not to the loop's fixed cost
-            tokens = ride_tokens(chunk_tokens(budget, decoding), ms, ride_token_ms(device, budget, decoding), settings.tpot_ms)
+            per_token = cost.ride_token_ms()
+            if per_token:  # the consumer's pacer: what adds RIDE_SHARE of the step, beside the decoding rows
+                paced = min(max(budget - decoding, MIN_CHUNK), RIDE_SHARE * ms / per_token)
+                tokens = ride_tokens(paced, ms, per_token, settings.tpot_ms)
+            else:
+                tokens = ride_tokens(chunk_tokens(budget, decoding), ms, ride_token_ms(device, budget, decoding),
+                                     settings.tpot_ms)
             queue: list[ChunkedGroup] = list(loop.prefills)
             head_tokens, behind = ride_plan([p.rest_tokens() for p in queue], tokens)
             fed = queue[0].ride(head_tokens)
@@ -256,7 +262,10 @@ def simulate_generation(arrivals: GenArrivals, cost: GenerationCost, policies: S
             if queue[0].complete:
                 loop.prefills.remove(queue[0])
                 merged += queue[0].rows
-            ms = ride_ms(device, fed / chunk_tokens(budget, decoding)) + cost.step_overhead_ms
+            if per_token:
+                ms += fed * per_token
+            else:
+                ms = ride_ms(device, fed / chunk_tokens(budget, decoding)) + cost.step_overhead_ms
         step_rows.append(rows)
         loop.busy = True
         push(now + ms, _STEPPED, lane, (ms, merged))
