@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Sequence
 
 import numpy as np
 
@@ -307,9 +308,10 @@ def calibrate_device(setup: GenSetup, profile: BatchProfile, arrivals: GenArriva
             return found.misfit < best.misfit - MISFIT_TIE
         return found.misfit <= best.misfit + MISFIT_TIE
 
-    def overhead(base: GenerationCost) -> Calibration:
-        best = fit(base)
-        for share in OVERHEAD_SHARES[1:]:
+    def overhead(base: GenerationCost, shares: Sequence[float]) -> Calibration:
+        """The best of `shares`, then half a grid step either side of it."""
+        best = fit(base.with_step_overhead(shares[0] * target))
+        for share in shares[1:]:
             found = fit(base.with_step_overhead(share * target))
             best = found if better(found, best) else best
         chosen = best.step_overhead_ms / target
@@ -319,10 +321,12 @@ def calibrate_device(setup: GenSetup, profile: BatchProfile, arrivals: GenArriva
                 best = found if better(found, best) else best
         return best
 
-    best = overhead(paced(cost))
+    best = overhead(paced(cost), OVERHEAD_SHARES)
     if math.isfinite(pace) and best.step_overhead_ms > 0:  # the pace with that cost, then the cost at that pace
         again = paced(cost.with_step_overhead(best.step_overhead_ms))
-        best = overhead(replace(cost, ride_measured_ms=again.ride_measured_ms))
+        chosen = best.step_overhead_ms / target
+        near = [share for share in (chosen - OVERHEAD_STEP, chosen, chosen + OVERHEAD_STEP) if share >= 0.0]
+        best = overhead(replace(cost, ride_measured_ms=again.ride_measured_ms), near)
     return best
 
 

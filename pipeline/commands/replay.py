@@ -166,6 +166,8 @@ def _generation_table(result, model: str, since: str, ran) -> None:  # type: ign
     speed = "as profiled" if scale is None or scale == 1.0 else f"device {scale:.2f}x its profiled step times"
     if rec.step_overhead_ms:
         speed += f" + {rec.step_overhead_ms:.0f} ms per step"
+    if rec.ride_ms_per_token:
+        speed += f"; joiners admitted at {rec.join_pace_rps:.2f} req/s: {rec.ride_ms_per_token:.2f} ms per ridden token"
     table = Table(title=f"generation replay of {model}: {rec.requests} recorded requests over the last {since} "
                         f"(SLO p99 {ran.slo_p99_ms:g} ms; {speed}; hops after the last token {rec.overhead_ms:.1f} ms added)")
     for column in ("candidate", "inflight", "p50 ms", "p99 ms", "req/s", "TTFT p99", "TPOT p99", "expired",
