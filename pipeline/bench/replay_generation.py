@@ -10,11 +10,16 @@ decode loop's join rule, its KV token cap and step budget, and the device's pref
 decode-step curves from the profile file the consumer loaded.
 
 The device during the recording is not the device when it was profiled: on a shared machine
-the consumer's steps ran slower (other processes held the cores). The recording measures how
-much: each answer's time per output token. The replay scales the profile's curves by the one
-factor that makes the simulated median time per output token the recorded one (`device_scale`,
-found by bisection), as the request path replays recorded compute times; with
-`calibrate=False` the profile's curves are used as measured.
+the consumer's steps ran slower (other processes held the cores), and a live loop pays per step
+what a profile measured alone does not (its thread shares the interpreter with the consumer's
+event loop). The recording measures both: each answer's time per output token, and the pace
+the loop admitted waiting joiners at. The replay (`calibrate_device`) scales the profile's
+curves by the factor that makes the simulated median time per output token the recorded one
+(`device_scale`, found by bisection), adds the fixed cost per step that brings every answer's
+simulated time per token closest to its recorded one, and, where joiners queued, charges a
+prompt token riding a step what makes the simulated loop admit them at the recorded pace
+(`recorded_join_pace`): a saturated loop serves at that pace. With `calibrate=False` the
+profile's curves are used as measured.
 """
 
 from __future__ import annotations

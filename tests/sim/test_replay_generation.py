@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from pipeline.bench.replay_generation import GenSetup, replay_generation
+from pipeline.bench.replay_generation import GenSetup, join_pace, replay_generation
 from pipeline.core.config import BatchProfile, ClickHouseSettings, ModelConfig
 from pipeline.core.profile_file import parse_profile
 from pipeline.core.sim.gencost import GenerationCost
@@ -150,6 +150,17 @@ def test_replay_measures_a_fixed_cost_per_step_from_the_answers(recorded, overhe
     assert abs(check["p99_ratio"] - 1) < 0.05 and abs(check["throughput_ratio"] - 1) < 0.05, check
     # a device that only ran slower is not given a fixed cost (the recording above: 2x the profile, none)
     assert replay_generation(recorded["traffic"], RAN, GenSetup(MODEL, PROFILE)).recorded.step_overhead_ms < 0.1 * 50.0 * SLOW
+
+
+def test_join_pace_counts_the_joins_that_ended_a_wait_beside_decoding_rows() -> None:
+    # one answer decodes from 0 to 10 s; three joiners enter the loop at 1 s and get their first
+    # token at 2, 3 and 4 s: three joins over the 3 s someone waited, while the first answer's row decoded
+    first = np.array([0.0, 2000.0, 3000.0, 4000.0])
+    last = np.array([10_000.0, 5000.0, 6000.0, 7000.0])
+    joined = np.array([0.0, 1000.0, 1000.0, 1000.0])
+    assert join_pace(first, last, joined) == pytest.approx(1.0)
+    # nobody waited (each joined as it came): no pace, the loop's admission was never the bound
+    assert np.isnan(join_pace(first, last, first))
 
 
 def test_cli_replays_a_generating_model_through_the_decode_loop(recorded, clickhouse_settings, tmp_path) -> None:
