@@ -31,7 +31,6 @@ from typing import Sequence
 import numpy as np
 
 from pipeline.core.config import BatchProfile, ModelConfig
-from pipeline.core.engine.joins import RIDE_SHARE
 from pipeline.core.engine import BatchingEngine
 from pipeline.core.profile_file import DeviceProfile, longest_request
 from pipeline.core.sim.gencost import GenerationCost
