@@ -384,7 +384,7 @@ def replay_generation(traffic: RecordedTraffic, ran: BatchProfile, setup: GenSet
     fit = (calibrate_device(setup, ran, arrivals, base, tokens_out, recorded_tpot(traffic)[order],
                             recorded_join_pace(traffic)) if calibrate
            else Calibration(1.0, 0.0, math.nan))
-    cost = replace(base, ride_measured_ms=fit.ride_ms_per_token).with_step_overhead(fit.step_overhead_ms).scaled(fit.scale)
+    cost = replace(base, ride_measured_ms=fit.ride_ms_per_token, step_overhead_ms=fit.step_overhead_ms).scaled(fit.scale)
     hops = hops_ms(traffic)
     figures = recorded_figures(traffic)
     tpot = recorded_tpot(traffic)
