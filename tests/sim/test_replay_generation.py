@@ -103,7 +103,7 @@ def recorded(clickhouse_client, clickhouse_settings: ClickHouseSettings):
 def overhead(clickhouse_client, clickhouse_settings: ClickHouseSettings):
     """A saturating burst, then a few late requests, on a device whose steps cost 3x the profile plus
     OVERHEAD_MS each (a live loop sharing its interpreter): answers alone in the set decode at about
-    the pace of those that shared it with a dozen rows."""
+    the pace of those that shared it, and joiners queue behind the prompts riding the steps."""
     database = "replay_generation_overhead"
     rng = np.random.default_rng(5)
     create = np.concatenate([np.sort(rng.uniform(0.0, 4000.0, 80)), 4000.0 + np.cumsum(rng.exponential(2500.0, 10))])
