@@ -144,12 +144,9 @@ class RidePacer:
 
 
 def riders(prefills: list["ChunkedPrefill"], tokens: int) -> list[tuple["ChunkedPrefill", int | None]]:
-    """The chunks of one ride of about `tokens` tokens: the queued groups behind the oldest whose
-    whole rest fits go whole (smallest first, in queue order in the list), so short prompts queued
-    behind a long one start decoding instead of waiting for all of its chunks; the oldest gets what
-    is left, never under MIN_CHUNK (None: its whole rest fits)."""
-    head, whole = ride_plan([p.remaining_tokens for p in prefills], tokens)
-    return [(prefills[0], head)] + [(prefills[k], None) for k in whole]
+    """The chunks of one ride of about `tokens` tokens, oldest first: each queued group whole while
+    its rest fits, the next one what is left (joins.ride_plan; None: its whole rest)."""
+    return list(zip(prefills, ride_plan([p.remaining_tokens for p in prefills], tokens)))
 
 
 class ChunkedPrefill:

@@ -68,6 +68,15 @@ def test_a_group_rides_while_rows_decode() -> None:
     assert JoinRule(JoinSettings(step_token_budget=0)).one_piece(running=4)  # chunking off
 
 
+def test_a_join_that_rides_does_not_wait_for_company() -> None:
+    riding = JoinRule(JoinSettings(step_token_budget=128))
+    assert riding.admit([joiner(step=9)], VIEW, 0.0) == [0]  # rows decode: it rides, it stalls nobody
+    stalling = JoinRule(JoinSettings(step_token_budget=0))
+    assert stalling.admit([joiner(step=9)], VIEW, 0.0) == []  # a one-piece prefill still waits for company
+    capped = JoinRule(JoinSettings(token_cap=300, step_token_budget=128))
+    assert capped.admit([joiner(priority=1), joiner(priority=0), joiner(priority=0)], VIEW, 0.0) == [1, 2]
+
+
 def test_a_tpot_objective_fills_its_slack_with_ridden_tokens() -> None:
     # a 30 ms plain step, 0.1 ms a ridden token, an objective of 50 ms: 20 ms of slack, 200 tokens
     assert ride_tokens(64, 30.0, 0.1, 50.0) == 200
@@ -77,8 +86,10 @@ def test_a_tpot_objective_fills_its_slack_with_ridden_tokens() -> None:
     assert ride_tokens(2, 60.0, 0.1, None) == MIN_CHUNK  # the prompt moves
 
 
-def test_a_ride_takes_short_prompts_whole_beside_the_oldest() -> None:
-    assert ride_plan([1000, 50, 30, 500], 128) == (48, [1, 2])  # 80 whole, the oldest the rest
-    assert ride_plan([1000, 200], 128) == (128, [])
-    assert ride_plan([40, 30], 128) == (None, [1])  # everything fits
-    assert ride_plan([1000, 125], 128) == (128, [])  # the oldest keeps MIN_CHUNK at least
+def test_a_ride_spends_its_tokens_oldest_first() -> None:
+    assert ride_plan([1000, 50, 30, 500], 128) == [128]  # the oldest takes it all
+    assert ride_plan([40, 30, 500], 128) == [None, None, 58]  # whole while they fit, the next one the rest
+    assert ride_plan([40, 30], 128) == [None, None]  # everything fits
+    assert ride_plan([125, 200], 128) == [None]  # 3 tokens left: under MIN_CHUNK, the next one waits
+    assert ride_plan([1000], 2) == [MIN_CHUNK]  # the oldest moves MIN_CHUNK at least
+    assert ride_plan([100, 50, 400], 300) == [None, None, 150]  # nothing of the ride left unspent

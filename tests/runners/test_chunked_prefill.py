@@ -158,12 +158,11 @@ def test_separate_chunks_are_paced_to_half_a_step_within_the_budget() -> None:
     assert pacer.tokens(10, 80.0) == 15  # the fixed part is over half the share: as many tokens as it costs, not fewer
 
 
-def test_short_groups_behind_a_long_one_ride_whole_and_the_long_one_gets_the_rest(runner: TransformersRunner) -> None:
+def test_a_ride_spends_its_tokens_oldest_first(runner: TransformersRunner) -> None:
     running = runner._running_set()
     long, a, b, c = (ChunkedPrefill(running, [Sequence([5] * n, 4)]) for n in (500, 30, 10, 80))
-    assert [(p, t) for p, t in riders([long, a, b, c], 64)] == [(long, 24), (a, None), (b, None)]
-    assert riders([long, c], 64) == [(long, 64)]  # nothing else fits: the oldest gets it all
-    assert riders([long, a, b], 40) == [(long, 30), (b, None)]  # a does not fit beside MIN_CHUNK for the oldest
+    assert riders([long, a, b, c], 64) == [(long, 64)]  # the oldest takes it all
+    assert riders([a, b, c, long], 64) == [(a, None), (b, None), (c, 24)]  # whole while they fit, then the rest
     assert riders([b, a], 64) == [(b, None), (a, None)]
 
 

@@ -11,9 +11,11 @@ simulator (pipeline/core/sim/gensim.py), so the bench runs the consumer's own de
   max_new_tokens then keeps the running set from ever teaching the rule;
 - urgent first: joiners enter by priority (0 first), dispatch order within a level;
 - memory: joiners enter while the rows' prompt plus max_new_tokens fit the token cap;
-- a join pays (its prefill stalls every running row) when the set is empty, `join_group` wait,
-  the set has halved since the last join, or the oldest joiner waited `join_wait_steps` steps;
-  while the last step took longer than the step budget a short queue does not join;
+- a join that stalls the running rows (a prefill in one piece) pays when the set is empty,
+  `join_group` wait, the set has halved since the last join, or the oldest joiner waited
+  `join_wait_steps` steps; a join that rides stalls nobody and pays at once (waiting for company
+  only delays its first token); while the last step took longer than the step budget a short
+  queue does not join;
 - length groups: joiners are prefilled in groups of like prompts, so that left-padding to the
   longest prompt of a group costs at most `MAX_PADDING` x the real tokens (a group that rides
   rides one prompt at a time: a ride is paid per token, so it pays no padding at all);
@@ -23,7 +25,11 @@ simulator (pipeline/core/sim/gensim.py), so the bench runs the consumer's own de
   objective, as many tokens as the objective's slack over the plain step pays for
   (`ride_tokens`): the slack goes to the rides, so no stall is banked against it (an earlier
   stall credit spent the same slack on one-piece prefills, and rows riding through them
-  missed the objective).
+  missed the objective). A ride spends all of its tokens, oldest group first (`ride_plan`):
+  the time-to-first-token objective runs from each request's record, so the oldest is the
+  nearest to missing it, and tokens a ride leaves unspent are prompt work pushed to later
+  steps (an earlier plan took short groups whole ahead of the oldest and left the rest of the
+  step empty when the oldest's rest was short: long prompts in a crowd waited past the objective).
 
 Pure: no clock, no device; every time is an argument.
 """
@@ -171,7 +177,8 @@ class JoinRule:
             return []
         oldest = min(joiners[k].arrived_step for k in fits)
         pays = (
-            not view.running
+            not self.one_piece(view.running)
+            or not view.running
             or len(fits) >= s.join_group
             or view.running * 2 <= view.size_at_join
             or view.steps - oldest >= s.join_wait_steps
@@ -181,7 +188,7 @@ class JoinRule:
     def one_piece(self, running: int) -> bool:
         """Whether a group is prefilled at once (nobody decodes: nothing to stall; or chunking is
         off) or rides the decode steps in chunks (no stall, and a prompt token costs less than in
-        a prefill of its own)."""
+        a prefill of its own: such a join is admitted without waiting for company)."""
         return self.s.step_token_budget <= 0 or not running
 
 
@@ -197,18 +204,22 @@ def ride_tokens(paced: float, step_ms: float, per_token_ms: float | None, tpot_m
     return int(max(MIN_CHUNK, paced))
 
 
-def ride_plan(remaining: Sequence[int], tokens: int) -> tuple[int | None, list[int]]:
+def ride_plan(remaining: Sequence[int], tokens: int) -> list[int | None]:
     """One ride of about `tokens` prompt tokens over the queued groups' `remaining` tokens (oldest
-    first): the groups behind the oldest whose whole rest fits go whole (smallest first), so short
-    prompts queued behind a long one start decoding instead of waiting for all of its chunks; the
-    oldest gets what is left, never under MIN_CHUNK. Returns the oldest's tokens (None: its whole
-    rest fits) and the indices of the groups riding whole."""
-    left = tokens - MIN_CHUNK
-    whole: list[int] = []
-    for k in sorted(range(1, len(remaining)), key=lambda k: remaining[k]):
-        if remaining[k] > left:
-            break
-        whole.append(k)
-        left -= remaining[k]
-    left += MIN_CHUNK
-    return (None if remaining[0] <= left else left), sorted(whole)
+    first): oldest first, each group goes whole (None) while its rest fits what is left, the first
+    that does not fit gets what is left (the oldest never under MIN_CHUNK: the prompt moves; a
+    later one only with MIN_CHUNK left). Returns the tokens of each riding group, in queue order
+    (the first len(result) groups ride)."""
+    plan: list[int | None] = []
+    left = tokens
+    for k, rest in enumerate(remaining):
+        if rest <= left:
+            plan.append(None)
+            left -= rest
+            continue
+        if not plan:
+            plan.append(max(MIN_CHUNK, left))
+        elif left >= MIN_CHUNK:
+            plan.append(left)
+        break
+    return plan
