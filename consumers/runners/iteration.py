@@ -263,8 +263,8 @@ class IterationScheduler:
 
     def _advance_prefill(self, now_ms: float) -> tuple[list[Sequence], bool]:
         """One chunk of the oldest queued prefill (all of it when no row is decoding), or with fused
-        chunks a ride in the decode step that spends its tokens over the queue, oldest first
-        (joins.ride_plan); a group complete is merged into the running set, a group
+        chunks a ride in the decode step that spends its tokens over the queue (joins.ride_plan);
+        a group complete is merged into the running set, a group
         whose every deadline passed is dropped. Returns the finished rows and whether the step ran."""
         finished: list[Sequence] = []
         stepped = False

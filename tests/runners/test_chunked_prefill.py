@@ -158,11 +158,12 @@ def test_separate_chunks_are_paced_to_half_a_step_within_the_budget() -> None:
     assert pacer.tokens(10, 80.0) == 15  # the fixed part is over half the share: as many tokens as it costs, not fewer
 
 
-def test_a_ride_spends_its_tokens_oldest_first(runner: TransformersRunner) -> None:
+def test_a_ride_takes_short_groups_whole_within_half_and_spends_the_rest_oldest_first(runner: TransformersRunner) -> None:
     running = runner._running_set()
     long, a, b, c = (ChunkedPrefill(running, [Sequence([5] * n, 4)]) for n in (500, 30, 10, 80))
-    assert riders([long, a, b, c], 64) == [(long, 64)]  # the oldest takes it all
-    assert riders([a, b, c, long], 64) == [(a, None), (b, None), (c, 24)]  # whole while they fit, then the rest
+    assert riders([long, a, b, c], 64) == [(long, 54), (b, None)]  # a does not fit in the short groups' half
+    assert riders([long, c], 64) == [(long, 64)]  # nothing else fits: the oldest gets it all
+    assert riders([a, b, c, long], 64) == [(a, None), (b, None), (c, 24)]  # the oldest done: the rest, oldest first
     assert riders([b, a], 64) == [(b, None), (a, None)]
 
 

@@ -25,11 +25,15 @@ simulator (pipeline/core/sim/gensim.py), so the bench runs the consumer's own de
   objective, as many tokens as the objective's slack over the plain step pays for
   (`ride_tokens`): the slack goes to the rides, so no stall is banked against it (an earlier
   stall credit spent the same slack on one-piece prefills, and rows riding through them
-  missed the objective). A ride spends all of its tokens, oldest group first (`ride_plan`):
-  the time-to-first-token objective runs from each request's record, so the oldest is the
-  nearest to missing it, and tokens a ride leaves unspent are prompt work pushed to later
-  steps (an earlier plan took short groups whole ahead of the oldest and left the rest of the
-  step empty when the oldest's rest was short: long prompts in a crowd waited past the objective).
+  missed the objective). The objective is a ceiling: while the plain step meets it, a ride
+  never pushes the step past it (a floor of RIDE_SHARE did, once rides filled every step);
+- a ride spends all of its tokens (`ride_plan`): short groups behind the oldest go whole,
+  smallest first, within OLDEST_SHARE's complement of the ride, so a short prompt queued behind
+  a long one starts decoding; the oldest (the nearest to missing its time to first token, which
+  runs from its record) gets the rest, at least OLDEST_SHARE of the ride; what it leaves goes
+  to the others oldest first. An earlier plan gave the short groups any share of the ride and
+  left the rest of the step empty when the oldest's rest was short: long prompts in a crowd
+  waited past the objective; oldest first alone held short prompts behind long documents.
 
 Pure: no clock, no device; every time is an argument.
 """
@@ -56,6 +60,9 @@ MIN_CHUNK = 8
 RIDE_SHARE = 0.35
 """Without a time-per-output-token objective, a decode step that carries prompt tokens in its
 forward pass may take this share longer than a plain one (docs/runners.md, "Fused chunks")."""
+OLDEST_SHARE = 0.5
+"""Share of a ride the oldest queued group gets at least (while its rest is that long): short
+groups go whole before it only within the other share, so no prompt waits behind them for ever."""
 
 
 @dataclass(frozen=True)
@@ -195,31 +202,36 @@ class JoinRule:
 def ride_tokens(paced: float, step_ms: float, per_token_ms: float | None, tpot_ms: float | None) -> int:
     """Prompt tokens the next decode step carries in its forward pass. Without a time-per-output-token
     objective, `paced` (what adds RIDE_SHARE of the plain step, within the step's token budget).
-    With one, as many as the objective's slack over the plain step (`step_ms`) pays for at
-    `per_token_ms` a ridden token, when that is more: a step that still meets the objective costs
-    the rows nothing they were promised, and every token ridden now is a token a joiner does not
-    wait for. Never under MIN_CHUNK: the prompt moves."""
-    if tpot_ms and per_token_ms and per_token_ms > 0 and step_ms > 0:
-        paced = max(paced, (tpot_ms - step_ms) / per_token_ms)
+    With one that the plain step (`step_ms`) meets, as many as the objective's slack over it pays
+    for at `per_token_ms` a ridden token: a step that still meets the objective costs the rows
+    nothing they were promised, a step past it costs every row, and every token ridden now is
+    a token a joiner does not wait for. A plain step that misses the objective already: `paced`.
+    Never under MIN_CHUNK: the prompt moves."""
+    if tpot_ms and per_token_ms and per_token_ms > 0 and 0 < step_ms < tpot_ms:
+        paced = (tpot_ms - step_ms) / per_token_ms
     return int(max(MIN_CHUNK, paced))
 
 
-def ride_plan(remaining: Sequence[int], tokens: int) -> list[int | None]:
+def ride_plan(remaining: Sequence[int], tokens: int) -> list[tuple[int, int | None]]:
     """One ride of about `tokens` prompt tokens over the queued groups' `remaining` tokens (oldest
-    first): oldest first, each group goes whole (None) while its rest fits what is left, the first
-    that does not fit gets what is left (the oldest never under MIN_CHUNK: the prompt moves; a
-    later one only with MIN_CHUNK left). Returns the tokens of each riding group, in queue order
-    (the first len(result) groups ride)."""
-    plan: list[int | None] = []
-    left = tokens
-    for k, rest in enumerate(remaining):
-        if rest <= left:
-            plan.append(None)
-            left -= rest
-            continue
-        if not plan:
-            plan.append(max(MIN_CHUNK, left))
-        elif left >= MIN_CHUNK:
-            plan.append(left)
-        break
-    return plan
+    first): the groups behind the oldest whose whole rest fits go whole, smallest first, within
+    (1 - OLDEST_SHARE) of the ride; the oldest gets what is left (never under MIN_CHUNK); what
+    it does not need goes to the others, oldest first, while MIN_CHUNK is left. Returns (index,
+    tokens) of each riding group in queue order, the oldest first; None: its whole rest."""
+    room = tokens - max(MIN_CHUNK, int(OLDEST_SHARE * tokens))
+    chunks: dict[int, int] = {}
+    for k in sorted(range(1, len(remaining)), key=lambda k: remaining[k]):
+        if remaining[k] > room:
+            break
+        chunks[k] = remaining[k]
+        room -= remaining[k]
+    left = tokens - sum(chunks.values())
+    chunks[0] = min(remaining[0], max(MIN_CHUNK, left))
+    left -= chunks[0]
+    for k in range(1, len(remaining)):
+        if left < MIN_CHUNK:
+            break
+        if k not in chunks:
+            chunks[k] = min(left, remaining[k])
+            left -= chunks[k]
+    return [(k, None if chunks[k] >= remaining[k] else chunks[k]) for k in sorted(chunks)]

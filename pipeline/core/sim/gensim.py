@@ -236,7 +236,7 @@ def simulate_generation(arrivals: GenArrivals, cost: GenerationCost, policies: S
                       int(arr.priority[i]), row.group.arrived_step)
 
     def step(lane: int, now: float) -> None:
-        """One decode step of the running rows; the queued groups' next chunks ride it, oldest first."""
+        """One decode step of the running rows; the queued groups' next chunks ride it (joins.ride_plan)."""
         loop = loops[lane]
         rows = len(loop.live) + loop.dead
         width = max(int(arr.prompt[r.i]) + r.emitted for r in loop.live)
@@ -247,7 +247,8 @@ def simulate_generation(arrivals: GenArrivals, cost: GenerationCost, policies: S
             tokens = ride_tokens(chunk_tokens(budget, decoding), ms, ride_token_ms(ms, budget, decoding), settings.tpot_ms)
             queue: list[ChunkedGroup] = list(loop.prefills)
             fed = 0
-            for group, chunk in zip(queue, ride_plan([p.rest_tokens() for p in queue], tokens)):
+            for k, chunk in ride_plan([p.rest_tokens() for p in queue], tokens):
+                group = queue[k]
                 fed += group.ride(chunk)
                 if group.complete:
                     loop.prefills.remove(group)
