@@ -105,9 +105,9 @@ class RidePacer:
     one-piece prefill's time per token. It gets what adds RIDE_SHARE of a
     plain step, never more than the step's token budget leaves beside the
     decoding rows; with a time-per-output-token objective (`tpot_ms`), as
-    many as the objective's slack over the plain step pays for, when that
-    is more (joins.ride_tokens, the simulator's rule too); never under
-    MIN_CHUNK.
+    many as the objective's slack over the plain step pays for, while the
+    plain step meets it (joins.ride_tokens, the simulator's rule too);
+    never under MIN_CHUNK.
     """
 
     def __init__(self, budget: int, tpot_ms: float | None = None) -> None:
@@ -144,12 +144,10 @@ class RidePacer:
 
 
 def riders(prefills: list["ChunkedPrefill"], tokens: int) -> list[tuple["ChunkedPrefill", int | None]]:
-    """The chunks of one ride of about `tokens` tokens: the queued groups behind the oldest whose
-    whole rest fits go whole (smallest first, in queue order in the list), so short prompts queued
-    behind a long one start decoding instead of waiting for all of its chunks; the oldest gets what
-    is left, never under MIN_CHUNK (None: its whole rest fits)."""
-    head, whole = ride_plan([p.remaining_tokens for p in prefills], tokens)
-    return [(prefills[0], head)] + [(prefills[k], None) for k in whole]
+    """The chunks of one ride of about `tokens` tokens, the oldest first (joins.ride_plan: short
+    groups whole within half the ride, the oldest at least the other half, the rest oldest first;
+    None: its whole rest)."""
+    return [(prefills[k], chunk) for k, chunk in ride_plan([p.remaining_tokens for p in prefills], tokens)]
 
 
 class ChunkedPrefill:

@@ -14,7 +14,9 @@ joiners are admitted as a group: when the running set is empty, when
 `JOIN_GROUP` are waiting, when the running set has shrunk to half of what it
 was at the last join (rows left: the device has room to fill), or when the
 oldest joiner has waited `JOIN_WAIT_STEPS` steps (its time to first token is
-bounded). Two bounds keep the running set what the device can hold:
+bounded). A join whose prompts ride the decode steps in chunks (rows are
+decoding and `step_token_budget` is on) stalls nobody: it is admitted at
+once. Two bounds keep the running set what the device can hold:
 
 - memory: a joiner is admitted only if every admitted row's prompt plus the
   tokens it may generate still fits the token cap, so the KV cache never
@@ -260,8 +262,9 @@ class IterationScheduler:
         return finished
 
     def _advance_prefill(self, now_ms: float) -> tuple[list[Sequence], bool]:
-        """One chunk of the oldest queued prefill (all of it when no row is decoding), riding in the
-        decode step when chunks are fused; a group complete is merged into the running set, a group
+        """One chunk of the oldest queued prefill (all of it when no row is decoding), or with fused
+        chunks a ride in the decode step that spends its tokens over the queue (joins.ride_plan);
+        a group complete is merged into the running set, a group
         whose every deadline passed is dropped. Returns the finished rows and whether the step ran."""
         finished: list[Sequence] = []
         stepped = False
@@ -282,10 +285,11 @@ class IterationScheduler:
                 finished += done
                 self._pacer.observe_ride(fed, (time.perf_counter() - started) * 1000.0, self._last_step_ms)  # type: ignore[union-attr]
                 self.steps += 1
-                for later, _ in riding[1:]:  # short groups behind the oldest rode whole
-                    self._prefills.remove(later)
-                    finished += later.admit()
-                    self._size_at_join = len(self._running)
+                for later, _ in riding[1:]:  # groups behind the oldest that rode to their end
+                    if later.complete:
+                        self._prefills.remove(later)
+                        finished += later.admit()
+                        self._size_at_join = len(self._running)
             else:
                 fed = prefill.advance(tokens)
                 self._pacer.observe(fed, (time.perf_counter() - started) * 1000.0)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pipeline.core.engine.joins import (
-    LEARN_AFTER, MAX_PADDING, MIN_CHUNK, Joiner, JoinRule, JoinSettings, LoopView, length_groups, ride_plan, ride_tokens,
+    LEARN_AFTER, MAX_PADDING, MIN_CHUNK, OLDEST_SHARE, Joiner, JoinRule, JoinSettings, LoopView, length_groups, ride_plan, ride_tokens,
 )
 
 
@@ -68,17 +68,33 @@ def test_a_group_rides_while_rows_decode() -> None:
     assert JoinRule(JoinSettings(step_token_budget=0)).one_piece(running=4)  # chunking off
 
 
+def test_a_join_that_rides_does_not_wait_for_company() -> None:
+    riding = JoinRule(JoinSettings(step_token_budget=128))
+    assert riding.admit([joiner(step=9)], VIEW, 0.0) == [0]  # rows decode: it rides, it stalls nobody
+    stalling = JoinRule(JoinSettings(step_token_budget=0))
+    assert stalling.admit([joiner(step=9)], VIEW, 0.0) == []  # a one-piece prefill still waits for company
+    capped = JoinRule(JoinSettings(token_cap=300, step_token_budget=128))
+    assert capped.admit([joiner(priority=1), joiner(priority=0), joiner(priority=0)], VIEW, 0.0) == [1, 2]
+
+
 def test_a_tpot_objective_fills_its_slack_with_ridden_tokens() -> None:
     # a 30 ms plain step, 0.1 ms a ridden token, an objective of 50 ms: 20 ms of slack, 200 tokens
     assert ride_tokens(64, 30.0, 0.1, 50.0) == 200
     assert ride_tokens(64, 30.0, 0.1, None) == 64  # no objective: the paced share
-    assert ride_tokens(64, 45.0, 0.1, 50.0) == 64  # little slack: never under the paced share
+    assert ride_tokens(64, 45.0, 0.1, 50.0) == 50  # little slack: never past the objective
+    assert ride_tokens(64, 49.5, 0.1, 50.0) == MIN_CHUNK  # the prompt still moves
     assert ride_tokens(64, 60.0, 0.1, 50.0) == 64  # the plain step misses it already: the share
     assert ride_tokens(2, 60.0, 0.1, None) == MIN_CHUNK  # the prompt moves
 
 
-def test_a_ride_takes_short_prompts_whole_beside_the_oldest() -> None:
-    assert ride_plan([1000, 50, 30, 500], 128) == (48, [1, 2])  # 80 whole, the oldest the rest
-    assert ride_plan([1000, 200], 128) == (128, [])
-    assert ride_plan([40, 30], 128) == (None, [1])  # everything fits
-    assert ride_plan([1000, 125], 128) == (128, [])  # the oldest keeps MIN_CHUNK at least
+def test_a_ride_spends_its_tokens_short_groups_whole_within_half_the_oldest_the_rest() -> None:
+    assert ride_plan([1000, 50, 30, 500], 128) == [(0, 98), (2, None)]  # 30 whole within half; 50 does not fit there
+    assert ride_plan([1000, 10, 20, 30, 40], 128) == [(0, 68), (1, None), (2, None), (3, None)]
+    assert ride_plan([40, 30, 500], 128) == [(0, None), (1, None), (2, 58)]  # the oldest done: the rest, oldest first
+    assert ride_plan([100, 50, 400], 300) == [(0, None), (1, None), (2, 150)]  # nothing of the ride left unspent
+    assert ride_plan([40, 30], 128) == [(0, None), (1, None)]  # everything fits
+    assert ride_plan([125, 200], 128) == [(0, None)]  # 3 tokens left: under MIN_CHUNK, the next one waits
+    assert ride_plan([1000], 2) == [(0, MIN_CHUNK)]  # the oldest moves MIN_CHUNK at least
+    for remaining, tokens in (([5000] + [20] * 30, 256), ([300, 299, 298], 64)):
+        oldest = ride_plan(remaining, tokens)[0]
+        assert oldest[0] == 0 and oldest[1] is not None and oldest[1] >= OLDEST_SHARE * tokens  # never starved

@@ -110,6 +110,38 @@ def test_a_group_riding_in_decode_steps_decodes_what_one_piece_decodes(runner: T
     assert [s.generated for s in behind] == [_alone(runner, s.prompt, 12) for s in behind]
 
 
+def test_prompts_riding_side_by_side_in_part_chunks_decode_what_one_piece_decodes(runner: TransformersRunner) -> None:
+    """A ride spread over the queue as riders() spreads it: several prompts each fed part of their
+    columns in the same decode step (not only the oldest), joining as each completes; every row's
+    tokens, the riders' and the running ones', equal its one-piece run alone."""
+    rng = random.Random(5)
+    early = [_prompt(rng, n) for n in (30, 6)]
+    running = runner._running_set()
+    rows = [Sequence(list(p), 40) for p in early]
+    running.join(rows)
+    running.step()
+    prompts = [_prompt(rng, n) for n in (10, 37, 5, 26)]
+    queue = [ChunkedPrefill(running, [Sequence(list(p), 10)]) for p in prompts]
+    group_seqs = [q.seqs[0] for q in queue]
+    spread = 0
+    while queue and len(running):
+        riding = riders(queue, 24)
+        spread += sum(1 for prefill, tokens in riding[1:] if tokens is not None)  # a part chunk behind the oldest
+        ride(running, riding)
+        for prefill, _ in riding:
+            if prefill.complete:
+                queue.remove(prefill)
+                prefill.admit()
+    for prefill in queue:  # every running row ended: the rest in passes of their own
+        prefill.advance(None)
+        prefill.admit()
+    while len(running):
+        running.step()
+    assert spread >= 1
+    assert [s.generated for s in group_seqs] == [_alone(runner, p, 10) for p in prompts]
+    assert [s.generated for s in rows] == [_alone(runner, p, 40) for p in early]
+
+
 @pytest.mark.parametrize("fused", [True, False])
 def test_a_long_prompt_joins_in_chunks_between_the_running_rows_steps(runner: TransformersRunner, fused: bool) -> None:
     """A 60-token prompt joining one decoding row under a small budget: chunks of MIN_CHUNK
@@ -158,12 +190,12 @@ def test_separate_chunks_are_paced_to_half_a_step_within_the_budget() -> None:
     assert pacer.tokens(10, 80.0) == 15  # the fixed part is over half the share: as many tokens as it costs, not fewer
 
 
-def test_short_groups_behind_a_long_one_ride_whole_and_the_long_one_gets_the_rest(runner: TransformersRunner) -> None:
+def test_a_ride_takes_short_groups_whole_within_half_and_spends_the_rest_oldest_first(runner: TransformersRunner) -> None:
     running = runner._running_set()
     long, a, b, c = (ChunkedPrefill(running, [Sequence([5] * n, 4)]) for n in (500, 30, 10, 80))
-    assert [(p, t) for p, t in riders([long, a, b, c], 64)] == [(long, 24), (a, None), (b, None)]
+    assert riders([long, a, b, c], 64) == [(long, 54), (b, None)]  # a does not fit in the short groups' half
     assert riders([long, c], 64) == [(long, 64)]  # nothing else fits: the oldest gets it all
-    assert riders([long, a, b], 40) == [(long, 30), (b, None)]  # a does not fit beside MIN_CHUNK for the oldest
+    assert riders([a, b, c, long], 64) == [(a, None), (b, None), (c, 24)]  # the oldest done: the rest, oldest first
     assert riders([b, a], 64) == [(b, None), (a, None)]
 
 

@@ -7,6 +7,7 @@ import pytest
 
 from pipeline.core.config import BatchProfile
 from pipeline.core.engine import BatchingEngine
+from pipeline.core.engine.joins import JOIN_WAIT_STEPS
 from pipeline.core.profile_file import GenerationCurves
 from pipeline.core.sim.gencost import GenerationCost
 from pipeline.core.sim.genfigures import gen_figures
@@ -155,10 +156,13 @@ def test_a_long_prompt_rides_the_steps_in_chunks() -> None:
     step = STEP_A + STEP_C
     assert whole.longest_gap_ms >= PREFILL_C * 1000
     assert chunked.longest_gap_ms <= 1.35 * step + 1e-6
-    # joined at the same step; then 1000 tokens at 128 a step: 8 fused steps (the last one a part
-    # chunk, paid for its part) instead of one prefill
-    joined = whole.first_ms[1] - (PREFILL_A + PREFILL_C * 1000)
+    # the prefilled row's first step ends at 104 + 55 ms: the rider joins there (it stalls nobody: no
+    # waiting for company, where the one-piece prefill waited JOIN_WAIT_STEPS steps), then 1000
+    # tokens at 128 a step: 8 fused steps (the last one a part chunk, paid for its part)
+    joined = PREFILL_A + PREFILL_C * 32 + step
     assert chunked.first_ms[1] == pytest.approx(joined + 8 * step + 0.35 * step * 1000 / 128)
+    waited = PREFILL_A + PREFILL_C * 32 + JOIN_WAIT_STEPS * step  # JOIN_WAIT_STEPS steps from its arrival (step 0)
+    assert whole.first_ms[1] - (PREFILL_A + PREFILL_C * 1000) == pytest.approx(waited)
 
 
 def test_a_tpot_objective_never_stalls_the_rows() -> None:

@@ -11,9 +11,11 @@ simulator (pipeline/core/sim/gensim.py), so the bench runs the consumer's own de
   max_new_tokens then keeps the running set from ever teaching the rule;
 - urgent first: joiners enter by priority (0 first), dispatch order within a level;
 - memory: joiners enter while the rows' prompt plus max_new_tokens fit the token cap;
-- a join pays (its prefill stalls every running row) when the set is empty, `join_group` wait,
-  the set has halved since the last join, or the oldest joiner waited `join_wait_steps` steps;
-  while the last step took longer than the step budget a short queue does not join;
+- a join that stalls the running rows (a prefill in one piece) pays when the set is empty,
+  `join_group` wait, the set has halved since the last join, or the oldest joiner waited
+  `join_wait_steps` steps; a join that rides stalls nobody and pays at once (waiting for company
+  only delays its first token); while the last step took longer than the step budget a short
+  queue does not join;
 - length groups: joiners are prefilled in groups of like prompts, so that left-padding to the
   longest prompt of a group costs at most `MAX_PADDING` x the real tokens (a group that rides
   rides one prompt at a time: a ride is paid per token, so it pays no padding at all);
@@ -23,7 +25,15 @@ simulator (pipeline/core/sim/gensim.py), so the bench runs the consumer's own de
   objective, as many tokens as the objective's slack over the plain step pays for
   (`ride_tokens`): the slack goes to the rides, so no stall is banked against it (an earlier
   stall credit spent the same slack on one-piece prefills, and rows riding through them
-  missed the objective).
+  missed the objective). The objective is a ceiling: while the plain step meets it, a ride
+  never pushes the step past it (a floor of RIDE_SHARE did, once rides filled every step);
+- a ride spends all of its tokens (`ride_plan`): short groups behind the oldest go whole,
+  smallest first, within OLDEST_SHARE's complement of the ride, so a short prompt queued behind
+  a long one starts decoding; the oldest (the nearest to missing its time to first token, which
+  runs from its record) gets the rest, at least OLDEST_SHARE of the ride; what it leaves goes
+  to the others oldest first. An earlier plan gave the short groups any share of the ride and
+  left the rest of the step empty when the oldest's rest was short: long prompts in a crowd
+  waited past the objective; oldest first alone held short prompts behind long documents.
 
 Pure: no clock, no device; every time is an argument.
 """
@@ -50,6 +60,9 @@ MIN_CHUNK = 8
 RIDE_SHARE = 0.35
 """Without a time-per-output-token objective, a decode step that carries prompt tokens in its
 forward pass may take this share longer than a plain one (docs/runners.md, "Fused chunks")."""
+OLDEST_SHARE = 0.5
+"""Share of a ride the oldest queued group gets at least (while its rest is that long): short
+groups go whole before it only within the other share, so no prompt waits behind them for ever."""
 
 
 @dataclass(frozen=True)
@@ -171,7 +184,8 @@ class JoinRule:
             return []
         oldest = min(joiners[k].arrived_step for k in fits)
         pays = (
-            not view.running
+            not self.one_piece(view.running)
+            or not view.running
             or len(fits) >= s.join_group
             or view.running * 2 <= view.size_at_join
             or view.steps - oldest >= s.join_wait_steps
@@ -181,34 +195,43 @@ class JoinRule:
     def one_piece(self, running: int) -> bool:
         """Whether a group is prefilled at once (nobody decodes: nothing to stall; or chunking is
         off) or rides the decode steps in chunks (no stall, and a prompt token costs less than in
-        a prefill of its own)."""
+        a prefill of its own: such a join is admitted without waiting for company)."""
         return self.s.step_token_budget <= 0 or not running
 
 
 def ride_tokens(paced: float, step_ms: float, per_token_ms: float | None, tpot_ms: float | None) -> int:
     """Prompt tokens the next decode step carries in its forward pass. Without a time-per-output-token
     objective, `paced` (what adds RIDE_SHARE of the plain step, within the step's token budget).
-    With one, as many as the objective's slack over the plain step (`step_ms`) pays for at
-    `per_token_ms` a ridden token, when that is more: a step that still meets the objective costs
-    the rows nothing they were promised, and every token ridden now is a token a joiner does not
-    wait for. Never under MIN_CHUNK: the prompt moves."""
-    if tpot_ms and per_token_ms and per_token_ms > 0 and step_ms > 0:
-        paced = max(paced, (tpot_ms - step_ms) / per_token_ms)
+    With one that the plain step (`step_ms`) meets, as many as the objective's slack over it pays
+    for at `per_token_ms` a ridden token: a step that still meets the objective costs the rows
+    nothing they were promised, a step past it costs every row, and every token ridden now is
+    a token a joiner does not wait for. A plain step that misses the objective already: `paced`.
+    Never under MIN_CHUNK: the prompt moves."""
+    if tpot_ms and per_token_ms and per_token_ms > 0 and 0 < step_ms < tpot_ms:
+        paced = (tpot_ms - step_ms) / per_token_ms
     return int(max(MIN_CHUNK, paced))
 
 
-def ride_plan(remaining: Sequence[int], tokens: int) -> tuple[int | None, list[int]]:
+def ride_plan(remaining: Sequence[int], tokens: int) -> list[tuple[int, int | None]]:
     """One ride of about `tokens` prompt tokens over the queued groups' `remaining` tokens (oldest
-    first): the groups behind the oldest whose whole rest fits go whole (smallest first), so short
-    prompts queued behind a long one start decoding instead of waiting for all of its chunks; the
-    oldest gets what is left, never under MIN_CHUNK. Returns the oldest's tokens (None: its whole
-    rest fits) and the indices of the groups riding whole."""
-    left = tokens - MIN_CHUNK
-    whole: list[int] = []
+    first): the groups behind the oldest whose whole rest fits go whole, smallest first, within
+    (1 - OLDEST_SHARE) of the ride; the oldest gets what is left (never under MIN_CHUNK); what
+    it does not need goes to the others, oldest first, while MIN_CHUNK is left. Returns (index,
+    tokens) of each riding group in queue order, the oldest first; None: its whole rest."""
+    room = tokens - max(MIN_CHUNK, int(OLDEST_SHARE * tokens))
+    chunks: dict[int, int] = {}
     for k in sorted(range(1, len(remaining)), key=lambda k: remaining[k]):
-        if remaining[k] > left:
+        if remaining[k] > room:
             break
-        whole.append(k)
-        left -= remaining[k]
-    left += MIN_CHUNK
-    return (None if remaining[0] <= left else left), sorted(whole)
+        chunks[k] = remaining[k]
+        room -= remaining[k]
+    left = tokens - sum(chunks.values())
+    chunks[0] = min(remaining[0], max(MIN_CHUNK, left))
+    left -= chunks[0]
+    for k in range(1, len(remaining)):
+        if left < MIN_CHUNK:
+            break
+        if k not in chunks:
+            chunks[k] = min(left, remaining[k])
+            left -= chunks[k]
+    return [(k, None if chunks[k] >= remaining[k] else chunks[k]) for k in sorted(chunks)]

@@ -236,7 +236,7 @@ def simulate_generation(arrivals: GenArrivals, cost: GenerationCost, policies: S
                       int(arr.priority[i]), row.group.arrived_step)
 
     def step(lane: int, now: float) -> None:
-        """One decode step of the running rows; the head chunked group's next chunk rides it."""
+        """One decode step of the running rows; the queued groups' next chunks ride it (joins.ride_plan)."""
         loop = loops[lane]
         rows = len(loop.live) + loop.dead
         width = max(int(arr.prompt[r.i]) + r.emitted for r in loop.live)
@@ -253,15 +253,13 @@ def simulate_generation(arrivals: GenArrivals, cost: GenerationCost, policies: S
                 tokens = ride_tokens(chunk_tokens(budget, decoding), ms, ride_token_ms(device, budget, decoding),
                                      settings.tpot_ms)
             queue: list[ChunkedGroup] = list(loop.prefills)
-            head_tokens, behind = ride_plan([p.rest_tokens() for p in queue], tokens)
-            fed = queue[0].ride(head_tokens)
-            for k in behind:  # short groups behind the oldest ride whole
-                fed += queue[k].ride(None)
-                loop.prefills.remove(queue[k])
-                merged += queue[k].rows
-            if queue[0].complete:
-                loop.prefills.remove(queue[0])
-                merged += queue[0].rows
+            fed = 0
+            for k, chunk in ride_plan([p.rest_tokens() for p in queue], tokens):
+                group = queue[k]
+                fed += group.ride(chunk)
+                if group.complete:
+                    loop.prefills.remove(group)
+                    merged += group.rows
             if per_token:
                 ms += fed * per_token
             else:
