@@ -19,7 +19,7 @@ import numpy as np
 from pipeline.bench.pipeline_consumers import BenchConsumers
 from pipeline.bench.pipeline_events import EventFigures, event_figures, percentile
 from pipeline.bench.pipeline_lengths import draw
-from pipeline.bench.pipeline_options import MIXED_NEW_TOKENS, MODEL, BenchOptions
+from pipeline.bench.pipeline_options import MODEL, BenchOptions
 from pipeline.core.config import KafkaSettings
 from pipeline.core.kafka.client import ensure_topics
 from pipeline.devtools.producer import Load, LoadProducer, poisson_load
