@@ -18,11 +18,18 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from pipeline.core.kafka.client import Topics, client_options, ensure_topics
+from pipeline.core.kafka.outbox import Outbox
 from pipeline.core.kafka.reader import Isolation, Record, TopicReader
+from consumers.clock import Clock
+from consumers.delivery import Delivery
+from consumers.fencing import MembershipGuard
+from consumers.publish import Publisher
 from consumers.runners import make_runner
+from consumers.stats import ConsumerStats
 from consumers.worker import Consumer
 from pipeline.core.config import BatchProfile, ConsumerSettings, KafkaSettings, ModelConfig
 from pipeline.core.engine import BatchingEngine
+from pipeline.core.kafka.topic_limits import TopicLimits
 from pipeline.harness.offsets import committed_offsets as group_offsets
 from tests.support.kafka import produce_json
 
@@ -184,6 +191,36 @@ async def poll_records(consumer: Any, count: int, *, polls: int = 60) -> list[An
         records += [r for batch in (await consumer.getmany(timeout_ms=500)).values() for r in batch]
         if len(records) >= count:
             break
+    return records
+
+
+def hand_publisher(
+    kafka: KafkaSettings, producer: AIOKafkaProducer, consumer: AIOKafkaConsumer, group: str, answers: str,
+    clock: Clock, stats: ConsumerStats, *, transactional: bool = True,
+) -> tuple[Publisher, Outbox, MembershipGuard]:
+    """A publisher wired as the consumer's loop wires it (its outbox running, a membership guard on
+    the started `consumer`), for a test that drives answers and commits by hand; the caller stops
+    the outbox."""
+    limits = TopicLimits(kafka)
+    outbox = Outbox(producer, set(), limits)
+    outbox.start()
+    guard = MembershipGuard(clock)
+    guard.attach(consumer)
+    publisher = Publisher(
+        transactional=transactional, group_id=group, producer=producer, consumer=consumer, outbox=outbox,
+        delivery=Delivery(producer, outbox, limits, {answers}, answers, clock), stats=stats, guard=guard,
+    )
+    return publisher, outbox, guard
+
+
+async def take_records(publisher: Publisher, consumer: AIOKafkaConsumer, tp: Any, count: int) -> list[Any]:
+    """The first `count` records of the subscribed `consumer`, received by `publisher` as the loop
+    receives them once the member has joined."""
+    records = await poll_records(consumer, count)
+    assert len(records) == count
+    publisher.joined()
+    for record in records:
+        publisher.tracker.received(tp, record.offset)
     return records
 
 

@@ -12,17 +12,14 @@ import uuid
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from consumers.delivery import Delivery
 from consumers.fencing import NO_GENERATION, MembershipGuard, stale
-from consumers.publish import Publisher
 from consumers.stats import ConsumerStats
 from pipeline.core.config import KafkaSettings
 from pipeline.core.kafka.client import client_options, create_topics, durable_producer
-from pipeline.core.kafka.outbox import Message, Outbox
-from pipeline.core.kafka.topic_limits import TopicLimits
+from pipeline.core.kafka.outbox import Message
 from tests.support.clock import FakeClock
 from tests.support.kafka import produce_json
-from tests.consumers.harness import poll_records, read_committed
+from tests.consumers.harness import hand_publisher, read_committed, take_records
 
 
 def test_the_rule_refuses_a_stale_heartbeat_a_moved_generation_and_no_membership() -> None:
@@ -56,24 +53,12 @@ def test_a_stale_member_waits_for_a_heartbeat_and_an_expelled_one_leaves_its_rec
             **options, group_id=group, enable_auto_commit=False, auto_offset_reset="earliest",
             isolation_level="read_committed", heartbeat_interval_ms=200,
         )
-        limits = TopicLimits(kafka_settings)
-        outbox = Outbox(producer, set(), limits)
-        outbox.start()
         await consumer.start()
-        guard = MembershipGuard(clock)
-        guard.attach(consumer)
-        publisher = Publisher(
-            transactional=True, group_id=group, producer=producer, consumer=consumer, outbox=outbox,
-            delivery=Delivery(producer, outbox, limits, {answers}, answers, clock), stats=stats, guard=guard,
-        )
+        publisher, outbox, guard = hand_publisher(kafka_settings, producer, consumer, group, answers, clock, stats)
         tp = TopicPartition(source, 0)
         try:
             consumer.subscribe([source])
-            records = await poll_records(consumer, 2)
-            assert len(records) == 2
-            publisher.joined()
-            for record in records:
-                publisher.tracker.received(tp, record.offset)
+            await take_records(publisher, consumer, tp, 2)
 
             # stale (half a session since the join, by the test's clock): aborted, then committed once a
             # heartbeat sent after that is accepted

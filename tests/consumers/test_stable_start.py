@@ -16,8 +16,6 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 
-from consumers.delivery import Delivery
-from consumers.fencing import MembershipGuard
 from consumers.clock import SystemClock
 from consumers.publish import Publisher
 from consumers.stable_start import StableStart
@@ -26,10 +24,9 @@ from pipeline.core.config import ConsumerSettings, KafkaSettings
 from pipeline.core.kafka.client import client_options, create_topics, durable_producer
 from pipeline.core.kafka.offset_fetch import NO_OFFSET, UNSTABLE_OFFSET_COMMIT, fetch_committed
 from pipeline.core.kafka.offsets import METADATA_TAG, CommitPoint, OffsetTracker
-from pipeline.core.kafka.outbox import Message, Outbox
-from pipeline.core.kafka.topic_limits import TopicLimits
+from pipeline.core.kafka.outbox import Message
 from tests.consumers.harness import collect, cost_model, create_topics as create_model_topics, make_consumer, request
-from tests.consumers.harness import poll_records, read_committed, running, send, topics
+from tests.consumers.harness import hand_publisher, read_committed, running, send, take_records, topics
 from tests.support.clock import FakeClock
 from tests.support.kafka import produce_json
 
@@ -216,23 +213,13 @@ def test_a_new_owner_skips_what_the_last_owner_answered_past_its_commit(
             **options, group_id=group, enable_auto_commit=False, auto_offset_reset="earliest",
             isolation_level="read_committed",
         )
-        limits = TopicLimits(kafka)
-        outbox = Outbox(producer, set(), limits)
-        outbox.start()
         await consumer.start()
-        guard = MembershipGuard(clock)
-        guard.attach(consumer)
-        publisher = Publisher(
-            transactional=transactional, group_id=group, producer=producer, consumer=consumer, outbox=outbox,
-            delivery=Delivery(producer, outbox, limits, {results}, results, clock), stats=stats, guard=guard,
+        publisher, outbox, _ = hand_publisher(
+            kafka, producer, consumer, group, results, clock, stats, transactional=transactional
         )
         try:
             consumer.subscribe([source])
-            records = await poll_records(consumer, 20)
-            assert len(records) == 20
-            publisher.joined()
-            for record in records:
-                publisher.tracker.received(tp, record.offset)
+            records = await take_records(publisher, consumer, tp, 20)
             answered = [r for r in records if 8 <= r.offset <= 17]
             messages = [Message(results, f"r{r.offset}".encode(), json.dumps({"id": f"r{r.offset}"}).encode()) for r in answered]
             assert await publisher.publish(messages, [(tp, r.offset) for r in answered])

@@ -18,15 +18,11 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.client import ConnectionGroup, CoordinationType
 
-from consumers.delivery import Delivery
-from consumers.fencing import MembershipGuard
-from consumers.publish import Publisher
 from consumers.stats import ConsumerStats
 from pipeline.core.config import KafkaSettings
 from pipeline.core.kafka.client import client_options, create_topics, durable_producer
 from pipeline.core.kafka.offset_fetch import NO_OFFSET, UNSTABLE_OFFSET_COMMIT, fetch_committed
-from pipeline.core.kafka.outbox import Message, Outbox
-from pipeline.core.kafka.topic_limits import TopicLimits
+from pipeline.core.kafka.outbox import Message
 from pipeline.core.kafka.txn_offset_commit import (
     ILLEGAL_GENERATION,
     UNKNOWN_MEMBER_ID,
@@ -37,7 +33,7 @@ from pipeline.core.kafka.txn_offset_commit import (
 )
 from tests.support.clock import FakeClock
 from tests.support.kafka import produce_json
-from tests.consumers.harness import poll_records, read_committed
+from tests.consumers.harness import hand_publisher, read_committed, take_records
 
 
 def test_offsets_of_a_stale_or_unknown_member_are_refused_and_the_current_members_land(
@@ -137,24 +133,12 @@ def test_an_expelled_consumer_that_believes_it_is_fresh_has_its_transaction_refu
             isolation_level="read_committed", session_timeout_ms=6000, heartbeat_interval_ms=200,
         )
         successor = AIOKafkaConsumer(**options, group_id=group, enable_auto_commit=False, auto_offset_reset="earliest")
-        limits = TopicLimits(kafka_settings)
-        outbox = Outbox(producer, set(), limits)
-        outbox.start()
         await zombie.start()
-        guard = MembershipGuard(clock)
-        guard.attach(zombie)
+        publisher, outbox, guard = hand_publisher(kafka_settings, producer, zombie, group, answers, clock, stats)
         fence_txn_offsets(producer, guard.member)
-        publisher = Publisher(
-            transactional=True, group_id=group, producer=producer, consumer=zombie, outbox=outbox,
-            delivery=Delivery(producer, outbox, limits, {answers}, answers, clock), stats=stats, guard=guard,
-        )
         try:
             zombie.subscribe([source])
-            records = await poll_records(zombie, 2)
-            assert len(records) == 2
-            publisher.joined()
-            for record in records:
-                publisher.tracker.received(tp, record.offset)
+            await take_records(publisher, zombie, tp, 2)
             generation = guard.generation
             assert await publisher.publish([Message(answers, b"0", json.dumps(0).encode())], [(tp, 0)])
             assert await read_committed(kafka_settings, answers) == ["0"]
