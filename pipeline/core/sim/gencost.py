@@ -51,6 +51,9 @@ class GenerationCost:
     """ms a prompt token riding in a decode step adds to it, as the consumer's pacer measures it
     (chunked_prefill.RidePacer); None: a chunk of the step's token budget adds RIDE_SHARE of the
     step (genchunks.py), the rule for a device whose step is bound by reading the weights."""
+    ride_measured_ms: float | None = None
+    """ms per ridden prompt token measured on a recording (the pace its loop admitted joiners at);
+    not scaled, and taken over `ride_ms_per_token`."""
 
     def prefill_ms(self, rows: int, width: int) -> float:
         return self.scale * self.prefill.ms(rows * width)
@@ -59,10 +62,6 @@ class GenerationCost:
         base = self.step.ms(rows)
         attention = self.per_row_token_ms * rows * (cache - self.ref_cache)
         return self.scale * max(0.5 * base, base + attention) + self.step_overhead_ms
-
-    ride_measured_ms: float | None = None
-    """ms per ridden prompt token measured on a recording (the pace its loop admitted joiners at);
-    not scaled, and taken over `ride_ms_per_token`."""
 
     def ride_token_ms(self) -> float | None:
         if self.ride_measured_ms is not None:
