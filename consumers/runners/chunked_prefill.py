@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from pipeline.core.engine.joins import RIDE_SHARE, ride_plan, ride_tokens
+from pipeline.core.engine.joins import MIN_CHUNK, paced_ride, ride_plan
 
 from .decoding import RunningSet, Sequence, prompt_tensors
 
@@ -41,8 +41,6 @@ if TYPE_CHECKING:
 CHUNK_STEP_SHARE = 0.5
 """A step that carries a chunk may take this share longer than a plain decode step: the running
 rows' time per output token stays within 1.5x while a long prompt joins."""
-MIN_CHUNK = 8
-"""Prompt tokens a chunk gets at least, however slow a token is next to the step: the prompt moves."""
 PACE_WINDOW = 16
 """Recent prefills (sizes and times) the pacer fits its cost model to."""
 
@@ -106,7 +104,7 @@ class RidePacer:
     plain step, never more than the step's token budget leaves beside the
     decoding rows; with a time-per-output-token objective (`tpot_ms`), as
     many as the objective's slack over the plain step pays for, while the
-    plain step meets it (joins.ride_tokens, the simulator's rule too);
+    plain step meets it (joins.paced_ride, the simulator's rule too);
     never under MIN_CHUNK.
     """
 
@@ -136,11 +134,10 @@ class RidePacer:
 
     def tokens(self, decoding_rows: int, step_ms: float) -> int:
         """Prompt tokens to ride beside `decoding_rows` rows whose last plain step took `step_ms`."""
-        room = max(self.budget - decoding_rows, MIN_CHUNK)
         per_token = self.per_token()
         if per_token is None or step_ms <= 0:
-            return max(MIN_CHUNK, min(room, self.budget // 4))
-        return ride_tokens(min(room, RIDE_SHARE * step_ms / per_token), step_ms, per_token, self.tpot_ms)
+            return max(MIN_CHUNK, min(max(self.budget - decoding_rows, MIN_CHUNK), self.budget // 4))
+        return paced_ride(self.budget, decoding_rows, step_ms, per_token, self.tpot_ms)
 
 
 def riders(prefills: list["ChunkedPrefill"], tokens: int) -> list[tuple["ChunkedPrefill", int | None]]:

@@ -61,11 +61,11 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from pipeline.core.engine.joins import JOIN_GROUP, JOIN_WAIT_STEPS, Joiner, JoinRule, JoinSettings, LoopView, length_groups
+from pipeline.core.engine.joins import JOIN_GROUP, JOIN_WAIT_STEPS, Joiner, JoinRule, JoinSettings, LoopView, MIN_CHUNK, length_groups
 from pipeline.core.engine.shedding import CANNOT_MEET_DEADLINE
 
 from .base import Output, describe_error
-from .chunked_prefill import MIN_CHUNK, ChunkedPrefill, ChunkPacer, RidePacer, riders
+from .chunked_prefill import ChunkedPrefill, ChunkPacer, RidePacer, riders
 from .decoding import RunningSet, Sequence, drop_expired
 from .fused_step import ride, supported
 

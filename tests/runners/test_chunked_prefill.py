@@ -11,18 +11,11 @@ from pathlib import Path
 import pytest
 
 from consumers.runners import make_runner
-from consumers.runners.chunked_prefill import (
-    CHUNK_STEP_SHARE,
-    MIN_CHUNK,
-    RIDE_SHARE,
-    ChunkedPrefill,
-    ChunkPacer,
-    RidePacer,
-    riders,
-)
+from consumers.runners.chunked_prefill import CHUNK_STEP_SHARE, ChunkedPrefill, ChunkPacer, RidePacer, riders
 from consumers.runners.decoding import Sequence, decode_all
 from consumers.runners.fused_step import ride
 from consumers.runners.iteration import IterationScheduler
+from pipeline.core.engine.joins import MIN_CHUNK, RIDE_SHARE
 from consumers.runners.transformers_runner import TransformersRunner
 from pipeline.core.config import ConfigError, ModelConfig, parse_config
 

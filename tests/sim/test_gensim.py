@@ -127,10 +127,11 @@ def test_the_loop_follows_the_consumer() -> None:
     assert (gensim.JOIN_GROUP, gensim.JOIN_WAIT_STEPS, gensim.JOIN_SLOTS) == (
         iteration.JOIN_GROUP, iteration.JOIN_WAIT_STEPS, iteration.JOIN_SLOTS)
     assert gensim.DEAD_SHARE == decoding.DEAD_SHARE
-    assert joins.MIN_CHUNK == chunked_prefill.MIN_CHUNK
-    assert genchunks.RIDE_SHARE == chunked_prefill.RIDE_SHARE == joins.RIDE_SHARE
+    assert chunked_prefill.MIN_CHUNK is joins.MIN_CHUNK
+    assert genchunks.RIDE_SHARE == joins.RIDE_SHARE
     # one pacing rule and one spreading rule: the consumer's pacer and the simulator call the same
-    assert chunked_prefill.ride_tokens is gensim.ride_tokens is joins.ride_tokens
+    assert chunked_prefill.paced_ride is gensim.paced_ride is joins.paced_ride
+    assert gensim.ride_tokens is joins.ride_tokens
     assert chunked_prefill.ride_plan is gensim.ride_plan is joins.ride_plan
     pacer = chunked_prefill.RidePacer(128, tpot_ms=100.0)
     pacer.observe_ride(128, 50.0 * 1.35, 50.0)  # the simulator's ride cost: a chunk adds RIDE_SHARE

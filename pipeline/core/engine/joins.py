@@ -212,6 +212,15 @@ def ride_tokens(paced: float, step_ms: float, per_token_ms: float | None, tpot_m
     return int(max(MIN_CHUNK, paced))
 
 
+def paced_ride(budget: int, decoding: int, step_ms: float, per_token_ms: float, tpot_ms: float | None) -> int:
+    """Prompt tokens the next decode step carries beside `decoding` rows whose plain step takes
+    `step_ms`, at `per_token_ms` a ridden token: what adds RIDE_SHARE of the step, within the step's
+    token budget beside the rows (ride_tokens with a TPOT objective). The consumer's pacer and the
+    simulator both ride by this."""
+    room = max(budget - decoding, MIN_CHUNK)
+    return ride_tokens(min(room, RIDE_SHARE * step_ms / per_token_ms), step_ms, per_token_ms, tpot_ms)
+
+
 def ride_plan(remaining: Sequence[int], tokens: int) -> list[tuple[int, int | None]]:
     """One ride of about `tokens` prompt tokens over the queued groups' `remaining` tokens (oldest
     first): the groups behind the oldest whose whole rest fits go whole, smallest first, within

@@ -25,8 +25,8 @@ from typing import Sequence
 import numpy as np
 
 from pipeline.core.engine.decisions import Batch, BatchPolicy, PendingRequest
-from pipeline.core.engine.joins import (JOIN_GROUP, JOIN_WAIT_STEPS, MIN_CHUNK, RIDE_SHARE, Joiner, JoinRule,
-                                        JoinSettings, LoopView, length_groups, ride_plan, ride_tokens)
+from pipeline.core.engine.joins import (JOIN_GROUP, JOIN_WAIT_STEPS, Joiner, JoinRule, JoinSettings, LoopView,
+                                        length_groups, paced_ride, ride_plan, ride_tokens)
 from pipeline.core.sim.genchunks import ChunkedGroup, chunk_tokens, ride_ms, ride_token_ms
 from pipeline.core.sim.gencost import GenerationCost
 
@@ -128,8 +128,6 @@ class _Loop:
     steps: int = 0
     joins: int = 0
     last_step_ms: float = 0.0
-    plain_ms: float = 0.0
-    """The last step's time without the prompt tokens it carried (what the consumer's pacer times)."""
     busy: bool = False
     inflight: int = 0
 
@@ -240,15 +238,14 @@ def simulate_generation(arrivals: GenArrivals, cost: GenerationCost, policies: S
         loop = loops[lane]
         rows = len(loop.live) + loop.dead
         width = max(int(arr.prompt[r.i]) + r.emitted for r in loop.live)
-        ms = loop.plain_ms = cost.step_ms(rows, width)
+        ms = cost.step_ms(rows, width)
         merged: list[_Row] = []
         if loop.prefills:
             decoding = len(loop.live)
             device = ms - cost.step_overhead_ms  # a ride adds to the forward pass, not to the loop's fixed cost
             per_token = cost.ride_token_ms()
-            if per_token:  # the consumer's pacer: what adds RIDE_SHARE of the step, beside the decoding rows
-                paced = min(max(budget - decoding, MIN_CHUNK), RIDE_SHARE * ms / per_token)
-                tokens = ride_tokens(paced, ms, per_token, settings.tpot_ms)
+            if per_token:  # the consumer's pacer
+                tokens = paced_ride(budget, decoding, ms, per_token, settings.tpot_ms)
             else:
                 tokens = ride_tokens(chunk_tokens(budget, decoding), ms, ride_token_ms(device, budget, decoding),
                                      settings.tpot_ms)
