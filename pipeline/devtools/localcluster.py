@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pipeline.devtools.broker_config import kafka_uuid
-from pipeline.devtools.broker_process import free_port, metadata_probe, port_is_free, run_sync
+from pipeline.devtools.broker_process import free_port, port_is_free, run_sync
 from pipeline.devtools.kafka_jars import KafkaSetupError
 from pipeline.devtools.localkafka import CLUSTER_FILE, LocalKafka
 
@@ -169,10 +169,7 @@ class LocalCluster:
             for other in self.nodes:
                 while True:
                     try:
-                        run_sync(metadata_probe(
-                            node.bootstrap, other.node_id, max(deadline - time.monotonic(), 0.5),
-                            security=node.security_protocol, ca_file=node.ca_file, sasl_users=node.sasl_users,
-                        ))
+                        run_sync(node.lists_node(other.node_id, max(deadline - time.monotonic(), 0.5)))
                         break
                     except Exception as e:  # noqa: BLE001 - not listed yet; retried until the deadline
                         if time.monotonic() >= deadline:

@@ -326,16 +326,17 @@ class LocalKafka:
                 )
             if not port_is_free(self.port):
                 try:
-                    run_sync(self._metadata_probe(deadline - time.monotonic()))
+                    run_sync(self.lists_node(self.node_id, deadline - time.monotonic()))
                     return
                 except Exception as e:  # noqa: BLE001 - not ready yet; retried until the deadline
                     error = e
             time.sleep(0.1)
         raise KafkaSetupError(f"the broker did not become ready in time ({error!r}); see {self.log_file}")
 
-    async def _metadata_probe(self, budget_s: float) -> None:
+    async def lists_node(self, node_id: int, budget_s: float) -> None:
+        """Succeeds once this broker's metadata lists node `node_id` as alive (itself: it is ready)."""
         await metadata_probe(
-            self.bootstrap, self.node_id, budget_s,
+            self.bootstrap, node_id, budget_s,
             security=self.security_protocol, ca_file=self.ca_file, sasl_users=self.sasl_users,
         )  # fmt: skip
 
