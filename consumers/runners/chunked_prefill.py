@@ -20,9 +20,9 @@ tokens, so the prompt always moves. With nobody decoding there is nothing
 to stall, and the rest is prefilled at once.
 
 With `fused_chunks` a chunk is not a forward pass of its own: it rides in
-the decode step's (`fused_step`), paced by `RidePacer` to add RIDE_SHARE of
-a plain step, or with a time-per-output-token objective to fill the
-objective's slack over the plain step (joins.ride_tokens); `ChunkPacer`
+the decode step's (`fused_step`), paced by `RidePacer` so that the rides add
+RIDE_SHARE of a plain step on average, or with a time-per-output-token
+objective fill the objective's slack over the plain step; `ChunkPacer`
 paces the separate passes.
 """
 
@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from pipeline.core.engine.joins import MIN_CHUNK, paced_ride, ride_plan
+from pipeline.core.engine.joins import MIN_CHUNK, RideCredit, paced_ride, ride_allowance, ride_plan
 
 from .decoding import RunningSet, Sequence, prompt_tensors
 
@@ -68,19 +68,8 @@ class ChunkPacer:
             self._seen.append((tokens, ms))
 
     def cost(self) -> tuple[float, float] | None:
-        """(fixed ms per forward pass, ms per prompt token) fitted by least squares to the recent
-        prefills; all per token when their sizes do not vary; None before any."""
-        if not self._seen:
-            return None
-        xs = [float(t) for t, _ in self._seen]
-        ys = [ms for _, ms in self._seen]
-        n = len(xs)
-        mean_x, mean_y = sum(xs) / n, sum(ys) / n
-        var = sum((x - mean_x) ** 2 for x in xs)
-        slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / var if var > 0 else 0.0
-        if slope <= 0 or mean_y - slope * mean_x < 0:
-            return 0.0, sum(ys) / sum(xs)
-        return mean_y - slope * mean_x, slope
+        """(fixed ms per forward pass, ms per prompt token) of the recent prefills; None before any."""
+        return fit_cost(self._seen)
 
     def tokens(self, decoding_rows: int, step_ms: float) -> int:
         """Prompt tokens for the next chunk beside `decoding_rows` rows whose last step took `step_ms`."""
@@ -94,18 +83,21 @@ class ChunkPacer:
 
 
 class RidePacer:
-    """How many prompt tokens ride in the next decode step (`fused_step`).
+    """How many prompt tokens ride in the next decode step (`fused_step`), and when.
 
-    A chunk in the step's own forward pass has no fixed part (the weights
-    are read once for the rows and the chunk): its cost is per token, the
-    step's time over a plain step's divided by the tokens it carried,
-    averaged (ratio of sums) over the recent rides; before any ride, a
-    one-piece prefill's time per token. It gets what adds RIDE_SHARE of a
-    plain step, never more than the step's token budget leaves beside the
-    decoding rows; with a time-per-output-token objective (`tpot_ms`), as
-    many as the objective's slack over the plain step pays for, while the
-    plain step meets it (joins.paced_ride, the simulator's rule too);
-    never under MIN_CHUNK.
+    A ride adds to its step a fixed part and a part per token. The fixed
+    part is not small on a CPU: riding the MIN_CHUNK floor of 8 tokens took
+    a median 1.89x a ~63 ms plain step of SmolLM2 (2 cores, inside the
+    consumer), where a per-token model asked for 3 tokens a step. Both parts
+    are fitted to the recent rides (the step's time over the last plain
+    step's); rides of one size cannot tell them apart, so while every recent
+    ride had the same size the next one rides twice as many (or half, at the
+    budget). Before any ride, a one-piece prefill's time per token stands
+    in. The size is joins.paced_ride's (at least what the fixed part costs,
+    within the step's token budget beside the rows), the spacing
+    joins.RideCredit's: what the rides add over joins.ride_allowance
+    (RIDE_SHARE of a plain step, or a time-per-output-token objective's
+    slack over it) is paid back by plain steps before the next ride.
     """
 
     def __init__(self, budget: int, tpot_ms: float | None = None) -> None:
@@ -113,6 +105,7 @@ class RidePacer:
         self.tpot_ms = tpot_ms
         self._prefills: deque[tuple[int, float]] = deque(maxlen=PACE_WINDOW)
         self._rides: deque[tuple[int, float]] = deque(maxlen=PACE_WINDOW)
+        self._credit = RideCredit()
 
     def observe(self, tokens: int, ms: float) -> None:
         """A one-piece prefill of `tokens` took `ms` (an upper bound of a ridden token's cost)."""
@@ -122,22 +115,57 @@ class RidePacer:
     def observe_ride(self, tokens: int, ms: float, plain_ms: float) -> None:
         """A step that carried `tokens` took `ms` where a plain step took `plain_ms`."""
         if tokens > 0 and plain_ms > 0:
-            self._rides.append((tokens, max(ms - plain_ms, 0.0)))
+            added = max(ms - plain_ms, 0.0)
+            self._rides.append((tokens, added))
+            self._credit.rode(added, ride_allowance(plain_ms, self.tpot_ms))
 
-    def per_token(self) -> float | None:
-        """Milliseconds a ridden prompt token adds to a step, from the recent rides (or prefills)."""
-        seen = self._rides or self._prefills
-        if not seen:
-            return None
-        cost = sum(ms for _, ms in seen) / sum(t for t, _ in seen)
-        return cost if cost > 0 else None
+    def observe_plain(self, ms: float) -> None:
+        """A step that carried no prompt tokens took `ms`: it pays back what the last rides added."""
+        self._credit.plain(ride_allowance(ms, self.tpot_ms))
+
+    def due(self) -> bool:
+        """Whether the next step may carry a ride."""
+        return self._credit.due()
+
+    def cost(self) -> tuple[float, float] | None:
+        """(fixed ms, ms per prompt token) a ride adds to a step, from the recent rides; a one-piece
+        prefill's time per token before any; None before either."""
+        if self._rides:
+            return fit_cost(self._rides)
+        if self._prefills:
+            return 0.0, sum(ms for _, ms in self._prefills) / sum(t for t, _ in self._prefills)
+        return None
 
     def tokens(self, decoding_rows: int, step_ms: float) -> int:
         """Prompt tokens to ride beside `decoding_rows` rows whose last plain step took `step_ms`."""
-        per_token = self.per_token()
-        if per_token is None or step_ms <= 0:
-            return max(MIN_CHUNK, min(max(self.budget - decoding_rows, MIN_CHUNK), self.budget // 4))
-        return paced_ride(self.budget, decoding_rows, step_ms, per_token, self.tpot_ms)
+        room = max(self.budget - decoding_rows, MIN_CHUNK)
+        cost = self.cost()
+        if cost is None or cost[1] <= 0 or step_ms <= 0:
+            return max(MIN_CHUNK, min(room, self.budget // 4))
+        fixed, per_token = cost
+        tokens = paced_ride(self.budget, decoding_rows, step_ms, per_token, self.tpot_ms, fixed)
+        sizes = {t for t, _ in self._rides}
+        if len(sizes) == 1:
+            (size,) = sizes
+            if tokens == size:
+                tokens = 2 * size if 2 * size <= room else max(MIN_CHUNK, size // 2)
+        return tokens
+
+
+def fit_cost(seen: "deque[tuple[int, float]]") -> tuple[float, float] | None:
+    """(fixed ms, ms per token) of passes of (tokens, ms), fitted by least squares; all per token when
+    their sizes do not vary or the fit has no positive slope and fixed part; None before any."""
+    if not seen:
+        return None
+    xs = [float(t) for t, _ in seen]
+    ys = [ms for _, ms in seen]
+    n = len(xs)
+    mean_x, mean_y = sum(xs) / n, sum(ys) / n
+    var = sum((x - mean_x) ** 2 for x in xs)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / var if var > 0 else 0.0
+    if slope <= 0 or mean_y - slope * mean_x < 0:
+        return 0.0, sum(ys) / sum(xs)
+    return mean_y - slope * mean_x, slope
 
 
 def riders(prefills: list["ChunkedPrefill"], tokens: int) -> list[tuple["ChunkedPrefill", int | None]]:

@@ -259,12 +259,14 @@ class IterationScheduler:
             finished += self._running.step()
             self._last_step_ms = (time.perf_counter() - started) * 1000.0
             self.steps += 1
+            if isinstance(self._pacer, RidePacer):
+                self._pacer.observe_plain(self._last_step_ms)
         return finished
 
     def _advance_prefill(self, now_ms: float) -> tuple[list[Sequence], bool]:
         """One chunk of the oldest queued prefill (all of it when no row is decoding), or with fused
-        chunks a ride in the decode step that spends its tokens over the queue (joins.ride_plan);
-        a group complete is merged into the running set, a group
+        chunks a ride in the decode step, when one is due (`RidePacer.due`), that spends its tokens
+        over the queue (joins.ride_plan); a group complete is merged into the running set, a group
         whose every deadline passed is dropped. Returns the finished rows and whether the step ran."""
         finished: list[Sequence] = []
         stepped = False
@@ -276,14 +278,18 @@ class IterationScheduler:
                 finished += prefill.seqs
                 continue
             decoding = len(self._running)
+            pacer = self._pacer
+            rides = pacer if isinstance(pacer, RidePacer) and decoding and supported(self._running.model) else None
+            if rides is not None and not rides.due():
+                return finished, False  # the last rides' time is paid back by a plain step first
             started = time.perf_counter()
-            tokens = self._pacer.tokens(decoding, self._last_step_ms) if decoding else None
-            stepped = bool(decoding) and self.fused_chunks and supported(self._running.model)
-            if stepped:
+            tokens = pacer.tokens(decoding, self._last_step_ms) if decoding else None
+            stepped = rides is not None
+            if rides is not None:
                 riding = riders(list(self._prefills), tokens or MIN_CHUNK)
                 done, fed = ride(self._running, riding)
                 finished += done
-                self._pacer.observe_ride(fed, (time.perf_counter() - started) * 1000.0, self._last_step_ms)  # type: ignore[union-attr]
+                rides.observe_ride(fed, (time.perf_counter() - started) * 1000.0, self._last_step_ms)
                 self.steps += 1
                 for later, _ in riding[1:]:  # groups behind the oldest that rode to their end
                     if later.complete:
@@ -292,7 +298,7 @@ class IterationScheduler:
                         self._size_at_join = len(self._running)
             else:
                 fed = prefill.advance(tokens)
-                self._pacer.observe(fed, (time.perf_counter() - started) * 1000.0)
+                pacer.observe(fed, (time.perf_counter() - started) * 1000.0)
             self.chunks += 1
             if not prefill.complete:
                 break

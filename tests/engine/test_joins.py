@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from pipeline.core.engine.joins import (
-    LEARN_AFTER, MAX_PADDING, MIN_CHUNK, OLDEST_SHARE, Joiner, JoinRule, JoinSettings, LoopView, length_groups, ride_plan, ride_tokens,
+    LEARN_AFTER, MAX_PADDING, MIN_CHUNK, OLDEST_SHARE, RIDE_SHARE, Joiner, JoinRule, JoinSettings, LoopView, RideCredit,
+    length_groups, paced_ride, ride_allowance, ride_plan, ride_tokens,
 )
 
 
@@ -85,6 +88,31 @@ def test_a_tpot_objective_fills_its_slack_with_ridden_tokens() -> None:
     assert ride_tokens(64, 49.5, 0.1, 50.0) == MIN_CHUNK  # the prompt still moves
     assert ride_tokens(64, 60.0, 0.1, 50.0) == 64  # the plain step misses it already: the share
     assert ride_tokens(2, 60.0, 0.1, None) == MIN_CHUNK  # the prompt moves
+
+
+def test_a_ride_with_a_fixed_part_carries_what_the_fixed_part_costs_and_waits_until_it_is_paid() -> None:
+    # a 100 ms plain step may gain RIDE_SHARE (35 ms) a step; no fixed part: 1 ms a token, 35 tokens
+    assert ride_allowance(100.0, None) == pytest.approx(RIDE_SHARE * 100.0)
+    assert paced_ride(128, 10, 100.0, 1.0, None) == 35
+    # a 20 ms fixed part: what is left of the share, 15 tokens, would be mostly fixed cost: 20 tokens
+    assert paced_ride(128, 10, 100.0, 1.0, None, fixed_ms=20.0) == 20
+    assert paced_ride(128, 10, 100.0, 1.0, None, fixed_ms=5.0) == 30  # a small one: the share beside it
+    assert paced_ride(128, 100, 100.0, 0.1, None, fixed_ms=50.0) == 28  # within the budget beside the rows
+    assert paced_ride(128, 10, 30.0, 1.0, 50.0, fixed_ms=5.0) == 15  # an objective's slack (20 ms) beside it
+    assert ride_allowance(30.0, 50.0) == 20.0 and ride_allowance(60.0, 50.0) == pytest.approx(RIDE_SHARE * 60.0)
+    credit = RideCredit()
+    assert credit.due()
+    credit.rode(40.0, 35.0)  # the 20-token ride added 40 ms where 35 were allowed: 5 owed
+    assert not credit.due()
+    credit.plain(35.0)  # one plain step pays it back
+    assert credit.due()
+    credit.rode(30.0, 35.0)  # a ride under the allowance banks nothing
+    credit.rode(105.0, 35.0)
+    steps = 0
+    while not credit.due():
+        credit.plain(35.0)
+        steps += 1
+    assert steps == 2  # 105 ms added over three steps: 35 a step on average
 
 
 def test_a_ride_spends_its_tokens_short_groups_whole_within_half_the_oldest_the_rest() -> None:

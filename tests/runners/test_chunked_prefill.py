@@ -198,11 +198,72 @@ def test_ridden_chunks_add_a_share_of_a_plain_step_from_the_measured_cost_per_to
     pacer.observe(500, 1000.0)  # a one-piece prefill: 2 ms a token, until a ride is measured
     assert pacer.tokens(10, 100.0) == int(RIDE_SHARE * 100.0 / 2.0)
     pacer.observe_ride(20, 110.0, 100.0)
-    pacer.observe_ride(30, 115.0, 100.0)  # rides: 25 ms over 50 tokens, 0.5 ms a token
-    assert pacer.per_token() == pytest.approx(0.5)
+    pacer.observe_ride(40, 120.0, 100.0)  # rides: 0.5 ms a token, no fixed part
+    assert pacer.cost() == (pytest.approx(0.0, abs=1e-9), pytest.approx(0.5))
     assert pacer.tokens(10, 100.0) == int(RIDE_SHARE * 100.0 / 0.5)  # 70 tokens add 35 ms to a 100 ms step
     assert pacer.tokens(100, 100.0) == 28  # what the budget leaves beside 100 rows
     assert pacer.tokens(10, 5.0) == MIN_CHUNK  # a fast step: the prompt still moves
+    assert pacer.due()  # no ride added more than its share
+
+
+def test_rides_with_a_fixed_part_learn_it_carry_more_and_go_less_often() -> None:
+    """A ride that costs 40 ms whatever it carries plus 1 ms a token beside a 100 ms plain step:
+    rides of one size cannot separate the two, so the pacer tries another size; then it rides what
+    the fixed part costs (40 tokens, 80 ms) and waits until plain steps paid back the 45 ms over
+    RIDE_SHARE, so the rows' time per output token gains 35 ms a step on average, not 48-80."""
+    pacer = RidePacer(128)
+    pacer.observe_ride(8, 148.0, 100.0)  # one size: all per token (6 ms a token) ...
+    assert pacer.cost() == (0.0, pytest.approx(6.0))
+    assert pacer.tokens(10, 100.0) == 16  # ... so the next ride tries twice the size
+    pacer.observe_ride(16, 156.0, 100.0)
+    assert pacer.cost() == (pytest.approx(40.0), pytest.approx(1.0))
+    assert pacer.tokens(10, 100.0) == 40
+    pacer = RidePacer(128)
+    for tokens in (8, 16):
+        pacer.observe_ride(tokens, 140.0 + tokens, 100.0)
+    for _ in range(3):
+        pacer.observe_plain(100.0)
+    assert pacer.due()
+    added, steps = 0.0, 0
+    for _ in range(30):
+        steps += 1
+        if pacer.due():
+            tokens = pacer.tokens(10, 100.0)
+            assert 39 <= tokens <= 40  # the fit's rounding
+            added += 40.0 + tokens
+            pacer.observe_ride(tokens, 140.0 + tokens, 100.0)
+        else:
+            pacer.observe_plain(100.0)
+    assert added / steps <= RIDE_SHARE * 100.0 + 1e-9
+    assert added / steps >= 0.75 * RIDE_SHARE * 100.0  # the share is spent, not left idle
+
+
+def test_a_ride_waits_while_the_last_rides_are_paid_back(runner: TransformersRunner) -> None:
+    """While the pacer's credit is owed, a long prompt does not ride: the row decodes alone and the
+    prompt is prefilled once the set is empty."""
+    rng = random.Random(11)
+    short_prompt, long_prompt = _prompt(rng, 6), _prompt(rng, 40)
+    scheduler = IterationScheduler(runner._running_set, lambda s: s, step_token_budget=4, fused_chunks=True)  # type: ignore[arg-type, return-value]
+    pacer = scheduler._pacer
+    assert isinstance(pacer, RidePacer)
+    pacer.observe_ride(8, 1e9, 1.0)  # owes far more than a test's plain steps pay back
+    got: dict[str, Sequence] = {}
+
+    def submit(name: str, prompt: list[int], limit: int) -> None:
+        (got[name],) = scheduler.run([Sequence(list(prompt), limit)])  # type: ignore[misc]
+
+    short = threading.Thread(target=submit, args=("short", short_prompt, 30))
+    short.start()
+    deadline = time.monotonic() + 30
+    while scheduler.steps < 1 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    submit("long", long_prompt, 4)
+    short.join(60)
+    scheduler.close()
+    assert scheduler.chunks == 1  # one piece, once the short row was done
+    assert got["long"].first_token_ms is not None and got["short"].last_token_ms is not None
+    assert got["long"].first_token_ms >= got["short"].last_token_ms
+    assert got["long"].generated == _alone(runner, long_prompt, 4)
 
 
 def test_a_negative_step_token_budget_is_refused_at_load() -> None:

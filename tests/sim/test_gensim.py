@@ -133,10 +133,11 @@ def test_the_loop_follows_the_consumer() -> None:
     assert chunked_prefill.paced_ride is gensim.paced_ride is joins.paced_ride
     assert gensim.ride_tokens is joins.ride_tokens
     assert chunked_prefill.ride_plan is gensim.ride_plan is joins.ride_plan
+    assert chunked_prefill.RideCredit is gensim.RideCredit is joins.RideCredit  # and one spacing rule
     pacer = chunked_prefill.RidePacer(128, tpot_ms=100.0)
     pacer.observe_ride(128, 50.0 * 1.35, 50.0)  # the simulator's ride cost: a chunk adds RIDE_SHARE
     per_token = genchunks.ride_token_ms(50.0, 128, 4)
-    assert pacer.per_token() == pytest.approx(per_token)
+    assert pacer.cost() == (0.0, pytest.approx(per_token))
     assert pacer.tokens(4, 50.0) == joins.ride_tokens(124, 50.0, per_token, 100.0) == int(50.0 / per_token)
     plain = chunked_prefill.RidePacer(128)
     plain.observe_ride(128, 50.0 * 1.35, 50.0)

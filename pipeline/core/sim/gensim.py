@@ -26,7 +26,8 @@ import numpy as np
 
 from pipeline.core.engine.decisions import Batch, BatchPolicy, PendingRequest
 from pipeline.core.engine.joins import (JOIN_GROUP, JOIN_WAIT_STEPS, Joiner, JoinRule, JoinSettings, LoopView,
-                                        length_groups, paced_ride, ride_plan, ride_tokens)
+                                        RideCredit, length_groups, paced_ride, ride_allowance, ride_plan,
+                                        ride_tokens)
 from pipeline.core.sim.genchunks import ChunkedGroup, chunk_tokens, ride_ms, ride_token_ms
 from pipeline.core.sim.gencost import GenerationCost
 
@@ -130,6 +131,8 @@ class _Loop:
     last_step_ms: float = 0.0
     busy: bool = False
     inflight: int = 0
+    credit: RideCredit = field(default_factory=RideCredit)
+    """Rides wait while what they added is paid back (the consumer's pacer)."""
 
     @property
     def reserved(self) -> int:
@@ -240,7 +243,11 @@ def simulate_generation(arrivals: GenArrivals, cost: GenerationCost, policies: S
         width = max(int(arr.prompt[r.i]) + r.emitted for r in loop.live)
         ms = cost.step_ms(rows, width)
         merged: list[_Row] = []
-        if loop.prefills:
+        allowance = ride_allowance(ms, settings.tpot_ms)
+        if not loop.prefills or not loop.credit.due():
+            loop.credit.plain(allowance)
+        else:
+            plain_ms = ms
             decoding = len(loop.live)
             device = ms - cost.step_overhead_ms  # a ride adds to the forward pass, not to the loop's fixed cost
             per_token = cost.ride_token_ms()
@@ -261,6 +268,7 @@ def simulate_generation(arrivals: GenArrivals, cost: GenerationCost, policies: S
                 ms += fed * per_token
             else:
                 ms = ride_ms(device, fed / chunk_tokens(budget, decoding)) + cost.step_overhead_ms
+            loop.credit.rode(ms - plain_ms, allowance)
         step_rows.append(rows)
         loop.busy = True
         push(now + ms, _STEPPED, lane, (ms, merged))
