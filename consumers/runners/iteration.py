@@ -48,9 +48,10 @@ sharing itself among all of them until all expire.
 Admission is the shared rule of pipeline/core/engine/joins.py (the
 generation bench simulates this loop with it): urgent joiners first, groups
 of like prompt lengths (padding at most 1.25x), prompts riding the decode
-steps in chunks while rows decode (with slo_ms_per_new_token a step
-carries as many prompt tokens as the objective's slack over the plain step
-pays for: joins.ride_tokens), in one piece when nobody decodes.
+steps in chunks while rows decode (sized and spaced so that the rides add
+RIDE_SHARE of a plain step on average, or with slo_ms_per_new_token the
+objective's slack over it: joins.paced_ride, joins.RideCredit), in one
+piece when nobody decodes.
 """
 
 from __future__ import annotations

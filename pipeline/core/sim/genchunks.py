@@ -6,7 +6,8 @@ tokens costs the plain step plus `RIDE_SHARE` of it, a part chunk its part. A st
 chunk, or with a time-per-output-token objective as many tokens as the objective's slack over
 the plain step pays for (joins.ride_tokens, the consumer's pacer:
 consumers/runners/chunked_prefill.py), over the queued groups as the consumer spreads them
-(joins.ride_plan). With no row decoding there
+(joins.ride_plan); a ride that adds more than that waits, as the consumer's does, until plain
+steps paid it back (joins.RideCredit). With no row decoding there
 is nothing to stall: the rest of the prompt is prefilled at once. The group's rows join the
 running set (their first token) when its last column is in.
 

@@ -237,7 +237,8 @@ def simulate_generation(arrivals: GenArrivals, cost: GenerationCost, policies: S
                       int(arr.priority[i]), row.group.arrived_step)
 
     def step(lane: int, now: float) -> None:
-        """One decode step of the running rows; the queued groups' next chunks ride it (joins.ride_plan)."""
+        """One decode step of the running rows; the queued groups' next chunks ride it (joins.ride_plan) when
+        the last rides are paid back (joins.RideCredit)."""
         loop = loops[lane]
         rows = len(loop.live) + loop.dead
         width = max(int(arr.prompt[r.i]) + r.emitted for r in loop.live)
