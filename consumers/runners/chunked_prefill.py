@@ -97,7 +97,8 @@ class RidePacer:
     within the step's token budget beside the rows), the spacing
     joins.RideCredit's: what the rides add over joins.ride_allowance
     (RIDE_SHARE of a plain step, or a time-per-output-token objective's
-    slack over it) is paid back by plain steps before the next ride.
+    slack over it) is paid back by plain steps, and a ride goes while less
+    than one step's allowance is owed.
     """
 
     def __init__(self, budget: int, tpot_ms: float | None = None) -> None:
@@ -123,9 +124,9 @@ class RidePacer:
         """A step that carried no prompt tokens took `ms`: it pays back what the last rides added."""
         self._credit.plain(ride_allowance(ms, self.tpot_ms))
 
-    def due(self) -> bool:
-        """Whether the next step may carry a ride."""
-        return self._credit.due()
+    def due(self, step_ms: float) -> bool:
+        """Whether the next step, whose plain part takes about `step_ms`, may carry a ride."""
+        return self._credit.due(ride_allowance(step_ms, self.tpot_ms))
 
     def cost(self) -> tuple[float, float] | None:
         """(fixed ms, ms per prompt token) a ride adds to a step, from the recent rides; a one-piece

@@ -281,7 +281,7 @@ class IterationScheduler:
             decoding = len(self._running)
             pacer = self._pacer
             rides = pacer if isinstance(pacer, RidePacer) and decoding and supported(self._running.model) else None
-            if rides is not None and not rides.due():
+            if rides is not None and not rides.due(self._last_step_ms):
                 return finished, False  # the last rides' time is paid back by a plain step first
             started = time.perf_counter()
             tokens = pacer.tokens(decoding, self._last_step_ms) if decoding else None

@@ -101,18 +101,23 @@ def test_a_ride_with_a_fixed_part_carries_what_the_fixed_part_costs_and_waits_un
     assert paced_ride(128, 10, 30.0, 1.0, 50.0, fixed_ms=5.0) == 15  # an objective's slack (20 ms) beside it
     assert ride_allowance(30.0, 50.0) == 20.0 and ride_allowance(60.0, 50.0) == pytest.approx(RIDE_SHARE * 60.0)
     credit = RideCredit()
-    assert credit.due()
-    credit.rode(40.0, 35.0)  # the 20-token ride added 40 ms where 35 were allowed: 5 owed
-    assert not credit.due()
-    credit.plain(35.0)  # one plain step pays it back
-    assert credit.due()
+    assert credit.due(35.0)
+    rides = 0
+    while credit.due(35.0):  # 20-token rides adding 40 ms where 35 are allowed: 5 ms owed each
+        credit.rode(40.0, 35.0)
+        rides += 1
+    assert rides == 7  # 35 ms owed: one plain step pays it back
+    credit.plain(35.0)
+    assert credit.due(35.0) and credit.owed_ms == 0.0  # 280 ms added over 8 steps: 35 a step
     credit.rode(30.0, 35.0)  # a ride under the allowance banks nothing
+    assert credit.owed_ms == 0.0
     credit.rode(105.0, 35.0)
     steps = 0
-    while not credit.due():
+    while not credit.due(35.0):
         credit.plain(35.0)
         steps += 1
     assert steps == 2  # 105 ms added over three steps: 35 a step on average
+    assert RideCredit().due(0.0)  # nothing owed: a ride goes even before a plain step was timed
 
 
 def test_a_ride_spends_its_tokens_short_groups_whole_within_half_the_oldest_the_rest() -> None:

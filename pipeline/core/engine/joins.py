@@ -248,17 +248,19 @@ def paced_ride(budget: int, decoding: int, step_ms: float, per_token_ms: float, 
 
 
 class RideCredit:
-    """When the next ride may go: the time rides add, over what they may add, is paid back by plain
-    steps first. A ride with a fixed part (measured at ~55 ms beside a ~63 ms plain step on a
-    2-core CPU) rode every step at the MIN_CHUNK floor took ~1.9x a plain step; spaced, each ride
-    carries more and the rows' time per output token stays within the allowance on average. With
-    no fixed part a ride adds what the allowance pays for and the rides go every step."""
+    """When the next ride may go: what the rides add over their allowance is owed, plain steps pay
+    it back, and a ride goes while less than one step's allowance is owed, so the time the rides
+    add, averaged over the steps, stays within the allowance (at most one allowance ahead). A ride
+    with a fixed part (~55 ms beside a ~63 ms plain step, measured on a 2-core CPU) ridden every
+    step at the MIN_CHUNK floor took ~1.9x a plain step; spaced, each ride carries more and the
+    rows' time per output token gains the allowance on average. Rides that add what the allowance
+    pays for go every step."""
 
     def __init__(self) -> None:
         self.owed_ms = 0.0
 
-    def due(self) -> bool:
-        return self.owed_ms <= 0.0
+    def due(self, allowance_ms: float) -> bool:
+        return self.owed_ms <= 0.0 or self.owed_ms < allowance_ms
 
     def rode(self, added_ms: float, allowance_ms: float) -> None:
         """A ride added `added_ms` to a step that could add `allowance_ms`."""

@@ -245,7 +245,7 @@ def simulate_generation(arrivals: GenArrivals, cost: GenerationCost, policies: S
         ms = cost.step_ms(rows, width)
         merged: list[_Row] = []
         allowance = ride_allowance(ms, settings.tpot_ms)
-        if not loop.prefills or not loop.credit.due():
+        if not loop.prefills or not loop.credit.due(allowance):
             loop.credit.plain(allowance)
         else:
             plain_ms = ms
