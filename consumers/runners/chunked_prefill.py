@@ -153,7 +153,7 @@ class RidePacer:
         return tokens
 
 
-def fit_cost(seen: "deque[tuple[int, float]]") -> tuple[float, float] | None:
+def fit_cost(seen: deque[tuple[int, float]]) -> tuple[float, float] | None:
     """(fixed ms, ms per token) of passes of (tokens, ms), fitted by least squares; all per token when
     their sizes do not vary or the fit has no positive slope and fixed part; None before any."""
     if not seen:

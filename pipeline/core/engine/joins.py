@@ -260,6 +260,7 @@ class RideCredit:
         self.owed_ms = 0.0
 
     def due(self, allowance_ms: float) -> bool:
+        """Whether the next step, which may add `allowance_ms`, may carry a ride."""
         return self.owed_ms <= 0.0 or self.owed_ms < allowance_ms
 
     def rode(self, added_ms: float, allowance_ms: float) -> None:
