@@ -36,6 +36,7 @@ from typing import Any
 
 from pipeline.bench.pipeline_llm import llm_modes
 from pipeline.bench.pipeline_options import BenchOptions
+from pipeline.bench.pipeline_record import replay_commands
 from pipeline.bench.pipeline_report import describe
 from pipeline.bench.pipeline_trial import Trial, run_trial
 from pipeline.core.config import KafkaSettings
@@ -153,6 +154,11 @@ async def run_bench(
         elif rates_mode:
             say(f"{options.runner} runner at {', '.join(f'{r:g}' for r in options.rates)} req/s")
             figures |= await at_rates(options, kafka, workdir, say)
+    commands = replay_commands(figures)
+    if commands:
+        say("replay each recorded trial (and check the prediction for what ran against it) with:")
+        for command in commands:
+            say(f"  {command}")
     figures["options"] = asdict(options)
     figures["machine"] = {"cpus": os.cpu_count(), "load_avg": os.getloadavg(), "wall_s": time.monotonic() - started}
     figures["workdir"] = str(workdir)

@@ -20,6 +20,7 @@ from consumers.runners.cost_model import SLOWDOWN_FILE_ENV
 from consumers.runners.iteration import JOIN_SLOTS
 from pipeline.bench.pipeline_lengths import LONG_INPUT_TOKENS, long_prompts
 from pipeline.bench.pipeline_options import MIXED_NEW_TOKENS, MODEL, BenchOptions
+from pipeline.bench.pipeline_record import CONFIG_FILE, PROFILE_FILE, clickhouse_table
 from pipeline.core.config import KafkaSettings
 from pipeline.core.kafka.client import Topics
 from pipeline.harness.config_file import kafka_table, toml_text
@@ -101,12 +102,15 @@ def model_table(options: BenchOptions, slower: float) -> dict[str, Any]:
     return runner | placement | profile | {"partitions": options.partitions}
 
 
-def consumer_config(options: BenchOptions, kafka: KafkaSettings, slower: float = 1.0) -> str:
-    """The TOML a consumer process is started with."""
+def consumer_config(
+    options: BenchOptions, kafka: KafkaSettings, slower: float = 1.0, clickhouse: dict[str, Any] | None = None
+) -> str:
+    """The TOML a consumer process is started with (`clickhouse`: a recorded trial's store)."""
     return toml_text({
         f"models.{MODEL}": model_table(options, slower),
         "kafka": kafka_table(kafka),
         "consumer": {"tail_forwarding": options.tail_forwarding, "max_queue": options.max_queue},
+        **({"clickhouse": clickhouse} if clickhouse else {}),
     })  # fmt: skip
 
 
@@ -114,12 +118,18 @@ class BenchConsumers:
     """A trial's `batchtide consume` processes (`bench-0`, `bench-1`, ...), stopped with SIGTERM (their
     clean shutdown), also if the bench dies first."""
 
-    def __init__(self, options: BenchOptions, kafka: KafkaSettings, workdir: Path) -> None:
+    def __init__(self, options: BenchOptions, kafka: KafkaSettings, workdir: Path, record: Path | None = None) -> None:
+        """`record`: the trial's recording directory, where the config (naming the store there) and
+        the profile the consumers run with are written instead of into `workdir`."""
         self.options = options
         self.kafka = kafka
         self.processes = Processes(workdir / kafka.topic_prefix, death_signal="TERM")
-        self.config = workdir / f"{kafka.topic_prefix}.toml"
-        self.config.write_text(consumer_config(options, kafka))
+        if record is None:
+            self.config = workdir / f"{kafka.topic_prefix}.toml"
+            self.config.write_text(consumer_config(options, kafka))
+        else:
+            self.config = record / CONFIG_FILE
+            self.config.write_text(consumer_config(options, kafka, clickhouse=clickhouse_table(record)))
         self.straggler_config = workdir / f"{kafka.topic_prefix}-straggler.toml"
         self.straggler_config.write_text(consumer_config(options, kafka, options.straggler))
         self.slowdown_file = workdir / f"{kafka.topic_prefix}-slowdown"
@@ -135,10 +145,10 @@ class BenchConsumers:
         if self.options.runner in ("minilm", "smollm"):
             env["OMP_NUM_THREADS"] = str(self.options.torch_threads)
         if self.options.runner == "smollm" and self.options.llm_profile and Path(self.options.llm_profile).is_file():
-            profiles = self.config.parent / "profiles"
-            profiles.mkdir(exist_ok=True)
-            shutil.copyfile(self.options.llm_profile, profiles / f"{MODEL}.json")
-            env["BATCHTIDE_PROFILE_DIR"] = str(profiles)
+            profile = self.config.parent / PROFILE_FILE
+            profile.parent.mkdir(exist_ok=True)
+            shutil.copyfile(self.options.llm_profile, profile)
+            env["BATCHTIDE_PROFILE_DIR"] = str(profile.parent)
         for i in which if which is not None else range(self.at_start):
             config = self.straggler_config if i == 0 and self.options.straggler != 1.0 else self.config
             own_env = env | {SLOWDOWN_FILE_ENV: str(self.slowdown_file)} if i == 0 and self.options.slowdown else env

@@ -67,4 +67,6 @@ class BenchOptions:
     slowdown: tuple[float, float, float] | None = None
     """cost-model: (from_s, to_s, factor): consumer 0's t(b) multiplied by factor over that part of
     the measured load (a device that throttles mid-run)."""
-
+    record_dir: str | None = None
+    """Keep each trial under this directory as `batchtide replay` reads it: the consumers' config, their
+    profile and an embedded ClickHouse store the sink filled from the trial's events (`pipeline_record`)."""

@@ -20,6 +20,7 @@ from pipeline.bench.pipeline_consumers import BenchConsumers
 from pipeline.bench.pipeline_events import EventFigures, event_figures, percentile
 from pipeline.bench.pipeline_lengths import draw
 from pipeline.bench.pipeline_options import MODEL, BenchOptions
+from pipeline.bench.pipeline_record import replay_command, store_events, trial_dir
 from pipeline.core.config import KafkaSettings
 from pipeline.core.kafka.client import ensure_topics
 from pipeline.devtools.producer import Load, LoadProducer, poisson_load
@@ -102,6 +103,8 @@ class Trial:
     """Generation: requests answered within both the TTFT and the TPOT objective, per second of load."""
     slo_attainment: float = float("nan")
     """Generation: the share of the requests sent that met both objectives."""
+    replay_command: str = ""
+    """`--record`: the `batchtide replay` command that replays this trial from its recording."""
 
     @property
     def sustained(self) -> bool:
@@ -146,7 +149,8 @@ async def run_trial(
     """One offered rate on fresh topics with fresh consumer processes."""
     kafka = replace(base, topic_prefix=f"bench-{uuid.uuid4().hex[:8]}")
     await ensure_topics(kafka, {MODEL: options.partitions})
-    consumers = BenchConsumers(options, kafka, workdir)
+    record = trial_dir(options, rate)
+    consumers = BenchConsumers(options, kafka, workdir, record)
     arrivals = Arrivals(kafka, MODEL)
     consumers.start()
     await arrivals.start()
@@ -226,7 +230,7 @@ async def run_trial(
         outcomes: dict[str, int] = {}
         for i in answered:
             outcomes[arrivals.outcomes[i]] = outcomes.get(arrivals.outcomes[i], 0) + 1
-        return Trial(
+        trial = Trial(
             by_consumer=by_consumer(answered, arrivals, latencies),
             forwarded=consumers.forwarded(),
             p99_by_window_ms=windowed_p99(timeline, options.duration_s),
@@ -265,6 +269,10 @@ async def run_trial(
     finally:
         await arrivals.stop()
         consumers.stop()
+    if record is None:
+        return trial
+    await store_events(kafka, record, consumers.processes, say)
+    return replace(trial, replay_command=replay_command(record))
 
 
 def by_consumer(answered: list[str], arrivals: Arrivals, latencies: np.ndarray) -> dict[str, dict[str, float]]:

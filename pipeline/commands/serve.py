@@ -219,6 +219,7 @@ def bench_pipeline(
     timeout_ms: Optional[int] = typer.Option(None, "--timeout-ms", help="Deadline of every request (expired past it): overload with deadlines; RSS is printed per run."),
     straggler: float = typer.Option(1.0, "--straggler", help="cost-model: consumer 0's t(b) multiplied by this (a slower device in the group)."),
     slowdown: Optional[str] = typer.Option(None, "--slowdown", help="cost-model: FROM:TO:FACTOR, consumer 0's t(b) times FACTOR from FROM to TO seconds into the load."),
+    record: Optional[Path] = typer.Option(None, "--record", help="Keep each trial in a directory of its own under this one for `batchtide replay`: the consumers' config and profile, and an embedded ClickHouse store the sink fills from the trial's events; the replay commands are printed at the end."),
 ) -> None:
     """Real pipeline bench: open-loop producer -> Kafka -> consumer process(es) -> results, end to end."""
     import logging
@@ -277,6 +278,7 @@ def bench_pipeline(
         slowdown=window,
         ttft_slo_ms=ttft_slo_ms,
         tpot_slo_ms=tpot_slo_ms,
+        record_dir=str(record) if record else None,
     )
     mix_list = tuple(m.strip() for m in lengths.split(",") if m.strip())
     if runner == "smollm" and not set(mix_list) <= set(MIXES):

@@ -1,10 +1,14 @@
 """`bench pipeline` on the session broker: a short real run answers everything and accounts for its time;
-a straggler run reports each consumer; the slowdown hook and the fleet bench's recovery measure."""
+a recorded run leaves what `batchtide replay` reads; a straggler run reports each consumer; the slowdown
+hook and the fleet bench's recovery measure."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import math
+import shlex
+import subprocess
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -15,7 +19,9 @@ from pipeline.bench.pipeline import run_bench
 from pipeline.bench.pipeline_events import STAGES
 from pipeline.bench.pipeline_options import BenchOptions
 from pipeline.bench.pipeline_trial import WINDOW_S, Trial
-from pipeline.core.config import KafkaSettings
+from pipeline.core.config import KafkaSettings, load_config
+from pipeline.harness.events import stored_rows
+from pipeline.harness.processes import REPO_ROOT, child_env, cli
 
 
 def test_a_short_run_answers_every_request_and_breaks_its_latency_down(kafka_settings: KafkaSettings) -> None:
@@ -41,6 +47,38 @@ def test_a_short_run_answers_every_request_and_breaks_its_latency_down(kafka_set
     assert sum(trial["stages_p50_ms"].values()) <= trial["max_ms"] + len(STAGES)
     assert trial["consumer_cpu_ms_per_request"] > 0
     assert any("stage p50/p99 ms: kafka_in" in line for line in lines)
+
+
+def test_a_recorded_run_leaves_its_events_in_a_store_that_replay_reads(kafka_settings: KafkaSettings, tmp_path: Path) -> None:
+    """`--record`: the sink stores one latency row per answered request in the trial's own embedded
+    store, the config the consumers ran names it, and the printed replay command replays it."""
+    options = BenchOptions(
+        runner="cost-model", rates=(40.0,), duration_s=3.0, cost_a_ms=4.0, cost_c_ms=1.0,
+        bootstrap=kafka_settings.bootstrap_servers, partitions=2, tokens=10, record_dir=str(tmp_path / "rec"),
+    )
+    lines: list[str] = []
+    figures = asyncio.run(run_bench(options, find_max_mode=False, rates_mode=True, say=lines.append))
+
+    (trial,) = figures["model_trials"]
+    directory = tmp_path / "rec" / "cost-model-40rps"
+    config = load_config(directory / "batchtide.toml")
+    assert Path(config.clickhouse.data_dir) == directory / "clickhouse"
+    assert config.models["bench"].runner == "cost-model"
+    rows = asyncio.run(stored_rows(directory / "clickhouse"))
+    measured = {rid: n for rid, n in rows["raw_per_id"].items() if not rid.startswith("bench-warm-")}
+    assert trial["answered"] == trial["sent"] > 60
+    assert len(measured) == trial["answered"] and set(measured.values()) == {1}, "one row per answered request"
+    assert lines[-1].strip() == trial["replay_command"]
+    command = shlex.split(trial["replay_command"])
+    assert command[:2] == ["batchtide", "replay"] and "--validate" in command
+    out = tmp_path / "replay.json"
+    done = subprocess.run(
+        cli(*command[1:], "--replays", "1", "--json", str(out)),
+        capture_output=True, text=True, cwd=REPO_ROOT, env=child_env(), timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode in (0, 1), done.stdout + done.stderr  # 1: the prediction disagrees, still a replay
+    assert "validate: predicted/recorded p99" in done.stdout
+    assert json.loads(out.read_text())["recorded"]["requests"] == trial["answered"]
 
 
 def test_a_straggler_run_reports_each_consumer_and_the_forwards(kafka_settings: KafkaSettings) -> None:

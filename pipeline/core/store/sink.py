@@ -220,6 +220,11 @@ def _replication_factor(kafka: KafkaSettings) -> int:
     return int(resolved.replication_factor)
 
 
+def sink_group(topic_prefix: str) -> str:
+    """The sink's app id, and so its consumer group: one per topic prefix."""
+    return f"{topic_prefix}-sink"
+
+
 def build_sink(
     config: Config,
     *,
@@ -230,7 +235,7 @@ def build_sink(
     """Wire the faust app. `connect` opens a ClickHouse client (default: from config.clickhouse)."""
     kafka, ch = config.kafka, config.clickhouse
     topics = Topics(kafka.topic_prefix)
-    app_id = app_id or f"{kafka.topic_prefix}-sink"
+    app_id = app_id or sink_group(kafka.topic_prefix)
     app = faust.App(
         app_id,
         broker=[f"kafka://{server.strip()}" for server in kafka.bootstrap_servers.split(",")],
