@@ -135,6 +135,26 @@ def test_prompts_riding_side_by_side_in_part_chunks_decode_what_one_piece_decode
     assert [s.generated for s in rows] == [_alone(runner, p, 40) for p in early]
 
 
+def _long_joins_a_decoding_row(
+    scheduler: IterationScheduler, short: tuple[list[int], int], long: tuple[list[int], int]
+) -> dict[str, Sequence]:
+    """The short request decodes; after its first step the long one joins; both answered, loop closed."""
+    got: dict[str, Sequence] = {}
+
+    def submit(name: str, prompt: list[int], limit: int) -> None:
+        (got[name],) = scheduler.run([Sequence(list(prompt), limit)])  # type: ignore[misc]
+
+    first = threading.Thread(target=submit, args=("short", *short))
+    first.start()
+    deadline = time.monotonic() + 30
+    while scheduler.steps < 1 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    submit("long", *long)
+    first.join(60)
+    scheduler.close()
+    return got
+
+
 @pytest.mark.parametrize("fused", [True, False])
 def test_a_long_prompt_joins_in_chunks_between_the_running_rows_steps(runner: TransformersRunner, fused: bool) -> None:
     """A 60-token prompt joining one decoding row under a small budget: chunks of MIN_CHUNK
@@ -145,19 +165,7 @@ def test_a_long_prompt_joins_in_chunks_between_the_running_rows_steps(runner: Tr
     passes = [0]
     hook = runner._model.register_forward_hook(lambda *_: passes.__setitem__(0, passes[0] + 1))
     scheduler = IterationScheduler(runner._running_set, lambda s: s, step_token_budget=4, fused_chunks=fused)  # type: ignore[arg-type, return-value]
-    got: dict[str, Sequence] = {}
-
-    def submit(name: str, prompt: list[int], limit: int) -> None:
-        (got[name],) = scheduler.run([Sequence(list(prompt), limit)])  # type: ignore[misc]
-
-    short = threading.Thread(target=submit, args=("short", short_prompt, 40))
-    short.start()
-    deadline = time.monotonic() + 30
-    while scheduler.steps < 1 and time.monotonic() < deadline:
-        time.sleep(0.001)
-    submit("long", long_prompt, 8)
-    short.join(60)
-    scheduler.close()
+    got = _long_joins_a_decoding_row(scheduler, (short_prompt, 40), (long_prompt, 8))
     hook.remove()
     assert scheduler.chunks >= 60 // MIN_CHUNK
     assert passes[0] == scheduler.steps + 1 + (0 if fused else scheduler.chunks)  # one pass a step, and the short's prefill
@@ -249,19 +257,7 @@ def test_a_ride_waits_while_the_last_rides_are_paid_back(runner: TransformersRun
     pacer = scheduler._pacer
     assert isinstance(pacer, RidePacer)
     pacer.observe_ride(8, 1e9, 1.0)  # owes far more than a test's plain steps pay back
-    got: dict[str, Sequence] = {}
-
-    def submit(name: str, prompt: list[int], limit: int) -> None:
-        (got[name],) = scheduler.run([Sequence(list(prompt), limit)])  # type: ignore[misc]
-
-    short = threading.Thread(target=submit, args=("short", short_prompt, 30))
-    short.start()
-    deadline = time.monotonic() + 30
-    while scheduler.steps < 1 and time.monotonic() < deadline:
-        time.sleep(0.001)
-    submit("long", long_prompt, 4)
-    short.join(60)
-    scheduler.close()
+    got = _long_joins_a_decoding_row(scheduler, (short_prompt, 30), (long_prompt, 4))
     assert scheduler.chunks == 1  # one piece, once the short row was done
     assert got["long"].first_token_ms is not None and got["short"].last_token_ms is not None
     assert got["long"].first_token_ms >= got["short"].last_token_ms
