@@ -144,14 +144,22 @@ def join_pace(first: np.ndarray, last: np.ndarray, joined: np.ndarray) -> float:
     prompts in the steps), the rate a saturated loop serves at. Over the spans where a request was
     in the loop (`joined`: dispatched to it) without its first token while rows decoded; NaN when
     there were none."""
-    decoding = last > first
     edges = np.unique(np.concatenate([first, last, joined]))
     if len(edges) < 2:
         return math.nan
-    mids = (edges[:-1] + edges[1:]) / 2.0
-    live = decoding[None, :] & (first[None, :] <= mids[:, None]) & (last[None, :] > mids[:, None])
-    waiting = ((joined[None, :] <= mids[:, None]) & (first[None, :] > mids[:, None])).any(axis=1)
-    busy = waiting & live.any(axis=1)
+    spans = len(edges) - 1
+    at_first, at_last, at_joined = (np.searchsorted(edges, t) for t in (first, last, joined))
+
+    def covered(start: np.ndarray, end: np.ndarray) -> np.ndarray:
+        """Whether some [start, end) of edge indices covers each span between two edges (a sweep:
+        +1 where one begins, -1 where it ends)."""
+        keep = start < end
+        counts = np.zeros(spans + 1, dtype=np.int64)
+        np.add.at(counts, start[keep], 1)
+        np.add.at(counts, end[keep], -1)
+        return np.cumsum(counts)[:spans] > 0
+
+    busy = covered(at_joined, at_first) & covered(at_first, at_last)
     span_ms = float(np.diff(edges)[busy].sum())
     if span_ms <= 0:
         return math.nan
