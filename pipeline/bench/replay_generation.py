@@ -389,19 +389,19 @@ def replay_generation(traffic: RecordedTraffic, ran: BatchProfile, setup: GenSet
     arrivals, order = generation_arrivals(traffic, setup.model, ran.default_deadline_ms)
     tokens_out = np.maximum(traffic.tokens_out, 0)[order]
     base = GenerationCost.from_curves(setup.device.generation)
-    fit = (calibrate_device(setup, ran, arrivals, base, tokens_out, recorded_tpot(traffic)[order],
-                            recorded_join_pace(traffic)) if calibrate
+    tpot = recorded_tpot(traffic)
+    pace = recorded_join_pace(traffic)
+    fit = (calibrate_device(setup, ran, arrivals, base, tokens_out, tpot[order], pace) if calibrate
            else Calibration(1.0, 0.0, math.nan))
     cost = replace(base, ride_measured_ms=fit.ride_ms_per_token, step_overhead_ms=fit.step_overhead_ms).scaled(fit.scale)
     hops = hops_ms(traffic)
     figures = recorded_figures(traffic)
-    tpot = recorded_tpot(traffic)
     ttft = recorded_ttft(traffic)
     recorded = replace(figures, overhead_ms=hops,
                        ttft_p99_ms=float(np.nanpercentile(ttft, 99)) if np.isfinite(ttft).any() else math.nan,
                        tpot_p99_ms=float(np.nanpercentile(tpot, 99)) if np.isfinite(tpot).any() else math.nan,
                        device_scale=fit.scale, step_overhead_ms=fit.step_overhead_ms,
-                       join_pace_rps=recorded_join_pace(traffic), ride_ms_per_token=fit.ride_ms_per_token)
+                       join_pace_rps=pace, ride_ms_per_token=fit.ride_ms_per_token)
     predictions = []
     for name, profile in generation_candidates(ran):
         g = predict(setup, profile, arrivals, cost, tokens_out, hops)
