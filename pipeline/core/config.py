@@ -262,9 +262,9 @@ class ModelConfig:
     group in one piece."""
     fused_chunks: bool = True
     """Generation, `iteration` batching: a prefill chunk rides in the decode step's forward pass
-    (the rows' tokens and the chunk's in one pass, attention split between them), sized and spaced to
-    add about a third of a plain step's time on average; false runs each chunk as a forward pass of its own between steps,
-    sized to about half a step's time."""
+    (the rows' tokens and the chunk's in one pass, attention split between them), sized and spaced
+    to add about a third of a plain step's time on average; false runs each chunk as a forward pass
+    of its own between steps, sized to about half a step's time."""
     cost_points: tuple[tuple[int, float], ...] = ()
     """cost-model runner: measured (batch size, ms) points, interpolated."""
     cost_a_ms: float = 5.0
