@@ -232,7 +232,6 @@ async def run_trial(
             outcomes[arrivals.outcomes[i]] = outcomes.get(arrivals.outcomes[i], 0) + 1
         trial = Trial(
             by_consumer=by_consumer(answered, arrivals, latencies),
-            forwarded=consumers.forwarded(),
             p99_by_window_ms=windowed_p99(timeline, options.duration_s),
             offered_rps=rate,
             duration_s=options.duration_s,
@@ -269,6 +268,9 @@ async def run_trial(
     finally:
         await arrivals.stop()
         consumers.stop()
+    # each consumer logs its counters every few seconds and once more as it stops: read after the
+    # stop, or a trial shorter than that interval (and the forwards of its last seconds) reads 0
+    trial = replace(trial, forwarded=consumers.forwarded())
     if record is None:
         return trial
     await store_events(kafka, record, consumers.processes, say)
