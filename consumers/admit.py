@@ -19,17 +19,17 @@ from aiokafka import ConsumerRecord, TopicPartition
 
 from consumers.answers import Held
 from consumers.intake import (
-    Rejection,
     RecentIds,
+    Rejection,
     check_reply_topic,
     decode_request,
     parse_forward_headers,
     reply_topic_problem,
 )
-from pipeline.core.kafka.client import Topics
 from consumers.runners.base import Runner
 from pipeline.core.config import ModelConfig
 from pipeline.core.engine.decisions import BatchPolicy, PendingRequest
+from pipeline.core.kafka.client import Topics
 from pipeline.core.kafka.offsets import OffsetTracker
 from schemas.messages import Request
 
@@ -58,7 +58,10 @@ class Admission:
         """Records skipped because a previous owner of their partition answered them."""
 
     def intake(
-        self, records: dict[TopicPartition, list[ConsumerRecord]], now_ms: float, tracker: OffsetTracker[TopicPartition],
+        self,
+        records: dict[TopicPartition, list[ConsumerRecord]],
+        now_ms: float,
+        tracker: OffsetTracker[TopicPartition],
         engine: BatchPolicy,
     ) -> list[tuple[ConsumerRecord, Rejection]]:
         """Admit one fetch: every record's offset is tracked (the commit must not pass it before it

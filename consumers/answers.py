@@ -38,11 +38,11 @@ import msgspec
 from aiokafka.structs import TopicPartition
 
 from consumers.intake import bounded
+from consumers.runners.base import Output
+from pipeline.core.engine.decisions import Batch
 from pipeline.core.kafka.client import Topics
 from pipeline.core.kafka.outbox import Message
-from consumers.runners.base import Output
 from pipeline.core.kafka.topic_limits import KAFKA_DEFAULT_MAX_MESSAGE_BYTES, TopicLimits, record_size
-from pipeline.core.engine.decisions import Batch
 from schemas.messages import BatchEvent, DeadLetter, LatencyEvent, Outcome, Request, Result
 
 _encode = msgspec.json.Encoder().encode
@@ -97,8 +97,17 @@ class BatchTiming:
 
 
 DECISION_FIELDS = (
-    "cost", "reason", "window_ms", "hit_target", "target_size", "marked_count",
-    "oldest_wait_ms", "queue_depth", "effective_cap", "cap_reason", "arrival_rate_per_s",
+    "cost",
+    "reason",
+    "window_ms",
+    "hit_target",
+    "target_size",
+    "marked_count",
+    "oldest_wait_ms",
+    "queue_depth",
+    "effective_cap",
+    "cap_reason",
+    "arrival_rate_per_s",
 )
 """The engine's account of why a batch left (`DispatchRecord`), carried into its `BatchEvent` unchanged."""
 
@@ -148,8 +157,13 @@ class Answers:
         """The Result of a request that was admitted (ran, failed or expired)."""
         request = held.request
         return self.result(
-            request.id, request.reply_topic, verdict.outcome, enqueue_ms=held.enqueue_ms, done_ms=done_ms,
-            verdict=verdict, **fields,  # type: ignore[arg-type]
+            request.id,
+            request.reply_topic,
+            verdict.outcome,
+            enqueue_ms=held.enqueue_ms,
+            done_ms=done_ms,
+            verdict=verdict,
+            **fields,  # type: ignore[arg-type]
         )
 
     def _result_message(self, result: Result, reply_topic: str | None, verdict: Verdict) -> Message:
@@ -159,7 +173,9 @@ class Answers:
         def fit(limit: int) -> Message:
             size = len(_encode(result))
             error = f"the answer ({size} bytes) is larger than max.message.bytes ({limit}) of topic {topic}"
-            smaller = msgspec.structs.replace(result, outcome="error", embedding=None, text=None, token_ids=None, error=error)
+            smaller = msgspec.structs.replace(
+                result, outcome="error", embedding=None, text=None, token_ids=None, error=error
+            )
             if result.outcome != "error":
                 verdict.outcome, verdict.reason = "error", OVERSIZE
             return self._result_message(smaller, reply_topic, verdict)
@@ -325,7 +341,9 @@ class Answers:
 
         return revise()
 
-    def batch(self, batch: Batch, timing: BatchTiming, *, compute_ms: float, tokens_in: int, tokens_out: int) -> Message:
+    def batch(
+        self, batch: Batch, timing: BatchTiming, *, compute_ms: float, tokens_in: int, tokens_out: int
+    ) -> Message:
         event = BatchEvent(
             batch_id=batch.batch_id,
             model=self.model,

@@ -36,4 +36,3 @@ def poll_engine(engine: BatchPolicy, now_ms: float, computing: int, max_inflight
         step.batches.append(decision.batch)
         computing += 1
     return step
-

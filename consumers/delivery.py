@@ -145,14 +145,21 @@ class Delivery:
         if too_large(error):
             limit = min(await self._limits.limit(message.topic), message.size // 2)
             self._limits.lower(message.topic, limit)
-            log.warning("%s refused a %d-byte record as too large; rebuilding it under %d bytes", message.topic, message.size, limit)
+            log.warning(
+                "%s refused a %d-byte record as too large; rebuilding it under %d bytes",
+                message.topic,
+                message.size,
+                limit,
+            )
             return await self._shrunk(message, limit)
         if message.reroute is not None and isinstance(error, KafkaError):
             self._reply_topics[message.topic] = (False, self._clock.monotonic_s())
             log.warning("reply topic %s refused an answer (%r); it goes to %s", message.topic, error, self._fallback)
             self.rebuilt += 1
             return await self.prepared(message.reroute(_reason(error)))
-        log.error("producing to %s failed (%r); retrying with backoff, its offset is held meanwhile", message.topic, error)
+        log.error(
+            "producing to %s failed (%r); retrying with backoff, its offset is held meanwhile", message.topic, error
+        )
         return message
 
     async def _reply_topic_problem(self, topic: str) -> str | None:
@@ -164,7 +171,7 @@ class Delivery:
         try:
             exists = bool(await asyncio.wait_for(self._producer.partitions_for(topic), REPLY_TOPIC_CHECK_S))
             why = None if exists else "does not exist"
-        except (asyncio.TimeoutError, UnknownTopicOrPartitionError):
+        except (TimeoutError, UnknownTopicOrPartitionError):
             exists, why = False, "does not exist"
         except KafkaError as e:
             exists, why = False, _reason(e)

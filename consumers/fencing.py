@@ -45,8 +45,13 @@ NO_GENERATION = -1
 
 
 def stale(
-    now_s: float, heartbeat_s: float | None, heartbeat_generation: int, generation_now: int,
-    generation_then: int, session_s: float, fraction: float = FRESH_FRACTION,
+    now_s: float,
+    heartbeat_s: float | None,
+    heartbeat_generation: int,
+    generation_now: int,
+    generation_then: int,
+    session_s: float,
+    fraction: float = FRESH_FRACTION,
 ) -> str | None:
     """Why offsets must not be committed now (None: they may): the rule, on plain numbers."""
     if generation_now == NO_GENERATION or generation_now != generation_then:
@@ -101,4 +106,6 @@ class MembershipGuard:
 
     def stale(self, generation_then: int) -> str | None:
         beat_s, beat_generation = self._heartbeat or (None, NO_GENERATION)
-        return stale(self._clock.monotonic_s(), beat_s, beat_generation, self.generation, generation_then, self.session_s)
+        return stale(
+            self._clock.monotonic_s(), beat_s, beat_generation, self.generation, generation_then, self.session_s
+        )

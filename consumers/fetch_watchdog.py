@@ -35,8 +35,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.conn import CloseReason
 from aiokafka.client import ConnectionGroup
+from aiokafka.conn import CloseReason
 
 from consumers.clock import Clock
 from consumers.stats import ConsumerStats
@@ -114,7 +114,9 @@ class StallTracker:
 class FetchWatchdog:
     """Watches one aiokafka consumer's fetch positions and un-sticks stalled partitions."""
 
-    def __init__(self, consumer: AIOKafkaConsumer, stats: ConsumerStats, clock: Clock, stall_s: float = STALL_S) -> None:
+    def __init__(
+        self, consumer: AIOKafkaConsumer, stats: ConsumerStats, clock: Clock, stall_s: float = STALL_S
+    ) -> None:
         self._consumer = consumer
         self._stats = stats
         self._clock = clock
@@ -136,7 +138,7 @@ class FetchWatchdog:
             await asyncio.sleep(CHECK_S)
             try:
                 await self.check()
-            except Exception as e:  # noqa: BLE001 - the watchdog must never end the consumer
+            except Exception as e:
                 log.warning("fetch watchdog: look skipped: %r", e)
 
     async def check(self) -> None:
@@ -174,8 +176,13 @@ class FetchWatchdog:
         return state.position if state is not None and state.has_valid_position else None
 
     async def _refresh(self, tps: Iterable[TopicPartition], why: str) -> None:
-        log.warning("%s: no progress on %s for %.0f s (%s): refreshing metadata",
-                    REFRESHED, sorted(map(str, tps)), self._tracker.stall_s, why)
+        log.warning(
+            "%s: no progress on %s for %.0f s (%s): refreshing metadata",
+            REFRESHED,
+            sorted(map(str, tps)),
+            self._tracker.stall_s,
+            why,
+        )
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self._consumer._client.force_metadata_update(), ASK_TIMEOUT_S)
 
@@ -186,7 +193,7 @@ class FetchWatchdog:
         (a leader that does not answer, or a machine too busy to answer in time)."""
         try:
             ends = await asyncio.wait_for(self._consumer.end_offsets(suspects), ASK_TIMEOUT_S)
-        except Exception:  # noqa: BLE001 - no answer: the caller refreshes metadata and looks again
+        except Exception:
             return None
         return {tp for tp in suspects if positions[tp] is None or ends.get(tp, 0) > positions[tp]}
 
@@ -198,8 +205,10 @@ class FetchWatchdog:
         client = self._consumer._client
         wanted = set()
         for tp in stalled:
-            wanted |= {(self._leaders.get(tp), ConnectionGroup.DEFAULT),
-                       (client.cluster.leader_for_partition(tp), ConnectionGroup.DEFAULT)}
+            wanted |= {
+                (self._leaders.get(tp), ConnectionGroup.DEFAULT),
+                (client.cluster.leader_for_partition(tp), ConnectionGroup.DEFAULT),
+            }
         coordinator = getattr(self._consumer._coordinator, "coordinator_id", None)
         if committed_unknown and coordinator is not None:
             wanted.add((coordinator, ConnectionGroup.COORDINATION))
@@ -210,5 +219,9 @@ class FetchWatchdog:
                 conn.close(reason=CloseReason.CONNECTION_BROKEN)
                 closed.append(f"{key[0]}/{key[1].name.lower()}")
         self._stats.fetch_stalls_unblocked += 1
-        log.warning("%s %s (still stalled after a metadata refresh): closed the connections %s",
-                    UNBLOCKED, sorted(map(str, stalled)), closed)
+        log.warning(
+            "%s %s (still stalled after a metadata refresh): closed the connections %s",
+            UNBLOCKED,
+            sorted(map(str, stalled)),
+            closed,
+        )

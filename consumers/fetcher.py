@@ -24,7 +24,11 @@ class Fetcher:
     """Which partitions to read and reading them, for one consumer."""
 
     def __init__(
-        self, consumer: AIOKafkaConsumer, priority_topic: str, max_queue: int, stats: ConsumerStats,
+        self,
+        consumer: AIOKafkaConsumer,
+        priority_topic: str,
+        max_queue: int,
+        stats: ConsumerStats,
         holding: set[TopicPartition],
     ) -> None:
         self._consumer = consumer

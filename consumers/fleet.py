@@ -117,7 +117,7 @@ class Fleet:
                 await run()  # type: ignore[misc]
             except asyncio.CancelledError:
                 raise
-            except Exception as e:  # noqa: BLE001 - a stale view costs balance, never answers
+            except Exception as e:
                 log.warning("fleet %s restarting after %r", self._member_id, e)
                 await asyncio.sleep(max(self._interval_s, 1.0))
 

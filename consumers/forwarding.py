@@ -63,8 +63,15 @@ class PeerForwarding:
     and stays None when `fleet_beacon_ms` is 0)."""
 
     def __init__(
-        self, consumer_id: str, model: str, group_id: str, priority_topic: str, settings: ConsumerSettings,
-        engine: ServingPolicy, clock: Clock, offered_total: Callable[[], int] = lambda: 0,
+        self,
+        consumer_id: str,
+        model: str,
+        group_id: str,
+        priority_topic: str,
+        settings: ConsumerSettings,
+        engine: ServingPolicy,
+        clock: Clock,
+        offered_total: Callable[[], int] = lambda: 0,
     ) -> None:
         """`offered_total()`: cost units offered to the engine so far (from the intake)."""
         self._consumer_id = consumer_id
@@ -165,15 +172,23 @@ class PeerForwarding:
         queue = dispatch_order(waiting)
         rule = dataclasses.replace(self._rule, hop_ms=fleet.hop_ms)
         plan = plan_forwards(
-            len(queue), [not pr.payload.forwarded_in for pr in queue], view, peers_after(self._consumer_id, peers),
-            now_ms, rule, fleet.sent,
+            len(queue),
+            [not pr.payload.forwarded_in for pr in queue],
+            view,
+            peers_after(self._consumer_id, peers),
+            now_ms,
+            rule,
+            fleet.sent,
         )
         chosen: list[tuple[PendingRequest, Message]] = []
         for forward in plan:
             pr = queue[forward.index]
             held: Held = pr.payload
             message = Message(
-                self._priority_topic, held.request.id.encode(), held.raw, forward_headers(held, self._consumer_id),
+                self._priority_topic,
+                held.request.id.encode(),
+                held.raw,
+                forward_headers(held, self._consumer_id),
                 partition=forward.partition,
             )
             if room is None or message.size > room:

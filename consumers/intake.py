@@ -34,8 +34,9 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Final, Iterable
+from typing import Any, Final
 
 import msgspec
 
@@ -102,7 +103,7 @@ def _parsed(value: bytes) -> Any:
     """The payload as plain JSON values (error path only), or None if that fails too."""
     try:
         return msgspec.json.decode(value)
-    except Exception:  # noqa: BLE001 - best effort: no detail is a valid answer
+    except Exception:
         return None
 
 
@@ -120,7 +121,7 @@ def _schema_detail(error: msgspec.ValidationError, doc: Any) -> str:
     """msgspec's message rewritten as `field: problem, got <value>` when the value is at hand."""
     try:
         return _located(str(error), doc)
-    except Exception:  # noqa: BLE001 - e.g. repr of a 5000-digit int; fall back to msgspec's words
+    except Exception:
         return bounded(str(error))
 
 
@@ -167,7 +168,7 @@ def decode_request(value: bytes | None, *, model: str, max_bytes: int) -> Reques
         return Rejection("not_utf8", bounded(f"invalid UTF-8 at byte {e.start}: {e.reason}"))
     except RecursionError:
         return Rejection("invalid_json", "JSON nesting is too deep")
-    except Exception as e:  # noqa: BLE001 - hostile bytes must never stop the consumer
+    except Exception as e:
         return Rejection("invalid_json", bounded(f"undecodable ({type(e).__name__}): {e}"))
     if req.reply_topic is not None and not _TOPIC_RE.fullmatch(req.reply_topic):
         # msgspec's `$` also matches before a trailing newline; Kafka would refuse the topic

@@ -55,7 +55,11 @@ class Membership(ConsumerRebalanceListener):
     """This consumer in its group: subscribed by `join`, committing by `commit_every_interval`."""
 
     def __init__(
-        self, consumer_id: str, priority_topic: str, engine: ServingPolicy, admission: Admission,
+        self,
+        consumer_id: str,
+        priority_topic: str,
+        engine: ServingPolicy,
+        admission: Admission,
         settle: Callable[[], Awaitable[None]],
     ) -> None:
         self._consumer_id = consumer_id

@@ -61,7 +61,11 @@ class Outcomes:
         self._stats = stats
 
     def of_batch(
-        self, batch: Batch, outputs: dict[int, Output], failures: dict[int, str], timing: BatchTiming,
+        self,
+        batch: Batch,
+        outputs: dict[int, Output],
+        failures: dict[int, str],
+        timing: BatchTiming,
         compute_ms: float,
     ) -> Reply:
         answers, stats = self._answers, self._stats
@@ -88,11 +92,19 @@ class Outcomes:
                     error = "refused before its prefill: it could not end by its deadline at the current time per step"
                 elif output.expired:
                     error = f"deadline passed after {output.tokens_out} generated tokens (the text so far)"
-                messages.append(answers.answered(held, verdict, done, batch_id=batch.batch_id, output=output, error=error))
+                messages.append(
+                    answers.answered(held, verdict, done, batch_id=batch.batch_id, output=output, error=error)
+                )
             messages.append(
                 answers.latency(
-                    held, verdict, timing, batch_id=batch.batch_id, batch_size=batch.size, marked=pr.marked,
-                    priority=pr.priority, output=output,
+                    held,
+                    verdict,
+                    timing,
+                    batch_id=batch.batch_id,
+                    batch_size=batch.size,
+                    marked=pr.marked,
+                    priority=pr.priority,
+                    output=output,
                 )
             )
             reply.answered.append(held)
@@ -110,7 +122,9 @@ class Outcomes:
             verdict = Verdict("expired", pr.expiry or DEADLINE)
             reply.messages.append(answers.answered(held, verdict, stamp, error=expiry_text(pr)))
             reply.messages.append(
-                answers.latency(held, verdict, timing, batch_id=-1, batch_size=0, marked=pr.marked, priority=pr.priority)
+                answers.latency(
+                    held, verdict, timing, batch_id=-1, batch_size=0, marked=pr.marked, priority=pr.priority
+                )
             )
             reply.answered.append(held)
             self._stats.answered["expired"] += 1
@@ -157,8 +171,14 @@ class Outcomes:
                 stats.answered["rejected"] += 1
             messages.append(
                 answers.refused(
-                    rejection.reason, request_id=rejection.request_id, source=tp, offset=record.offset,
-                    timestamp_ms=record.timestamp, fetch_ms=fetch_ms, done_ms=done_ms, warmup=rejection.warmup,
+                    rejection.reason,
+                    request_id=rejection.request_id,
+                    source=tp,
+                    offset=record.offset,
+                    timestamp_ms=record.timestamp,
+                    fetch_ms=fetch_ms,
+                    done_ms=done_ms,
+                    warmup=rejection.warmup,
                     verdict=verdict,
                 )
             )

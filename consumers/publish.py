@@ -45,10 +45,10 @@ from aiokafka.errors import CommitFailedError, KafkaError
 from consumers.delivery import Delivery
 from consumers.fencing import LEFT_FOR_OWNERS, NO_GENERATION, SELF_FENCED, MembershipGuard
 from consumers.membership import commit_points
+from consumers.stats import ConsumerStats
 from pipeline.core.kafka.offsets import CommitPoint, OffsetTracker
 from pipeline.core.kafka.outbox import Failure, Message, Outbox
 from pipeline.core.kafka.txn_offset_commit import TxnOffsetsRefused
-from consumers.stats import ConsumerStats
 
 log = logging.getLogger("batchtide.consumer")
 
@@ -205,7 +205,10 @@ class Publisher:
     def _commit_points(self, partitions: set[TopicPartition] | None = None) -> dict[TopicPartition, CommitPoint]:
         """What to commit now: each offset with the records answered past it."""
         tracker = self.tracker
-        return {tp: tracker.point(tp, offset) for tp, offset in commit_points(tracker, self._consumer.assignment(), partitions).items()}
+        return {
+            tp: tracker.point(tp, offset)
+            for tp, offset in commit_points(tracker, self._consumer.assignment(), partitions).items()
+        }
 
     def _with_metadata(self, points: dict[TopicPartition, CommitPoint]) -> dict[TopicPartition, tuple[int, str]]:
         """Each offset with the metadata that lists what is answered past it."""
@@ -241,7 +244,10 @@ class Publisher:
             if why := self._guard.stale(self._guard.generation):
                 self._stats.transactions_self_fenced += 1
                 log.warning(
-                    "%s commit of %s skipped, the next owner re-reads from the last commit: %s", SELF_FENCED, _plain(points), why
+                    "%s commit of %s skipped, the next owner re-reads from the last commit: %s",
+                    SELF_FENCED,
+                    _plain(points),
+                    why,
                 )
                 return
             try:

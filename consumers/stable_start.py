@@ -42,8 +42,13 @@ class StableStart:
     """Holds newly assigned partitions until their commit points are stable, then starts them there."""
 
     def __init__(
-        self, consumer: AIOKafkaConsumer, tracker: OffsetTracker[TopicPartition], group_id: str, stats: ConsumerStats,
-        clock: Clock, wait_s: float = STABLE_WAIT_S,
+        self,
+        consumer: AIOKafkaConsumer,
+        tracker: OffsetTracker[TopicPartition],
+        group_id: str,
+        stats: ConsumerStats,
+        clock: Clock,
+        wait_s: float = STABLE_WAIT_S,
     ) -> None:
         self._consumer = consumer
         self._tracker = tracker
@@ -101,7 +106,10 @@ class StableStart:
         self._stats.answered_inherited += inherited
         log.info(
             "consumer group %s: %d of %d partitions start at their stable commit points, %d answered records inherited",
-            self._group_id, len(points), len(partitions), inherited,
+            self._group_id,
+            len(points),
+            len(partitions),
+            inherited,
         )
 
     async def _stable_points(self, partitions: list[TopicPartition]) -> dict[TopicPartition, CommitPoint]:
@@ -124,16 +132,15 @@ class StableStart:
                 self._stats.unstable_offsets_given_up += len(set(left) & unstable_seen)
                 break
             if answers is not None:
-                left = [
-                    tp for tp in left
-                    if tp in self.holding and tp in answers and answers[tp].error in ASK_AGAIN
-                ]
+                left = [tp for tp in left if tp in self.holding and tp in answers and answers[tp].error in ASK_AGAIN]
             if left:
                 await asyncio.sleep(RETRY_S)
         self._stats.unstable_offsets_waited += len(unstable_seen)
         return points
 
-    async def _ask(self, partitions: list[TopicPartition], *, require_stable: bool) -> dict[TopicPartition, Committed] | None:
+    async def _ask(
+        self, partitions: list[TopicPartition], *, require_stable: bool
+    ) -> dict[TopicPartition, Committed] | None:
         """One OffsetFetch v7 to the coordinator; None when it could not answer for the group."""
         coordinator = self._consumer._coordinator
         node = coordinator.coordinator_id

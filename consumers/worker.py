@@ -32,25 +32,25 @@ from aiokafka import ConsumerRecord, TopicPartition
 
 from consumers.admit import Admission
 from consumers.answers import Answers, BatchTiming
-from consumers.clock import Alarm, Clock, SystemClock
 from consumers.clients import KafkaClients, open_clients
+from consumers.clock import Alarm, Clock, SystemClock
 from consumers.decide import poll_engine
 from consumers.device import Device
 from consumers.forwarding import PeerForwarding
 from consumers.membership import Membership
 from consumers.outcomes import Outcomes, Reply
-from consumers.stop_budget import StopBudget, step_s
-from consumers.tasks import Work
-from pipeline.core.kafka.client import Topics
-from pipeline.core.kafka.offsets import OffsetTracker
 from consumers.runners import serving_runner
-from pipeline.core import profile_file
 from consumers.runners.base import Runner
 from consumers.stats import ConsumerStats
-from pipeline.core.kafka.topic_limits import TopicLimits
+from consumers.stop_budget import StopBudget, step_s
+from consumers.tasks import Work
+from pipeline.core import profile_file
 from pipeline.core.config import Config, ConsumerSettings, KafkaSettings, ModelConfig
 from pipeline.core.engine.decisions import Batch, ServingPolicy
 from pipeline.core.engine.engine import BatchingEngine
+from pipeline.core.kafka.client import Topics
+from pipeline.core.kafka.offsets import OffsetTracker
+from pipeline.core.kafka.topic_limits import TopicLimits
 from schemas.messages import FleetBeacon
 
 log = logging.getLogger("batchtide.consumer")
@@ -62,7 +62,7 @@ def default_consumer_id(model: str) -> str:
 
 def build_consumer(
     config: Config, model_name: str, *, consumer_id: str | None = None, runner: Runner | None = None
-) -> "Consumer":
+) -> Consumer:
     """A consumer for one configured model with its runner and its own engine (started from the
     model's profile file when `batchtide profile` wrote one: measured curve, device limit)."""
     model = config.model(model_name)
@@ -75,7 +75,11 @@ def build_consumer(
         log.warning(
             "model %s: hard_cap %d tokens is under the longest request it admits (max_input_tokens %d + max_new_tokens "
             "%d = %d): longer requests are refused (input_too_long); raise hard_cap or lower max_input_tokens",
-            model.name, engine.ceiling, model.max_input_tokens, model.max_new_tokens, longest,
+            model.name,
+            engine.ceiling,
+            model.max_input_tokens,
+            model.max_new_tokens,
+            longest,
         )
     runner = runner or serving_runner(resolved)
     return Consumer(model, config.kafka, config.consumer, runner=runner, engine=engine, consumer_id=consumer_id)
@@ -117,7 +121,13 @@ class Consumer:
         self._limits = TopicLimits(kafka)
         self._outcomes = Outcomes(Answers(model.name, self.consumer_id, self.topics, self._limits), self.stats)
         self.forwarding = PeerForwarding(
-            self.consumer_id, model.name, self.group_id, self.priority_topic, settings, engine, self.clock,
+            self.consumer_id,
+            model.name,
+            self.group_id,
+            self.priority_topic,
+            settings,
+            engine,
+            self.clock,
             lambda: self._admission.offered_cost,
         )
         self.membership = Membership(self.consumer_id, self.priority_topic, engine, self._admission, self._work.settle)
@@ -130,9 +140,17 @@ class Consumer:
         """Load and warm the runner, then join the group (`consumers.warm_up`)."""
         self.stats.warm_up_sizes.extend(await self._device.warm_up(self.model.name, self.engine.ceiling))
         self._clients = clients = await open_clients(
-            self.kafka, group_id=self.group_id, consumer_id=self.consumer_id, shared_topics=set(self.topics.shared),
-            own_topics=self._own_topics, results_topic=self.topics.results(self.model.name), limits=self._limits,
-            priority_topic=self.priority_topic, max_queue=self.settings.max_queue, stats=self.stats, clock=self.clock,
+            self.kafka,
+            group_id=self.group_id,
+            consumer_id=self.consumer_id,
+            shared_topics=set(self.topics.shared),
+            own_topics=self._own_topics,
+            results_topic=self.topics.results(self.model.name),
+            limits=self._limits,
+            priority_topic=self.priority_topic,
+            max_queue=self.settings.max_queue,
+            stats=self.stats,
+            clock=self.clock,
         )
         self.membership.join(
             clients.consumer, clients.publisher, [self.request_topic, self.priority_topic], clients.stable_start
@@ -143,8 +161,13 @@ class Consumer:
         """Serve until `stop` is set, then stop fetching, finish what is held, commit, close: all
         within `stop_timeout_s` (`consumers.stop_budget`), whatever the broker does."""
         fetch = asyncio.create_task(self._fetch_loop(stop), name="fetch")
-        commit = None if self.kafka.transactional else asyncio.create_task(
-            self.membership.commit_every_interval(self.settings.commit_interval_ms), name="commit")
+        commit = (
+            None
+            if self.kafka.transactional
+            else asyncio.create_task(
+                self.membership.commit_every_interval(self.settings.commit_interval_ms), name="commit"
+            )
+        )
         budget = None
         try:
             await fetch
@@ -170,8 +193,10 @@ class Consumer:
         await self._work.settle(budget.work_left_s(clock.monotonic_s()))
         try:
             await asyncio.wait_for(self.membership.commit(), step_s(budget, clock.monotonic_s(), 3))
-        except asyncio.TimeoutError:
-            log.warning("consumer %s: the last commit did not finish; the group re-reads from the one before", self.consumer_id)
+        except TimeoutError:
+            log.warning(
+                "consumer %s: the last commit did not finish; the group re-reads from the one before", self.consumer_id
+            )
 
     async def _close(self, budget: StopBudget | None) -> None:
         """The Kafka clients share what is left of the stop budget (aiokafka can wait forever for a
@@ -224,7 +249,9 @@ class Consumer:
             self.stats.backlog = fetcher.backlog(tracker.next_offset)
             self._drive()
 
-    def _intake(self, records: dict[TopicPartition, list[ConsumerRecord]], tracker: OffsetTracker[TopicPartition]) -> None:
+    def _intake(
+        self, records: dict[TopicPartition, list[ConsumerRecord]], tracker: OffsetTracker[TopicPartition]
+    ) -> None:
         now = self.clock.now_ms()
         rejected = self._admission.intake(records, now, tracker, self.engine)
         self.stats.fetched += sum(len(batch) for batch in records.values())
@@ -282,7 +309,9 @@ class Consumer:
         self.engine.completed(batch, ran.end_ms, ran.compute_ms)
         self.forwarding.measured(ran.compute_ms)
         self._drive()
-        timing = BatchTiming(int(dispatch_ms), int(ran.start_ms), int(ran.end_ms), int(self.clock.now_ms()), *ran.memory)
+        timing = BatchTiming(
+            int(dispatch_ms), int(ran.start_ms), int(ran.end_ms), int(self.clock.now_ms()), *ran.memory
+        )
         try:
             await self._publish(self._outcomes.of_batch(batch, ran.outputs, ran.failures, timing, ran.compute_ms))
         finally:
@@ -298,4 +327,3 @@ class Consumer:
         assert self._clients is not None
         if await self._clients.publisher.publish(reply.messages, reply.places):
             self._admission.published([h.request.id for h in reply.answered], remember=remember)
-

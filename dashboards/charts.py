@@ -10,7 +10,7 @@ from __future__ import annotations
 import html
 import math
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 PALETTE = ("#73bf69", "#f2cc0c", "#8ab8ff", "#ff780a", "#f2495c", "#5794f2", "#b877d9", "#fade2a", "#96d98d")
 AXIS_COLOR = "#8e8e99"
@@ -83,7 +83,7 @@ def _legend(names: list[str], width: float, y: float) -> str:
 
 
 def _time_label(ms: float, span_ms: float) -> str:
-    moment = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+    moment = datetime.fromtimestamp(ms / 1000, tz=UTC)
     return moment.strftime("%H:%M:%S" if span_ms < 10 * 60_000 else "%H:%M")
 
 
@@ -139,7 +139,7 @@ def time_series_svg(
         color = PALETTE[i % len(PALETTE)]
         coords = " ".join(f"{sx(t):.1f},{sy(v, s.unit):.1f}" for t, v in s.points)
         if len(s.points) == 1:
-            (t, v), = s.points
+            ((t, v),) = s.points
             out.append(f'<circle class="mark" cx="{sx(t):.1f}" cy="{sy(v, s.unit):.1f}" r="3" fill="{color}"/>')
         else:
             out.append(

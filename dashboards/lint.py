@@ -15,9 +15,7 @@ from dashboards.panels import DATASOURCE_TYPE, DATASOURCE_UID, MODEL_VARIABLE
 
 GRID_COLUMNS = 24
 TIME_MACROS = ("$__timeFilter", "$__fromTime", "$__toTime")
-MODEL_REFERENCE = re.compile(
-    rf"\$\{{{MODEL_VARIABLE}(:\w+)?\}}|\${MODEL_VARIABLE}\b|\[\[{MODEL_VARIABLE}(:\w+)?\]\]"
-)
+MODEL_REFERENCE = re.compile(rf"\$\{{{MODEL_VARIABLE}(:\w+)?\}}|\${MODEL_VARIABLE}\b|\[\[{MODEL_VARIABLE}(:\w+)?\]\]")
 
 
 def _datasource_problems(where: str, datasource: Any) -> list[str]:

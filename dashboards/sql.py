@@ -27,6 +27,5 @@ def query_sql(name: str) -> str:
     except KeyError:
         known = ", ".join(sorted(queries))
         raise MissingQuery(f"no query {name!r} in pipeline.core.store.queries.QUERIES (known: {known})") from None
-    sql = query if isinstance(query, str) else getattr(query, "sql")
+    sql = query if isinstance(query, str) else query.sql
     return str(sql).strip()
-

@@ -6,7 +6,20 @@ import os
 
 import typer
 
-from pipeline.commands import bench, bench_generation, chaos, dashboards, db, demo, local, profile, replay, serve, settings, status
+from pipeline.commands import (
+    bench,
+    bench_generation,
+    chaos,
+    dashboards,
+    db,
+    demo,
+    local,
+    profile,
+    replay,
+    serve,
+    settings,
+    status,
+)
 
 # Nothing is downloaded at run time (models come from wheels or local directories), whichever
 # way `batchtide` was started: the make launcher, a pip-installed script or `python -m`.

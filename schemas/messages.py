@@ -40,7 +40,9 @@ class Request(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     id: RequestId
     model: ModelName
     text: Annotated[str, msgspec.Meta(max_length=MAX_TEXT_CHARS)] | None = None
-    token_ids: Annotated[list[Annotated[int, msgspec.Meta(ge=0, lt=2**31)]], msgspec.Meta(max_length=MAX_TOKEN_IDS)] | None = None
+    token_ids: (
+        Annotated[list[Annotated[int, msgspec.Meta(ge=0, lt=2**31)]], msgspec.Meta(max_length=MAX_TOKEN_IDS)] | None
+    ) = None
     params: GenerationParams | None = None
     priority: Priority = 1
     """0 = most urgent; the default 1 leaves room for a client to jump the queue."""
@@ -48,7 +50,9 @@ class Request(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """Absolute epoch ms after which the answer is `expired` instead of a late result."""
     timeout_ms: Annotated[int, msgspec.Meta(gt=0, le=86_400_000)] | None = None
     """Relative deadline from the record timestamp (used when deadline_ms is unset)."""
-    reply_topic: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_TOPIC_LEN, pattern=r"^[A-Za-z0-9._-]+$")] | None = None
+    reply_topic: (
+        Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_TOPIC_LEN, pattern=r"^[A-Za-z0-9._-]+$")] | None
+    ) = None
     warmup: bool = False
     """Warm-up traffic, set by whoever sends it: answered as usual, left out of the latency figures."""
     v: int = SCHEMA_VERSION
@@ -57,7 +61,9 @@ class Request(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
         if (self.text is None) == (self.token_ids is None):
             raise msgspec.ValidationError("exactly one of `text` and `token_ids` must be set")
         if self.v != SCHEMA_VERSION:
-            raise msgspec.ValidationError(f"unsupported schema version v={self.v} (this consumer speaks v={SCHEMA_VERSION})")
+            raise msgspec.ValidationError(
+                f"unsupported schema version v={self.v} (this consumer speaks v={SCHEMA_VERSION})"
+            )
 
 
 class Result(msgspec.Struct, omit_defaults=True):

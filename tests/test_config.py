@@ -72,7 +72,7 @@ def test_auto_and_explicit_caps_load_from_toml(tmp_path: Path) -> None:
     assert config.defaults.hard_cap == "auto"
     assert (config.model("a").profile.hard_cap, config.model("a").profile.target_size) == (48, 32)
     bad = _write(tmp_path, '[defaults]\nhard_cap = "max"\n')
-    with pytest.raises(ConfigError, match='hard_cap: expected a whole number or "auto", got \'max\''):
+    with pytest.raises(ConfigError, match="hard_cap: expected a whole number or \"auto\", got 'max'"):
         load_config(bad)
 
 
@@ -104,7 +104,7 @@ def test_unknown_table_is_an_error(tmp_path: Path) -> None:
     ("line", "expected"),
     [
         ("target_size = '32'", "target_size: expected a whole number or \"auto\", got '32'"),
-        ("target_size = 3.5", "target_size: expected a whole number or \"auto\", got 3.5"),
+        ("target_size = 3.5", 'target_size: expected a whole number or "auto", got 3.5'),
         ("max_wait_ms = true", "max_wait_ms: expected a number, got True"),
         ("adaptive_window = 1", "adaptive_window: expected true or false, got 1"),
         ("cost_unit = 'bytes'", "cost_unit: 'bytes' is not one of ['requests', 'tokens']"),
@@ -173,13 +173,19 @@ def test_tail_marking_zero_turns_it_off() -> None:
 
 def test_generation_slo_grows_with_max_new_tokens_and_so_does_the_derived_budget() -> None:
     """slo_p99_ms 1000 + 64 tokens x 50 ms = 4200 ms for a request asking for 64: the engine's budget is half."""
-    model = parse_config({"models": {"gen": {"task": "generate", "max_new_tokens": 64, "slo_ms_per_new_token": 50.0}}}).model("gen")
+    model = parse_config(
+        {"models": {"gen": {"task": "generate", "max_new_tokens": 64, "slo_ms_per_new_token": 50.0}}}
+    ).model("gen")
     assert model.profile.budget_ms() == 500.0
     assert model.engine_profile().compute_budget_ms == 2100.0
-    capped = parse_config({"models": {"gen": {"max_new_tokens": 64, "slo_ms_per_new_token": 50.0, "default_deadline_ms": 3000.0}}}).model("gen")
+    capped = parse_config(
+        {"models": {"gen": {"max_new_tokens": 64, "slo_ms_per_new_token": 50.0, "default_deadline_ms": 3000.0}}}
+    ).model("gen")
     assert capped.engine_profile().compute_budget_ms == 1500.0, "a shorter default deadline still bounds it"
     assert model.engine_profile().slo_p99_ms == 4200.0, "shedding judges by the longest request's SLO"
-    explicit = parse_config({"models": {"gen": {"slo_ms_per_new_token": 50.0, "compute_budget_ms": 700.0}}}).model("gen")
+    explicit = parse_config({"models": {"gen": {"slo_ms_per_new_token": 50.0, "compute_budget_ms": 700.0}}}).model(
+        "gen"
+    )
     assert explicit.engine_profile().compute_budget_ms == 700.0
     plain = parse_config({"models": {"enc": {}}}).model("enc")
     assert plain.engine_profile() is plain.profile

@@ -41,7 +41,11 @@ LAYERS: dict[str, int] = {
 }
 """Module prefix -> layer; the longest matching prefix wins."""
 
-APART = {("consumers", "pipeline.devtools"), ("pipeline.core.store.sink", "pipeline.devtools"), ("pipeline.devtools", "consumers")}
+APART = {
+    ("consumers", "pipeline.devtools"),
+    ("pipeline.core.store.sink", "pipeline.devtools"),
+    ("pipeline.devtools", "consumers"),
+}
 """Same-layer neighbours that must not import each other: the product never leans on a dev tool."""
 
 
@@ -121,4 +125,7 @@ def test_the_check_sees_an_upward_arrow(tmp_path: Path) -> None:
     found = imports(probe, {"consumers.worker", "pipeline.core.config"})
     assert found == {"consumers.worker", "pipeline.core.config"}
     assert LAYERS[placed("consumers.worker")] > LAYERS[placed("pipeline.core.engine.engine")]  # type: ignore[index]
-    assert placed("pipeline.core.store.sink") == "pipeline.core.store.sink" and placed("pipeline.core.store.client") == "pipeline.core.store"
+    assert (
+        placed("pipeline.core.store.sink") == "pipeline.core.store.sink"
+        and placed("pipeline.core.store.client") == "pipeline.core.store"
+    )

@@ -45,7 +45,11 @@ def test_wheel_has_every_package_data_file(wheel: zipfile.ZipFile) -> None:
     assert "schemas/clickhouse/0006_consumer_lag.sql" in expected
     assert "dashboards/provisioning/alerting/batchtide.yaml" in expected
     assert expected <= names, f"missing from the wheel: {sorted(expected - names)}"
-    read_at_run_time = {"schemas/lag_event.schema.json", "dashboards/batchtide-consumer-lag.json", "pipeline/devtools/broker/pom.xml"}
+    read_at_run_time = {
+        "schemas/lag_event.schema.json",
+        "dashboards/batchtide-consumer-lag.json",
+        "pipeline/devtools/broker/pom.xml",
+    }
     assert read_at_run_time <= names
 
 

@@ -69,7 +69,7 @@ class Runner(Protocol):
 
 
 @functools.cache
-def _this_process(pid: int) -> "psutil.Process":
+def _this_process(pid: int) -> psutil.Process:
     import psutil
 
     return psutil.Process(pid)
@@ -113,7 +113,7 @@ def _run_range(
         result = runner.run([reqs[i] for i in positions])
         if len(result) != len(positions):
             raise RuntimeError(f"runner returned {len(result)} outputs for {len(positions)} requests")
-    except Exception as e:  # noqa: BLE001 - any runner failure is isolated, never fatal
+    except Exception as e:
         if len(positions) == 1:
             errors[positions[0]] = describe_error(e)
             return

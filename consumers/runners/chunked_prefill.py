@@ -169,7 +169,7 @@ def fit_cost(seen: deque[tuple[int, float]]) -> tuple[float, float] | None:
     return mean_y - slope * mean_x, slope
 
 
-def riders(prefills: list["ChunkedPrefill"], tokens: int) -> list[tuple["ChunkedPrefill", int | None]]:
+def riders(prefills: list[ChunkedPrefill], tokens: int) -> list[tuple[ChunkedPrefill, int | None]]:
     """The chunks of one ride of about `tokens` tokens, the oldest first (joins.ride_plan: short
     groups whole within half the ride, the oldest at least the other half, the rest oldest first;
     None: its whole rest)."""
@@ -187,7 +187,7 @@ class ChunkedPrefill:
         self._done = 0
         self.cache: Any = None
         """The group's own KV cache so far (None before the first chunk)."""
-        self._first: "torch.Tensor | None" = None
+        self._first: torch.Tensor | None = None
         self.chunks = 0
         """Forward passes (own or ridden) run so far."""
 
@@ -215,7 +215,7 @@ class ChunkedPrefill:
         columns = self.width - self._done if tokens is None else max(1, tokens // rows)
         return self._done, min(self.width, self._done + columns)
 
-    def fed(self, end: int, cache: Any, first: "torch.Tensor | None") -> None:
+    def fed(self, end: int, cache: Any, first: torch.Tensor | None) -> None:
         """Columns up to `end` are in `cache`; `first`: the group's first tokens, at the last chunk."""
         self.cache, self._done, self._first = cache, end, first
         self.chunks += 1

@@ -82,8 +82,8 @@ class RunningSet:
         """Every cache row in order, done ones included until the next compaction."""
         self._live = 0
         self._cache: Any = None
-        self._mask: "torch.Tensor | None" = None
-        self._last: "torch.Tensor | None" = None
+        self._mask: torch.Tensor | None = None
+        self._last: torch.Tensor | None = None
         """The token each row decodes from next (its latest, not yet in the cache)."""
 
     def __len__(self) -> int:
@@ -118,7 +118,7 @@ class RunningSet:
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
         return self.admit(seqs, out.past_key_values, mask, out.logits[:, -1, :].argmax(-1))
 
-    def admit(self, seqs: list[Sequence], cache: Any, mask: "torch.Tensor", first: "torch.Tensor") -> list[Sequence]:
+    def admit(self, seqs: list[Sequence], cache: Any, mask: torch.Tensor, first: torch.Tensor) -> list[Sequence]:
         """Merge prefilled rows in (their cache, left-padded mask and first tokens, however the
         prefill was run: in one piece or in chunks); returns those finished by their first token."""
         _check_cache(cache)
@@ -143,7 +143,7 @@ class RunningSet:
         self._live += len(seqs)
         return self._accept(first, positions)
 
-    def _place(self, cache: Any, mask: "torch.Tensor", first: "torch.Tensor", seqs: list[Sequence]) -> list[int] | None:
+    def _place(self, cache: Any, mask: torch.Tensor, first: torch.Tensor, seqs: list[Sequence]) -> list[int] | None:
         """Write joiners into free rows of the running buffers (finished rows first, then spare
         ones): no copy of the running cache. None when rows or columns run out."""
         import torch
@@ -216,7 +216,7 @@ class RunningSet:
         self._cache = out.past_key_values
         return self.stepped(mask, out.logits[:, -1, :].argmax(-1))
 
-    def step_inputs(self) -> tuple["torch.Tensor", "torch.Tensor", "torch.Tensor"]:
+    def step_inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """A step's input: every row's next token `[rows, 1]`, the mask with the new column, positions."""
         import torch
 
@@ -230,13 +230,13 @@ class RunningSet:
     def cache(self) -> Any:
         return self._cache
 
-    def stepped(self, mask: "torch.Tensor", tokens: "torch.Tensor") -> list[Sequence]:
+    def stepped(self, mask: torch.Tensor, tokens: torch.Tensor) -> list[Sequence]:
         """A step ran (its keys and values are in the cache): take its mask and each row's new token;
         returns the rows that finished."""
         self._mask, self._last = mask, tokens
         return self._accept(tokens)
 
-    def _accept(self, tokens: "torch.Tensor", positions: list[int] | None = None) -> list[Sequence]:
+    def _accept(self, tokens: torch.Tensor, positions: list[int] | None = None) -> list[Sequence]:
         """Append the new token (unless EOS) of the live rows at `positions` (all rows when None);
         returns those that are done."""
         done: list[Sequence] = []
@@ -284,7 +284,7 @@ class RunningSet:
         self._last = self._last.index_select(0, index)
         self.rows = [self.rows[i] for i in rows]
 
-    def _merge(self, cache: Any, mask: "torch.Tensor", first: "torch.Tensor", seqs: list[Sequence]) -> None:
+    def _merge(self, cache: Any, mask: torch.Tensor, first: torch.Tensor, seqs: list[Sequence]) -> None:
         """Append prefilled rows: both caches left-padded to one width, then stacked."""
         import torch
 
@@ -300,7 +300,7 @@ class RunningSet:
         self.rows.extend(seqs)
 
 
-def prompt_tensors(seqs: list[Sequence], pad_id: int, device: str) -> tuple["torch.Tensor", "torch.Tensor"]:
+def prompt_tensors(seqs: list[Sequence], pad_id: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
     """The prompts of `seqs` left-padded to the longest, and their attention mask."""
     import torch
 
@@ -313,7 +313,7 @@ def prompt_tensors(seqs: list[Sequence], pad_id: int, device: str) -> tuple["tor
     return ids.to(device), mask.to(device)
 
 
-def _pad_left(mask: "torch.Tensor", width: int) -> "torch.Tensor":
+def _pad_left(mask: torch.Tensor, width: int) -> torch.Tensor:
     """An attention mask left-padded with zeros to `width` columns."""
     import torch
 
@@ -327,7 +327,9 @@ def _check_cache(cache: Any) -> None:
     layers = getattr(cache, "layers", None)
     if not layers or any(type(layer) is not DynamicLayer for layer in layers):
         kinds = sorted({type(layer).__name__ for layer in layers or ()}) or [type(cache).__name__]
-        raise UnsupportedCache(f"running-set decoding needs full-attention dynamic cache layers (got {', '.join(kinds)})")
+        raise UnsupportedCache(
+            f"running-set decoding needs full-attention dynamic cache layers (got {', '.join(kinds)})"
+        )
 
 
 def drop_expired(seqs: list[Sequence], now_ms: float) -> list[Sequence]:

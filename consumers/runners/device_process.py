@@ -54,7 +54,7 @@ def serve_batches(conn: Connection) -> None:
         model: ModelConfig = conn.recv()
         runner = make_runner(model)
         runner.load()
-    except Exception as e:  # noqa: BLE001 - reported to the parent, which raises it
+    except Exception as e:
         conn.send(("error", describe_error(e)))
         return
     freeze_heap()
@@ -69,7 +69,7 @@ def serve_batches(conn: Connection) -> None:
             return
         try:
             answer: tuple[str, Any] = ("ok", (runner.run(reqs), runner.device_memory()))
-        except Exception as e:  # noqa: BLE001 - one batch's failure, reported
+        except Exception as e:
             answer = ("error", describe_error(e))
         try:
             conn.send(answer)
@@ -85,7 +85,7 @@ def _serve_concurrently(conn: Connection, runner: Runner) -> None:
     def answer(tag: int, reqs: list[Request]) -> None:
         try:
             reply: tuple[str, int, Any] = ("ok", tag, (runner.run(reqs), runner.device_memory()))
-        except Exception as e:  # noqa: BLE001 - one batch's failure, reported
+        except Exception as e:
             reply = ("error", tag, describe_error(e))
         with send_lock:
             try:
@@ -162,7 +162,7 @@ class _SharedChild(_Child):
 
     def __init__(self, model: ModelConfig, index: int) -> None:
         super().__init__(model, index)
-        self._waiting: dict[int, "Future[tuple[list[Output], tuple[int, MemoryKind]]]"] = {}
+        self._waiting: dict[int, Future[tuple[list[Output], tuple[int, MemoryKind]]]] = {}
         self._send_lock = threading.Lock()
         self._tags = 0
         self._reader = threading.Thread(target=self._read, name=f"{self.name}-reader", daemon=True)

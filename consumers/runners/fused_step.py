@@ -55,7 +55,7 @@ class _Chunk:
     group: int
     columns: int
     cache: Any
-    mask: "torch.Tensor"
+    mask: torch.Tensor
     """`[group, 1, columns, end]` booleans: padding and causal order, each query itself always."""
 
 
@@ -144,7 +144,7 @@ def supported(model: Any) -> bool:
     return getattr(getattr(model, "config", None), "_attn_implementation", None) == NAME
 
 
-def ride(running: "RunningSet", chunks: list[tuple["ChunkedPrefill", int | None]]) -> tuple[list["Sequence"], int]:
+def ride(running: RunningSet, chunks: list[tuple[ChunkedPrefill, int | None]]) -> tuple[list[Sequence], int]:
     """One decode step of `running` with the next chunk of each prefill in `chunks` (about `tokens`
     tokens each, None: all the rest) in the same forward pass; returns the rows that finished and
     the prompt tokens fed."""

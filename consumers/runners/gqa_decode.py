@@ -46,13 +46,13 @@ class ColumnPlan:
 
     rows: int
     width: int
-    mask: "torch.Tensor"
+    mask: torch.Tensor
     """The step's padding mask, `[rows, 1, 1, width]` booleans."""
     cut: int
-    wide: "torch.Tensor"
+    wide: torch.Tensor
 
 
-def column_plan(mask: "torch.Tensor") -> ColumnPlan | None:
+def column_plan(mask: torch.Tensor) -> ColumnPlan | None:
     """The split of a step whose 2-D padding mask (new column included) is `mask`, or None when
     one pass over the whole width reads about as little. Keys read: rows x (width - cut) for the
     narrow pass, twice wide x width for the wide rows (their keys are gathered, a copy)."""
@@ -75,7 +75,7 @@ def column_plan(mask: "torch.Tensor") -> ColumnPlan | None:
 
 
 @contextmanager
-def own_columns(mask: "torch.Tensor") -> Iterator[None]:
+def own_columns(mask: torch.Tensor) -> Iterator[None]:
     """Decode-step attention in this block (this thread) reads each row's own columns only."""
     _local.plan = column_plan(mask)
     try:

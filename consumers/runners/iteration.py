@@ -62,7 +62,16 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from pipeline.core.engine.joins import JOIN_GROUP, JOIN_WAIT_STEPS, Joiner, JoinRule, JoinSettings, LoopView, MIN_CHUNK, length_groups
+from pipeline.core.engine.joins import (
+    JOIN_GROUP,
+    JOIN_WAIT_STEPS,
+    MIN_CHUNK,
+    Joiner,
+    JoinRule,
+    JoinSettings,
+    LoopView,
+    length_groups,
+)
 from pipeline.core.engine.shedding import CANNOT_MEET_DEADLINE
 
 from .base import Output, describe_error
@@ -127,8 +136,11 @@ class IterationScheduler:
         self.step_token_budget = step_token_budget
         self.fused_chunks = fused_chunks
         self._pacer = RidePacer(step_token_budget, tpot_ms) if fused_chunks else ChunkPacer(step_token_budget)
-        self._rule = JoinRule(JoinSettings(token_cap, step_budget_ms, join_group, join_wait_steps, tpot_ms,
-                                           step_token_budget, refuse_hopeless))
+        self._rule = JoinRule(
+            JoinSettings(
+                token_cap, step_budget_ms, join_group, join_wait_steps, tpot_ms, step_token_budget, refuse_hopeless
+            )
+        )
         self._running = new_running()
         self._joiners: deque[Sequence] = deque()
         self._prefills: deque[ChunkedPrefill] = deque()
@@ -192,8 +204,10 @@ class IterationScheduler:
 
     @staticmethod
     def _views(seqs: list[Sequence]) -> list[Joiner]:
-        return [Joiner(len(s.prompt), s.reserved_tokens, s.limit, s.deadline_ms, s.priority, s.tag.arrived_step)
-                for s in seqs]
+        return [
+            Joiner(len(s.prompt), s.reserved_tokens, s.limit, s.deadline_ms, s.priority, s.tag.arrived_step)
+            for s in seqs
+        ]
 
     def _admit(self, now_ms: float) -> list[Sequence]:
         """Joiners to prefill now (urgent first, then in dispatch order), or none yet (joins.py)."""
@@ -223,7 +237,7 @@ class IterationScheduler:
                         self.joins += 1
                         finished += self._join(joining)
                     finished += self._step(now)
-                except Exception as e:  # noqa: BLE001 - every row of the set fails; the loop goes on
+                except Exception as e:
                     failing = self._running.live + joining + [s for p in self._prefills for s in p.seqs]
                     self._finish([s for s in finished if s not in failing])
                     self._fail(failing, describe_error(e))

@@ -42,7 +42,7 @@ def spare_rows(rows: int) -> int:
 class SlackLayer(DynamicLayer):
     """One attention layer's keys and values: rows `[0, rows)`, columns `[start, end)` of a buffer."""
 
-    def __init__(self, keys: "torch.Tensor", values: "torch.Tensor", rows: int, start: int, end: int) -> None:
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, rows: int, start: int, end: int) -> None:
         super().__init__()
         self.dtype, self.device = keys.dtype, keys.device
         self.is_initialized = True
@@ -51,7 +51,7 @@ class SlackLayer(DynamicLayer):
         self._view()
 
     @classmethod
-    def stacked(cls, parts: list[tuple["torch.Tensor", "torch.Tensor"]], width: int) -> "SlackLayer":
+    def stacked(cls, parts: list[tuple[torch.Tensor, torch.Tensor]], width: int) -> SlackLayer:
         """Rows of every part, each right-aligned (left-padded with zeros) to `width` columns."""
         first = parts[0][0]
         _, heads, _, dim = first.shape
@@ -83,7 +83,7 @@ class SlackLayer(DynamicLayer):
             self._start = start
             self._view()
 
-    def place(self, index: "torch.Tensor", keys: "torch.Tensor", values: "torch.Tensor") -> None:
+    def place(self, index: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Write prefilled rows at row positions `index` (free rows), right-aligned to the view's end."""
         import torch
 
@@ -103,7 +103,7 @@ class SlackLayer(DynamicLayer):
         self._start += columns
         self._view()
 
-    def select(self, index: "torch.Tensor", drop_columns: int) -> None:
+    def select(self, index: torch.Tensor, drop_columns: int) -> None:
         """Keep the rows in `index` (in that order), drop the first `drop_columns` columns: a copy."""
         rows = int(index.shape[0])
         start = self._start + drop_columns
@@ -115,7 +115,9 @@ class SlackLayer(DynamicLayer):
         self._k, self._v, self._rows, self._start, self._end = k_buf, v_buf, rows, 0, width
         self._view()
 
-    def update(self, key_states: "torch.Tensor", value_states: "torch.Tensor", *args: object, **kwargs: object) -> tuple["torch.Tensor", "torch.Tensor"]:
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         new = key_states.shape[-2]
         if self._end + new > self._k.shape[-2]:
             self._regrow(new)

@@ -33,7 +33,9 @@ def _in_directory(directory: Path) -> ModelSource | None:
     if (directory / "config.json").is_file():
         return ModelSource(directory)
     configs = sorted(directory.rglob("config.json"), key=lambda p: (len(p.parts), str(p)))
-    configs = [c for c in configs if (c.parent / "tokenizer_config.json").is_file() or any(c.parent.glob("*.safetensors"))]
+    configs = [
+        c for c in configs if (c.parent / "tokenizer_config.json").is_file() or any(c.parent.glob("*.safetensors"))
+    ]
     if configs:
         return ModelSource(configs[0].parent)
     ggufs = sorted(directory.rglob("*.gguf"))

@@ -226,7 +226,14 @@ def measure_generation(
     prompts = [runner._ids(r) for r in pool]
     memory = DeviceMemory(device, headroom)
     found = Measurement(
-        "generate", device, memory.kind, memory.limit, memory.base, budget_ms, prompt_tokens=tokens, decode_steps=decode_steps
+        "generate",
+        device,
+        memory.kind,
+        memory.limit,
+        memory.base,
+        budget_ms,
+        prompt_tokens=tokens,
+        decode_steps=decode_steps,
     )
     big = 1 << 30  # rows never end on their own: every step decodes the whole batch
     with torch.inference_mode():
@@ -268,7 +275,9 @@ def measure_generation(
     return found
 
 
-def _longest_request(runner: Any, prompt_tokens: int, decode_steps: int, repeats: int, memory: DeviceMemory) -> list[Point]:
+def _longest_request(
+    runner: Any, prompt_tokens: int, decode_steps: int, repeats: int, memory: DeviceMemory
+) -> list[Point]:
     """Prefill and decode step of one request at the longest admissible prompt; [] on OOM."""
     from .decoding import Sequence
 

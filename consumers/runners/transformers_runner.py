@@ -99,7 +99,7 @@ def pick_device(setting: str) -> str:
     return setting
 
 
-def pick_dtype(device: str) -> "torch.dtype":
+def pick_dtype(device: str) -> torch.dtype:
     """bf16 on GPUs that have it, fp16 on older ones, fp32 on CPU (half is slow there)."""
     import torch
 
@@ -212,8 +212,12 @@ class TransformersRunner:
             running_cap = running_token_cap(self._token_cap, profile.max_inflight_batches, target)
             budget = profile.slo_ms_per_new_token or profile.compute_budget_ms or profile.slo_p99_ms / 2.0
             self.iteration = IterationScheduler(
-                self._running_set, self._to_output, token_cap=running_cap, step_budget_ms=budget,
-                step_token_budget=self.config.step_token_budget, fused_chunks=self.config.fused_chunks,
+                self._running_set,
+                self._to_output,
+                token_cap=running_cap,
+                step_budget_ms=budget,
+                step_token_budget=self.config.step_token_budget,
+                fused_chunks=self.config.fused_chunks,
                 tpot_ms=profile.slo_ms_per_new_token or None,
             )
 
@@ -298,7 +302,7 @@ class TransformersRunner:
                 ids[i] = encoded
         return ids
 
-    def _padded(self, ids: list[list[int]], left: bool) -> tuple["torch.Tensor", "torch.Tensor"]:
+    def _padded(self, ids: list[list[int]], left: bool) -> tuple[torch.Tensor, torch.Tensor]:
         import torch
 
         width = max(len(x) for x in ids)

@@ -30,8 +30,12 @@ def rows(triton: dict, ours: dict) -> dict[str, dict[str, float]]:
         trial = next(x for x in ours["model_trials"] if f"{x['offered_rps']:g}" == rate)
         t = triton[rate]
         out[rate] = {
-            "t50": t["p50_ms"], "t99": t["p99_ms"], "t999": t["p999_ms"],
-            "b50": ours["model_p50_ms"][rate], "b99": ours["model_p99_ms"][rate], "b999": ours["model_p999_ms"][rate],
+            "t50": t["p50_ms"],
+            "t99": t["p99_ms"],
+            "t999": t["p999_ms"],
+            "b50": ours["model_p50_ms"][rate],
+            "b99": ours["model_p99_ms"][rate],
+            "b999": ours["model_p999_ms"][rate],
             "lost": (t["sent"] - t["answered"]) + (trial["sent"] - trial["answered"]),
         }
     return out
@@ -52,7 +56,9 @@ def main(paths: list[str]) -> int:
                 f"{r['b50']:7.1f} / {r['b99']:6.1f} / {r['b999']:6.1f} | {r['b99'] / r['t99']:9.2f}"
             )
     print(f"\nover {len(rounds)} round(s), medians:")
-    print(f"{'req/s':>6} | {'Triton p50 / p99':>17} | {'batchtide p50 / p99':>20} | p50 ratio | p99 ratio | p99 won | unanswered")
+    print(
+        f"{'req/s':>6} | {'Triton p50 / p99':>17} | {'batchtide p50 / p99':>20} | p50 ratio | p99 ratio | p99 won | unanswered"
+    )
     for rate in rates:
         med = {k: statistics.median(each[rate][k] for each in rounds) for k in ("t50", "t99", "b50", "b99")}
         won = sum(each[rate]["b99"] < each[rate]["t99"] for each in rounds)

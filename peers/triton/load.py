@@ -9,6 +9,7 @@ Latency = response arrival - moment just before send.
 Usage:
   python load.py --rates 20,60,120 --duration 30 --seed 1 --tokens 10 [--json OUT] [--protocol http|grpc]
 """
+
 import argparse
 import asyncio
 import json
@@ -21,8 +22,10 @@ import numpy as np
 
 # batchtide's load generator (pipeline/devtools/producer.py), replayed exactly: the same word list,
 # the same schedule and the same text for every request of a given seed.
-WORDS = ("river stone light batch queue window token cloud signal model request answer "
-         "tail latency kafka partition engine summer market garden orbit paper music").split()
+WORDS = (
+    "river stone light batch queue window token cloud signal model request answer "
+    "tail latency kafka partition engine summer market garden orbit paper music"
+).split()
 CHARS_PER_TOKEN = 4
 MODEL = "minilm"
 WARMUP = 150
@@ -45,10 +48,12 @@ class Client:
         self.protocol = protocol
         if protocol == "http":
             import tritonclient.http.aio as tc
+
             # big connection pool so requests never wait client-side for a free connection
             self.c = tc.InferenceServerClient(url=url, conn_limit=4096, conn_timeout=120.0)
         else:
             import tritonclient.grpc.aio as tc
+
             self.c = tc.InferenceServerClient(url=url)
         self.tc = tc
 
@@ -73,6 +78,7 @@ class Client:
 async def fetch_metrics(url):
     """Return {metric_name: value} for the minilm model from Triton's Prometheus endpoint (or {})."""
     import aiohttp
+
     try:
         async with aiohttp.ClientSession() as s:
             async with s.get(url, timeout=aiohttp.ClientTimeout(total=5)) as r:
@@ -106,7 +112,7 @@ async def fire(client, sched, texts, drain_timeout):
                 raise RuntimeError(f"bad output shape {None if emb is None else emb.shape}")
             lat[i] = end - start
             t_done[i] = end - t0
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             errors.append(repr(e)[:200])
 
     tasks = []
@@ -168,21 +174,24 @@ async def run_rate(client, rate, args):
             res["triton_requests"] = int(reqs)
             res["mean_batch_size"] = d.get("nv_inference_count", 0.0) / execs
             res["mean_queue_ms"] = d.get("nv_inference_queue_duration_us", 0.0) / max(reqs, 1) / 1000.0
-            res["mean_compute_ms"] = (
-                d.get("nv_inference_compute_infer_duration_us", 0.0) / max(reqs, 1) / 1000.0)
+            res["mean_compute_ms"] = d.get("nv_inference_compute_infer_duration_us", 0.0) / max(reqs, 1) / 1000.0
     if errors:
         res["first_errors"] = errors[:3]
     return res
 
 
 def fmt(r):
-    s = (f"rate {r['rate']:g}/s: answered/sent {r['answered']}/{r['sent']}  "
-         f"achieved {r['achieved_send_rate']:.1f}/s sent, {r['answered_throughput']:.1f}/s answered  "
-         f"p50 {r['p50_ms']:.2f} ms  p99 {r['p99_ms']:.2f} ms  p999 {r['p999_ms']:.2f} ms  "
-         f"(max {r['max_ms']:.2f}, send-lag p99 {r['send_lag_p99_ms']:.2f} ms)")
+    s = (
+        f"rate {r['rate']:g}/s: answered/sent {r['answered']}/{r['sent']}  "
+        f"achieved {r['achieved_send_rate']:.1f}/s sent, {r['answered_throughput']:.1f}/s answered  "
+        f"p50 {r['p50_ms']:.2f} ms  p99 {r['p99_ms']:.2f} ms  p999 {r['p999_ms']:.2f} ms  "
+        f"(max {r['max_ms']:.2f}, send-lag p99 {r['send_lag_p99_ms']:.2f} ms)"
+    )
     if "mean_batch_size" in r:
-        s += (f"\n    triton: {r['triton_batches']} batches, mean batch size {r['mean_batch_size']:.2f}, "
-              f"mean queue {r['mean_queue_ms']:.2f} ms, mean compute (batch exec time seen per request) {r['mean_compute_ms']:.2f} ms")
+        s += (
+            f"\n    triton: {r['triton_batches']} batches, mean batch size {r['mean_batch_size']:.2f}, "
+            f"mean queue {r['mean_queue_ms']:.2f} ms, mean compute (batch exec time seen per request) {r['mean_compute_ms']:.2f} ms"
+        )
     if r["errors"]:
         s += f"\n    errors: {r['errors']} e.g. {r.get('first_errors')}"
     return s
@@ -218,13 +227,17 @@ def main():
     ap.add_argument("--protocol", choices=["http", "grpc"], default="http")
     ap.add_argument("--url", default=None, help="host:port (default localhost:8000 http / localhost:8001 grpc)")
     ap.add_argument("--metrics-url", default=f"http://127.0.0.1:{os.environ.get('METRICS_PORT', '8002')}/metrics")
-    ap.add_argument("--drain-timeout", type=float, default=60.0,
-                    help="seconds to wait for outstanding answers after the last send")
+    ap.add_argument(
+        "--drain-timeout", type=float, default=60.0, help="seconds to wait for outstanding answers after the last send"
+    )
     ap.add_argument("--pause", type=float, default=2.0, help="idle seconds between rates")
     args = ap.parse_args()
     if args.url is None:
-        args.url = (f"127.0.0.1:{os.environ.get('HTTP_PORT', '8000')}" if args.protocol == "http"
-                    else f"127.0.0.1:{os.environ.get('GRPC_PORT', '8001')}")
+        args.url = (
+            f"127.0.0.1:{os.environ.get('HTTP_PORT', '8000')}"
+            if args.protocol == "http"
+            else f"127.0.0.1:{os.environ.get('GRPC_PORT', '8001')}"
+        )
     asyncio.run(main_async(args))
 
 

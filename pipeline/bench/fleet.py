@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pipeline.core.sim.arrivals import make_arrivals
 from pipeline.core.sim.fleet import fleet_variant, simulate_fleet
 from pipeline.core.sim.fleetmetrics import measure_fleet
-from pipeline.core.sim.arrivals import make_arrivals
 from pipeline.core.sim.scenario import Scenario, ScenarioError
 from pipeline.core.sim.scenario_file import load_scenario
 
@@ -27,8 +27,10 @@ def fleet_scenario(path: str | Path) -> Scenario:
     """A scenario file with a [fleet] table (others belong to `bench policies`)."""
     scenario = load_scenario(path)
     if scenario.fleet is None:
-        raise ScenarioError(f"{path}: no [fleet] table: `bench fleet` studies a consumer group "
-                            "(see docs/benchmarks.md); use `bench policies` for this scenario")
+        raise ScenarioError(
+            f"{path}: no [fleet] table: `bench fleet` studies a consumer group "
+            "(see docs/benchmarks.md); use `bench policies` for this scenario"
+        )
     return scenario
 
 

@@ -80,9 +80,9 @@ def case_options(base: BenchOptions, case: FleetCase, balance: bool, duration_sc
         rates=(case.rate,),
         duration_s=case.duration_s * duration_scale,
         straggler=case.straggler,
-        slowdown=None if case.slowdown is None else (
-            case.slowdown[0] * duration_scale, case.slowdown[1] * duration_scale, case.slowdown[2]
-        ),
+        slowdown=None
+        if case.slowdown is None
+        else (case.slowdown[0] * duration_scale, case.slowdown[1] * duration_scale, case.slowdown[2]),
         hot_share=case.hot_share,
         tail_forwarding=balance,
     )
@@ -97,7 +97,7 @@ def recovered_after_s(trial: Trial, case: FleetCase, baseline_p99: float, durati
     windows = trial.p99_by_window_ms
     near = [not math.isnan(p) and p <= RECOVERED_RATIO * baseline_p99 for p in windows]
     for w in range(math.ceil(end_s / WINDOW_S), len(windows) - RECOVERED_WINDOWS + 1):
-        if all(near[w:w + RECOVERED_WINDOWS]):
+        if all(near[w : w + RECOVERED_WINDOWS]):
             return max(0.0, w * WINDOW_S - end_s)
     return math.inf
 
@@ -125,7 +125,10 @@ async def run_fleet(
     for case in ordered:
         for repeat in range(repeats):
             for balance in (False, True):
-                say(f"{case.name}: balance {'on' if balance else 'off'}" + (f", repeat {repeat + 1}" if repeats > 1 else ""))
+                say(
+                    f"{case.name}: balance {'on' if balance else 'off'}"
+                    + (f", repeat {repeat + 1}" if repeats > 1 else "")
+                )
                 options = replace(case_options(base, case, balance, duration_scale), seed=base.seed + repeat)
                 trial = await run_trial(options, kafka, case.rate, workdir, say)
                 say(describe(trial))

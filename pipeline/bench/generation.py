@@ -16,16 +16,24 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from pipeline.core.config import BatchProfile, ModelConfig
 from pipeline.core.engine import BatchingEngine
-from pipeline.core.sim.genpeers import SGLang, TGI, VLLM, FixedWindowGen, Kernels, TokenScheduler, simulate_tokens
+from pipeline.core.sim.genpeers import TGI, VLLM, FixedWindowGen, Kernels, SGLang, TokenScheduler, simulate_tokens
 from pipeline.core.sim.genscenario import GenScenario, gen_arrivals
-from pipeline.core.sim.gensim import JOIN_SLOTS, GenArrivals, GenOutcome, LoopSettings, running_token_cap, simulate_generation
+from pipeline.core.sim.gensim import (
+    JOIN_SLOTS,
+    GenArrivals,
+    GenOutcome,
+    LoopSettings,
+    running_token_cap,
+    simulate_generation,
+)
 
 PROFILED_PROMPT = 32
 """Prompt tokens `batchtide profile` measures at by default (its --tokens)."""
@@ -96,18 +104,29 @@ def default_layout(scn: GenScenario) -> tuple[BatchProfile, LoopSettings, int, l
     typical = PROFILED_PROMPT + new
     longest = scn.base.prompt.max + new if scn.base.prompt.dist != "fixed" else scn.base.prompt.value + new
     rows = max(1, min(knee_rows(scn), scn.kv_tokens // typical))
-    profile = BatchProfile(cost_unit="tokens", hard_cap=longest, target_size=min(typical, longest),
-                           max_inflight_batches=rows + JOIN_SLOTS, slo_p99_ms=scn.ttft_ms,
-                           slo_ms_per_new_token=scn.tpot_ms)
+    profile = BatchProfile(
+        cost_unit="tokens",
+        hard_cap=longest,
+        target_size=min(typical, longest),
+        max_inflight_batches=rows + JOIN_SLOTS,
+        slo_p99_ms=scn.ttft_ms,
+        slo_ms_per_new_token=scn.tpot_ms,
+    )
     model = ModelConfig(name="generation", task="generate", batching="iteration", max_new_tokens=new, profile=profile)
-    loop = LoopSettings(token_cap=running_token_cap(longest, rows + JOIN_SLOTS, typical),
-                        step_budget_ms=profile.slo_ms_per_new_token, reserve_tokens=new, tpot_ms=scn.tpot_ms,
-                        step_token_budget=model.step_token_budget)
+    loop = LoopSettings(
+        token_cap=running_token_cap(longest, rows + JOIN_SLOTS, typical),
+        step_budget_ms=profile.slo_ms_per_new_token,
+        reserve_tokens=new,
+        tpot_ms=scn.tpot_ms,
+        step_token_budget=model.step_token_budget,
+    )
     profile = model.engine_profile()
     points = []
     b = 1
     while b <= rows:
-        points.append((b * typical, scn.cost.prefill_ms(b, PROFILED_PROMPT) + new * scn.cost.step_ms(b, PROFILED_PROMPT)))
+        points.append(
+            (b * typical, scn.cost.prefill_ms(b, PROFILED_PROMPT) + new * scn.cost.step_ms(b, PROFILED_PROMPT))
+        )
         b *= 2
     return profile, loop, longest, [(x, ms) for x, ms in points if x <= longest]
 
@@ -125,30 +144,46 @@ def grids(scn: GenScenario, quick: bool) -> dict[str, list[tuple[str, Callable[[
     longest = scn.base.prompt.max if scn.base.prompt.dist != "fixed" else scn.base.prompt.value
     seqs = (32, 128, 512) if quick else (16, 32, 64, 128, 256, 512)
     budgets = (512, 2048, 4096) if quick else (256, 512, 1024, 2048, 4096, 8192)
-    vllm = [(f"max_num_seqs={s} max_num_batched_tokens={t} chunked={c} {p}",
-             lambda s=s, t=t, c=c, p=p: VLLM(s, t, c, p, kv))
-            for s, t, c, p in itertools.product(seqs, budgets, (True, False), ("fcfs", "priority"))
-            if c or t >= longest]
+    vllm = [
+        (
+            f"max_num_seqs={s} max_num_batched_tokens={t} chunked={c} {p}",
+            lambda s=s, t=t, c=c, p=p: VLLM(s, t, c, p, kv),
+        )
+        for s, t, c, p in itertools.product(seqs, budgets, (True, False), ("fcfs", "priority"))
+        if c or t >= longest
+    ]
     total = (kv // 2, kv) if quick else (kv // 4, kv // 2, kv)
     prefill = [b for b in ((2048, 4096) if quick else (512, 1024, 2048, 4096, 8192)) if b >= longest] or [longest]
     ratios = (0.3, 1.2) if quick else (0.3, 0.6, 1.2, 2.0)
     waits = (5, 20) if quick else (2, 5, 10, 20, 50)
-    tgi = [(f"max_batch_total_tokens={a} max_batch_prefill_tokens={b} waiting_served_ratio={r} max_waiting_tokens={w}",
-            lambda a=a, b=b, r=r, w=w: TGI(a, b, r, w))
-           for a, b, r, w in itertools.product(total, prefill, ratios, waits)]
+    tgi = [
+        (
+            f"max_batch_total_tokens={a} max_batch_prefill_tokens={b} waiting_served_ratio={r} max_waiting_tokens={w}",
+            lambda a=a, b=b, r=r, w=w: TGI(a, b, r, w),
+        )
+        for a, b, r, w in itertools.product(total, prefill, ratios, waits)
+    ]
     chunks = (512, 4096) if quick else (256, 512, 1024, 2048, 4096, 8192)
     cons = (0.3, 1.0) if quick else (0.3, 0.6, 1.0, 1.3, 1.6)
-    sglang = [(f"chunked_prefill_size={c} schedule_conservativeness={k}", lambda c=c, k=k: SGLang(c, k, kv))
-              for c, k in itertools.product(chunks, cons)]
+    sglang = [
+        (f"chunked_prefill_size={c} schedule_conservativeness={k}", lambda c=c, k=k: SGLang(c, k, kv))
+        for c, k in itertools.product(chunks, cons)
+    ]
     windows = (0.0, 20.0) if quick else (0.0, 5.0, 20.0, 50.0, 100.0)
     caps = (16, 48) if quick else (8, 16, 32, 48, 64, 128)
-    fixed = [(f"window={w:g} ms cap={c}", lambda w=w, c=c: FixedWindowGen(w, c, kv))
-             for w, c in itertools.product(windows, caps)]
+    fixed = [
+        (f"window={w:g} ms cap={c}", lambda w=w, c=c: FixedWindowGen(w, c, kv))
+        for w, c in itertools.product(windows, caps)
+    ]
     return {"vllm": vllm, "tgi": tgi, "sglang": sglang, "fixed-window": fixed}
 
 
-def bench_scenario(scn: GenScenario, quick: bool = False, on_run: Callable[[str], None] = lambda _: None,
-                   peer_kernels: Kernels = "runner") -> dict[str, Any]:
+def bench_scenario(
+    scn: GenScenario,
+    quick: bool = False,
+    on_run: Callable[[str], None] = lambda _: None,
+    peer_kernels: Kernels = "runner",
+) -> dict[str, Any]:
     """batchtide-default and every peer's best configuration on one scenario, the peers charged
     the runner's measured kernels (or their own idealised ragged ones: genpeers.iteration_ms)."""
     arr = gen_arrivals(scn)
@@ -165,12 +200,18 @@ def bench_scenario(scn: GenScenario, quick: bool = False, on_run: Callable[[str]
             if best is None or got["goodput_rps"] > best[1]["goodput_rps"] + 1e-9:
                 best = (label, got)
         assert best is not None
-        rows.append(GenRow(f"{family} (oracle)", best[0], runs=len(grid), wall_s=time.perf_counter() - start, **best[1]))
+        rows.append(
+            GenRow(f"{family} (oracle)", best[0], runs=len(grid), wall_s=time.perf_counter() - start, **best[1])
+        )
         on_run(family)
     peers = [r.goodput_rps for r in rows[1:]]
     top = max(peers) if peers else math.nan
     return {
-        "scenario": scn.name, "requests": len(arr), "peer_kernels": peer_kernels, "ttft_ms": scn.ttft_ms, "tpot_ms": scn.tpot_ms,
+        "scenario": scn.name,
+        "requests": len(arr),
+        "peer_kernels": peer_kernels,
+        "ttft_ms": scn.ttft_ms,
+        "tpot_ms": scn.tpot_ms,
         "rows": [asdict(r) for r in rows],
         "default_vs_best_peer": rows[0].goodput_rps / top if top > 0 else math.nan,
     }

@@ -12,7 +12,8 @@ batchtide-default, untuned, with the best of them (target: at least
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from pipeline.core.sim.families import default_profile_config, families
 from pipeline.core.sim.scenario import Scenario
@@ -25,8 +26,9 @@ GOODPUT_TARGET = 0.97
 Progress = Callable[[str], None]
 
 
-def goodput_table(ev: Evaluator, scenario: Scenario, quick: bool,
-                  progress: Progress | None = None) -> list[dict[str, Any]]:
+def goodput_table(
+    ev: Evaluator, scenario: Scenario, quick: bool, progress: Progress | None = None
+) -> list[dict[str, Any]]:
     """One row per load: batchtide-default's goodput, each family's best, and the ratio to the
     best peer (batchtide's own searched family is shown but is no peer)."""
     if scenario.deadline_ms is None:
@@ -47,13 +49,19 @@ def goodput_table(ev: Evaluator, scenario: Scenario, quick: bool,
         top = max(peers, key=lambda name: peers[name]["goodput_rps"])
         top_rps = peers[top]["goodput_rps"]
         ratio = mine.goodput_rps / top_rps if top_rps > 0 else (1.0 if mine.goodput_rps == 0 else float("inf"))
-        rows.append({
-            "load": round(multiplier(k), 3),
-            "batchtide_default": {"goodput_rps": mine.goodput_rps, "good_share": mine.good_share,
-                                  "expired_share": mine.expired_share, "p99_ms": mine.p99_ms},
-            "best_peer": {"policy": top, **peers[top]},
-            "families": best,
-            "ratio": ratio,
-            "meets_target": ratio >= GOODPUT_TARGET,
-        })
+        rows.append(
+            {
+                "load": round(multiplier(k), 3),
+                "batchtide_default": {
+                    "goodput_rps": mine.goodput_rps,
+                    "good_share": mine.good_share,
+                    "expired_share": mine.expired_share,
+                    "p99_ms": mine.p99_ms,
+                },
+                "best_peer": {"policy": top, **peers[top]},
+                "families": best,
+                "ratio": ratio,
+                "meets_target": ratio >= GOODPUT_TARGET,
+            }
+        )
     return rows

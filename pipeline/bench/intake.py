@@ -13,9 +13,8 @@ import time
 
 import msgspec
 
-from schemas.messages import Request
-
 from consumers.intake import decode_request
+from schemas.messages import Request
 
 MODEL = "bench"
 
@@ -24,7 +23,11 @@ def _payloads() -> dict[str, list[bytes]]:
     enc = msgspec.json.encode
     small = [enc(Request(id=f"r{i}", model=MODEL, text="hello world")) for i in range(1000)]
     text32 = [
-        enc(Request(id=f"req-{i:08d}", model=MODEL, text=" ".join(["token"] * 32), priority=i % 3, reply_topic="app.replies"))
+        enc(
+            Request(
+                id=f"req-{i:08d}", model=MODEL, text=" ".join(["token"] * 32), priority=i % 3, reply_topic="app.replies"
+            )
+        )
         for i in range(1000)
     ]
     ids = [enc(Request(id=f"t{i}", model=MODEL, token_ids=list(range(64)))) for i in range(1000)]
@@ -37,7 +40,12 @@ def _payloads() -> dict[str, list[bytes]]:
             hostile.append(b'{"id":"x%d","model":"bench","text":"x","priority":12}' % i)
         else:
             hostile.append(small[i][:-3])
-    return {"small (~50 B)": small, "text 32 words + reply": text32, "64 token ids": ids, "hostile mix (2/3 bad)": hostile}
+    return {
+        "small (~50 B)": small,
+        "text 32 words + reply": text32,
+        "64 token ids": ids,
+        "hostile mix (2/3 bad)": hostile,
+    }
 
 
 def rate(payloads: list[bytes], seconds: float) -> float:

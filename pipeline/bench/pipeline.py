@@ -42,7 +42,9 @@ from pipeline.bench.pipeline_trial import Trial, run_trial
 from pipeline.core.config import KafkaSettings
 
 
-async def find_max(options: BenchOptions, kafka: KafkaSettings, workdir: Path, say: Callable[[str], None]) -> dict[str, Any]:
+async def find_max(
+    options: BenchOptions, kafka: KafkaSettings, workdir: Path, say: Callable[[str], None]
+) -> dict[str, Any]:
     """Ramp x1.5 until a rate is not sustained, bisect once between the last good and the first bad."""
     trials: list[Trial] = []
     best: Trial | None = None
@@ -83,7 +85,9 @@ async def find_max(options: BenchOptions, kafka: KafkaSettings, workdir: Path, s
     }
 
 
-async def at_rates(options: BenchOptions, kafka: KafkaSettings, workdir: Path, say: Callable[[str], None]) -> dict[str, Any]:
+async def at_rates(
+    options: BenchOptions, kafka: KafkaSettings, workdir: Path, say: Callable[[str], None]
+) -> dict[str, Any]:
     trials = []
     for rate in options.rates:
         trial = await run_trial(options, kafka, rate, workdir, say, read_events=True)
@@ -104,9 +108,10 @@ async def at_rates(options: BenchOptions, kafka: KafkaSettings, workdir: Path, s
     }
 
 
-
 @contextlib.asynccontextmanager
-async def bench_broker(bootstrap: str | None, workdir: Path, say: Callable[[str], None]) -> AsyncIterator[KafkaSettings]:
+async def bench_broker(
+    bootstrap: str | None, workdir: Path, say: Callable[[str], None]
+) -> AsyncIterator[KafkaSettings]:
     """The broker at `bootstrap`, or a local one started for the bench and stopped after it."""
     from pipeline.devtools.localkafka import LocalKafka
 
@@ -150,7 +155,9 @@ async def run_bench(
             figures |= await find_max(ramp, kafka, workdir, say)
         if rates_mode and options.runner == "smollm":
             say(f"smollm at {', '.join(f'{r:g}' for r in options.rates)} req/s, modes {', '.join(llm_modes_list)}")
-            figures |= await llm_modes(options, kafka, workdir, say, llm_modes_list, equal_tokens, llm_mixes, profile_now, budgets, fusions)
+            figures |= await llm_modes(
+                options, kafka, workdir, say, llm_modes_list, equal_tokens, llm_mixes, profile_now, budgets, fusions
+            )
         elif rates_mode:
             say(f"{options.runner} runner at {', '.join(f'{r:g}' for r in options.rates)} req/s")
             figures |= await at_rates(options, kafka, workdir, say)

@@ -95,10 +95,18 @@ def model_table(options: BenchOptions, slower: float) -> dict[str, Any]:
             "torch_threads": options.torch_threads, "max_input_tokens": 256,
         }  # fmt: skip
     elif options.runner == "cost-model":
-        runner = {"runner": "cost-model", "cost_a_ms": options.cost_a_ms * slower, "cost_c_ms": options.cost_c_ms * slower}
+        runner = {
+            "runner": "cost-model",
+            "cost_a_ms": options.cost_a_ms * slower,
+            "cost_c_ms": options.cost_c_ms * slower,
+        }
     else:
         runner = {"runner": "zero-cost"}
-    profile = {"hard_cap": options.hard_cap, "target_size": min(32, options.hard_cap), "adaptive_cap": options.adaptive_cap}
+    profile = {
+        "hard_cap": options.hard_cap,
+        "target_size": min(32, options.hard_cap),
+        "adaptive_cap": options.adaptive_cap,
+    }
     return runner | placement | profile | {"partitions": options.partitions}
 
 
@@ -191,7 +199,9 @@ class BenchConsumers:
     async def wait_for_group(self, timeout_s: float = 120.0) -> None:
         """Measuring starts only once every consumer joined: a late join would rebalance mid-run."""
         group = Topics(self.kafka.topic_prefix).group(MODEL)
-        await wait_group(self.kafka, group, len(self.processes.consumers), timeout_s, check=self.check_alive, poll_s=0.5)
+        await wait_group(
+            self.kafka, group, len(self.processes.consumers), timeout_s, check=self.check_alive, poll_s=0.5
+        )
 
     def stop(self) -> None:
         self.processes.stop(timeout_s=40)

@@ -64,7 +64,9 @@ def token_timing(rows: list[dict[str, Any]]) -> tuple[tuple[float, float], tuple
     """TTFT and TPOT p50/p99 from latency events (events without token stamps are left out)."""
     generated = [r for r in rows if r.get("first_token_ms")]
     ttft = np.array([r["first_token_ms"] - r["enqueue_ms"] for r in generated])
-    tpot = np.array([(r["last_token_ms"] - r["first_token_ms"]) / (r["tokens_out"] - 1) for r in generated if r["tokens_out"] > 1])
+    tpot = np.array(
+        [(r["last_token_ms"] - r["first_token_ms"]) / (r["tokens_out"] - 1) for r in generated if r["tokens_out"] > 1]
+    )
     return (percentile(ttft, 50), percentile(ttft, 99)), (percentile(tpot, 50), percentile(tpot, 99))
 
 
@@ -75,7 +77,10 @@ def long_prompt(row: dict[str, Any]) -> bool:
 
 def long_ttft_p99(rows: list[dict[str, Any]]) -> float:
     """TTFT p99 of the requests with a long prompt that generated (nan when there are none)."""
-    return percentile(np.array([r["first_token_ms"] - r["enqueue_ms"] for r in rows if r.get("first_token_ms") and long_prompt(r)]), 99)
+    return percentile(
+        np.array([r["first_token_ms"] - r["enqueue_ms"] for r in rows if r.get("first_token_ms") and long_prompt(r)]),
+        99,
+    )
 
 
 def meets_objectives(row: dict[str, Any], ttft_ms: float, tpot_ms: float) -> bool:
@@ -114,4 +119,3 @@ async def event_figures(
         window_tokens_out=tokens_in_window(rows, *window_ms) if window_ms else 0,
         meeting_objectives=sum(meets_objectives(r, *objectives) for r in rows) if objectives else 0,
     )
-

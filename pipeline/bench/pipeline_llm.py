@@ -31,7 +31,9 @@ LIMIT_SAMPLE = 10_000
 """Requests drawn to estimate a mix's mean prompt and output lengths."""
 
 
-def machine_limit(profile: dict[str, Any], mean_new_tokens: float, mean_prompt_tokens: float | None = None) -> tuple[float, int]:
+def machine_limit(
+    profile: dict[str, Any], mean_new_tokens: float, mean_prompt_tokens: float | None = None
+) -> tuple[float, int]:
     """Generated tokens/s this device can reach for requests of `mean_new_tokens` (and the batch size
     that reaches it), from the profile's measured curves: batches of b requests that are prefilled
     once and decode together to the end, max over the measured b (no length mix wasted, no queueing).
@@ -58,10 +60,14 @@ async def profile_in_run(options: BenchOptions, workdir: Path, say: Callable[[st
     ]  # fmt: skip
     say(f"profiling SmolLM2 in this run (batches up to {PROFILE_MAX_SIZE}) ...")
     env = os.environ | {"OMP_NUM_THREADS": str(options.torch_threads)}
-    process = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env)
+    process = await asyncio.create_subprocess_exec(
+        *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env
+    )
     text, _ = await process.communicate()
     if process.returncode != 0 or not out.is_file():
-        raise RuntimeError(f"batchtide profile failed (exit {process.returncode}):\n{text.decode(errors='replace')[-2000:]}")
+        raise RuntimeError(
+            f"batchtide profile failed (exit {process.returncode}):\n{text.decode(errors='replace')[-2000:]}"
+        )
     return str(out)
 
 
@@ -80,18 +86,35 @@ async def llm_modes(
     """Every batching mode at every rate, for each length mix; shares of the limit, goodput."""
     if profile_now:
         options = replace(options, llm_profile=await profile_in_run(options, workdir, say))
-    profile = json.loads(Path(options.llm_profile).read_text()) if options.llm_profile and Path(options.llm_profile).is_file() else None
-    out: dict[str, Any] = {"llm_runs": [], "llm_limits": {}, "llm_profile": options.llm_profile, "llm_profile_in_run": profile_now}
+    profile = (
+        json.loads(Path(options.llm_profile).read_text())
+        if options.llm_profile and Path(options.llm_profile).is_file()
+        else None
+    )
+    out: dict[str, Any] = {
+        "llm_runs": [],
+        "llm_limits": {},
+        "llm_profile": options.llm_profile,
+        "llm_profile_in_run": profile_now,
+    }
     say(f"goodput: requests/s answered with TTFT <= {options.ttft_slo_ms:g} ms and TPOT <= {options.tpot_slo_ms:g} ms")
     for mix in mixes:
         new_tokens = equal_tokens if mix == "equal" else 0
         lengths = draw(mix, LIMIT_SAMPLE, options.seed, tokens=options.tokens, equal_tokens=equal_tokens)
         mean_new = lengths.mean_new_tokens
-        limit = machine_limit(profile, mean_new, lengths.mean_prompt_tokens if mix not in ("mixed", "equal") else None) if profile else (float("nan"), 0)
+        limit = (
+            machine_limit(profile, mean_new, lengths.mean_prompt_tokens if mix not in ("mixed", "equal") else None)
+            if profile
+            else (float("nan"), 0)
+        )
         out["llm_limits"][mix] = {"generated_tokens_per_s": limit[0], "batch": limit[1], "mean_new_tokens": mean_new}
         say(
             f"lengths {mix} (mean max_new_tokens {mean_new:.0f}): machine limit "
-            + (f"{limit[0]:.0f} generated tokens/s (b={limit[1]}, from the profile's prefill and decode-step curves)" if profile else "unknown (no --profile)")
+            + (
+                f"{limit[0]:.0f} generated tokens/s (b={limit[1]}, from the profile's prefill and decode-step curves)"
+                if profile
+                else "unknown (no --profile)"
+            )
         )
         runs = [
             (mode, budget, fused)
@@ -102,11 +125,18 @@ async def llm_modes(
         for mode, budget, fused in runs:
             for rate in options.rates:
                 trial_options = replace(
-                    options, llm_mode=mode, new_tokens=new_tokens, lengths=mix, step_token_budget=budget, chunk_fusion=fused  # type: ignore[arg-type]
+                    options,
+                    llm_mode=mode,
+                    new_tokens=new_tokens,
+                    lengths=mix,
+                    step_token_budget=budget,
+                    chunk_fusion=fused,  # type: ignore[arg-type]
                 )
                 say(
-                    f" {mix} / {mode}" + ("" if budget is None else f" / step_token_budget {budget}")
-                    + ("" if fused is None else f" / chunks {'fused' if fused else 'separate'}") + ":"
+                    f" {mix} / {mode}"
+                    + ("" if budget is None else f" / step_token_budget {budget}")
+                    + ("" if fused is None else f" / chunks {'fused' if fused else 'separate'}")
+                    + ":"
                 )
                 trial = await run_trial(trial_options, kafka, rate, workdir, say, read_events=True)
                 share = trial.steady_generated_tokens_per_s / limit[0] if profile and limit[0] else float("nan")
@@ -118,7 +148,13 @@ async def llm_modes(
                     f" goodput {trial.goodput_rps:.2f} req/s ({trial.slo_attainment:.0%} of those sent)"
                 )
                 out["llm_runs"].append(
-                    {"mix": mix, "mode": mode, "step_token_budget": budget, "chunk_fusion": fused, "share_of_limit": share}
+                    {
+                        "mix": mix,
+                        "mode": mode,
+                        "step_token_budget": budget,
+                        "chunk_fusion": fused,
+                        "share_of_limit": share,
+                    }
                     | asdict(trial)
                     | {"sustained": trial.sustained}
                 )

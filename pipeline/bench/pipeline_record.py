@@ -81,7 +81,10 @@ def replay_command(directory: Path) -> str:
 
 
 async def store_events(
-    kafka: KafkaSettings, directory: Path, processes: Processes, say: Callable[[str], None],
+    kafka: KafkaSettings,
+    directory: Path,
+    processes: Processes,
+    say: Callable[[str], None],
     timeout_s: float = STORE_TIMEOUT_S,
 ) -> None:
     """Run `batchtide sink` on the trial's config until it has stored (and so committed) every latency
@@ -98,12 +101,14 @@ async def store_events(
                 raise HarnessError(f"the recording sink exited with {sink.returncode}:\n{sink.log_tail()}")
             try:
                 committed = await committed_offsets(kafka, sink_group(kafka.topic_prefix))
-            except Exception:  # noqa: BLE001 - the group does not exist until the sink joins: ask again
+            except Exception:
                 committed = {}
             if all(committed.get(tp, 0) >= end for tp, end in wanted.items()):
                 break
             if time.monotonic() - started > timeout_s:
-                raise HarnessError(f"the recording sink stored not all events within {timeout_s:.0f} s:\n{sink.log_tail()}")
+                raise HarnessError(
+                    f"the recording sink stored not all events within {timeout_s:.0f} s:\n{sink.log_tail()}"
+                )
             await asyncio.sleep(0.5)
     finally:
         await asyncio.to_thread(sink.terminate, 30.0)

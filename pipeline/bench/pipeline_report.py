@@ -15,10 +15,16 @@ def describe(trial: Trial) -> str:
         + f"; e2e p50 {trial.p50_ms:.1f} ms, p99 {trial.p99_ms:.1f} ms, p999 {trial.p999_ms:.1f} ms"
         + f"; sender p99 lateness {trial.send_late_p99_ms:.1f} ms"
         + ("" if trial.sustained else "  [NOT sustained]")
-        + (f"\n     TTFT p50 {trial.ttft_p50_ms:.0f} ms, p99 {trial.ttft_p99_ms:.0f} ms; time per output token "
-           f"p50 {trial.tpot_p50_ms:.1f} ms, p99 {trial.tpot_p99_ms:.1f} ms" if trial.ttft_p99_ms == trial.ttft_p99_ms else "")
-        + (f"\n     outcomes {trial.outcomes}; consumer RSS start {trial.rss_start_mib:.0f} MiB, "
-           f"peak {trial.rss_peak_mib:.0f} MiB, end {trial.rss_end_mib:.0f} MiB")
+        + (
+            f"\n     TTFT p50 {trial.ttft_p50_ms:.0f} ms, p99 {trial.ttft_p99_ms:.0f} ms; time per output token "
+            f"p50 {trial.tpot_p50_ms:.1f} ms, p99 {trial.tpot_p99_ms:.1f} ms"
+            if trial.ttft_p99_ms == trial.ttft_p99_ms
+            else ""
+        )
+        + (
+            f"\n     outcomes {trial.outcomes}; consumer RSS start {trial.rss_start_mib:.0f} MiB, "
+            f"peak {trial.rss_peak_mib:.0f} MiB, end {trial.rss_end_mib:.0f} MiB"
+        )
         + stage_line(trial)
         + consumer_line(trial)
     )
@@ -37,14 +43,11 @@ def consumer_line(trial: Trial) -> str:
 def stage_line(trial: Trial) -> str:
     if not trial.stages_p50_ms:
         return ""
-    stages = ", ".join(
-        f"{name} {trial.stages_p50_ms[name]:.0f}/{trial.stages_p99_ms[name]:.0f}" for name in STAGES
-    )
+    stages = ", ".join(f"{name} {trial.stages_p50_ms[name]:.0f}/{trial.stages_p99_ms[name]:.0f}" for name in STAGES)
     return (
         f"\n     mean batch {trial.mean_batch:.1f}; consumer CPU {trial.consumer_cpu_ms_per_request:.2f} ms/request;"
         f" stage p50/p99 ms: {stages}"
     )
-
 
 
 def label(run: dict[str, Any]) -> str:
@@ -67,4 +70,3 @@ def llm_table(out: dict[str, Any]) -> str:
             f" {run['ttft_p99_ms']:>9.0f} {run.get('long_ttft_p99_ms', float('nan')):>13.0f} {run['tpot_p99_ms']:>9.1f} {run.get('goodput_rps', float('nan')):>8.2f} {run['rss_peak_mib']:>12.0f}"
         )
     return "\n".join(lines)
-

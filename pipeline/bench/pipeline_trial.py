@@ -158,8 +158,10 @@ async def run_trial(
         await consumers.wait_for_group()
         async with LoadProducer(kafka, MODEL, run_id="bench", seed=options.seed) as producer:
             llm = options.runner == "smollm"
-            warmup = poisson_load(4.0, 2.0, options.seed, tokens=options.tokens) if llm else poisson_load(
-                50.0, WARMUP_REQUESTS / 50.0, options.seed, tokens=options.tokens
+            warmup = (
+                poisson_load(4.0, 2.0, options.seed, tokens=options.tokens)
+                if llm
+                else poisson_load(50.0, WARMUP_REQUESTS / 50.0, options.seed, tokens=options.tokens)
             )
             warmup = with_new_tokens(warmup, options, options.seed, fixed=8)
             await producer.send(warmup, tag="warm-", warmup=True)
@@ -172,13 +174,17 @@ async def run_trial(
             else:
                 raise HarnessError("consumers did not answer the warm-up requests within 120 s")
             load = skewed(
-                with_new_tokens(poisson_load(rate, options.duration_s, options.seed, tokens=options.tokens), options, options.seed),
+                with_new_tokens(
+                    poisson_load(rate, options.duration_s, options.seed, tokens=options.tokens), options, options.seed
+                ),
                 options.partitions,
                 options.hot_share,
                 options.seed,
             )
             load = replace(load, timeout_ms=options.timeout_ms)
-            say(f"  offered {rate:g} req/s for {options.duration_s:g} s ({len(load)} requests, {options.consumers} consumer(s))")
+            say(
+                f"  offered {rate:g} req/s for {options.duration_s:g} s ({len(load)} requests, {options.consumers} consumer(s))"
+            )
             producer.sent_ms.clear()
             late = None
             if consumers.at_start < options.consumers:
@@ -216,7 +222,10 @@ async def run_trial(
         in_window = sum(1 for t in steady if STEADY_SKIP_S * 1000.0 <= t < options.duration_s * 1000.0)
         timeline = np.array([[sent_ms[i] - first_send, arrivals.received_ms[i] - sent_ms[i]] for i in answered])
         np.save(workdir / f"{kafka.topic_prefix}-latency.npy", timeline)
-        window_ms = (first_send + LLM_STEADY_FROM * options.duration_s * 1000.0, first_send + options.duration_s * 1000.0)
+        window_ms = (
+            first_send + LLM_STEADY_FROM * options.duration_s * 1000.0,
+            first_send + options.duration_s * 1000.0,
+        )
         events = (
             await event_figures(
                 kafka,
@@ -300,4 +309,3 @@ def windowed_p99(timeline: np.ndarray, duration_s: float) -> list[float]:
     windows = max(1, int(np.ceil(duration_s / WINDOW_S)))
     index = np.minimum((timeline[:, 0] // (WINDOW_S * 1000.0)).astype(int), windows - 1)
     return [percentile(timeline[index == w, 1], 99) for w in range(windows)]
-

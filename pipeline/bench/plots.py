@@ -7,10 +7,10 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
-from pipeline.bench.policy import PolicyBench  # noqa: E402
+from pipeline.bench.policy import PolicyBench
 
 
 def _served_latency(row) -> np.ndarray:  # type: ignore[no-untyped-def]
@@ -66,10 +66,18 @@ def write_plots(bench: PolicyBench, directory: str | Path) -> list[Path]:
         t = np.asarray(log.dispatch_ms) / 1000.0
         keys, idx = np.unique(np.floor(t * 4) / 4, return_inverse=True)
         counts = np.bincount(idx)
-        ax.plot(keys, np.bincount(idx, weights=np.asarray(log.window_ms)) / counts,
-                label=row.candidate.family, linewidth=1.0)
-        cap_ax.plot(keys, np.bincount(idx, weights=np.asarray(log.effective_cap, dtype=float)) / counts,
-                    label=row.candidate.family, linewidth=1.0)
+        ax.plot(
+            keys,
+            np.bincount(idx, weights=np.asarray(log.window_ms)) / counts,
+            label=row.candidate.family,
+            linewidth=1.0,
+        )
+        cap_ax.plot(
+            keys,
+            np.bincount(idx, weights=np.asarray(log.effective_cap, dtype=float)) / counts,
+            label=row.candidate.family,
+            linewidth=1.0,
+        )
     ax.set_ylabel("window (ms, mean per 250 ms)")
     ax.set_title(f"{name}: batching window and effective cap over time (DispatchRecord)")
     ax.legend(fontsize=7, ncol=2)

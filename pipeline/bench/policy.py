@@ -16,9 +16,10 @@ from __future__ import annotations
 import math
 import multiprocessing
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from pipeline.bench.goodput import GOODPUT_TARGET, goodput_table
 from pipeline.core.sim.families import (
@@ -74,8 +75,12 @@ class PolicyBench:
 def policy_row(ev: Evaluation) -> dict[str, Any]:
     metrics = ev.nominal.as_dict()
     metrics.pop("requests", None)
-    return {"policy": ev.candidate.family, "config": ev.candidate.config, **metrics,
-            "capacity_at_slo": round(ev.capacity_at_slo, 4)}
+    return {
+        "policy": ev.candidate.family,
+        "config": ev.candidate.config,
+        **metrics,
+        "capacity_at_slo": round(ev.capacity_at_slo, 4),
+    }
 
 
 def physical_limit_rps(scenario: Scenario) -> float:
@@ -89,8 +94,9 @@ def physical_limit_rps(scenario: Scenario) -> float:
     return per_device * topo.devices
 
 
-def bench_policies(scenario: Scenario, quick: bool = False, progress: Progress | None = None,
-                   evaluator: Evaluator | None = None) -> PolicyBench:
+def bench_policies(
+    scenario: Scenario, quick: bool = False, progress: Progress | None = None, evaluator: Evaluator | None = None
+) -> PolicyBench:
     ev = evaluator or Evaluator(scenario)
     rows: list[Evaluation] = []
     for family in families():
@@ -115,11 +121,16 @@ def window_effect(ev: Evaluator, scenario: Scenario, quick: bool) -> dict[str, A
     """Does waiting pay here? The best greedy fixed config (window 0) against the best with a window."""
     cfgs = FIXED_WINDOW.configs(scenario, quick)
     out: dict[str, Any] = {}
-    for label, subset in (("greedy", [c for c in cfgs if c["window_ms"] == 0]),
-                          ("windowed", [c for c in cfgs if c["window_ms"] > 0])):
+    for label, subset in (
+        ("greedy", [c for c in cfgs if c["window_ms"] == 0]),
+        ("windowed", [c for c in cfgs if c["window_ms"] > 0]),
+    ):
         best = ev.best_of([Candidate(FIXED_WINDOW.name, c) for c in subset])
-        out[label] = {"config": best.candidate.config, "capacity_at_slo": round(best.capacity_at_slo, 4),
-                      "p99_ms": best.nominal.p99_ms}
+        out[label] = {
+            "config": best.candidate.config,
+            "capacity_at_slo": round(best.capacity_at_slo, 4),
+            "p99_ms": best.nominal.p99_ms,
+        }
     out["window_helps_capacity"] = out["windowed"]["capacity_at_slo"] > out["greedy"]["capacity_at_slo"]
     out["windowed_p99_ratio"] = _ratio(out["windowed"]["p99_ms"], out["greedy"]["p99_ms"])
     return out
@@ -144,8 +155,11 @@ class SuiteResult:
             "best_single_fixed_config": self.best_fixed,
             "batchtide_default_worst": self.default_worst,
             "simulator_requests_per_s": self.simulator_requests_per_s,
-            "targets": {"capacity_ratio_min": CAPACITY_TARGET, "p99_ratio_max": P99_TARGET,
-                        "goodput_ratio_min": GOODPUT_TARGET},
+            "targets": {
+                "capacity_ratio_min": CAPACITY_TARGET,
+                "p99_ratio_max": P99_TARGET,
+                "goodput_ratio_min": GOODPUT_TARGET,
+            },
             "notes": self.notes,
         }
 
@@ -170,9 +184,9 @@ def compare(bench: PolicyBench, subject: str = "batchtide-default") -> dict[str,
         cap = _ratio(me.capacity_at_slo, r.capacity_at_slo)
         p99 = _ratio(me.nominal.p99_ms, r.nominal.p99_ms)
         out["vs"][r.candidate.family] = {
-            "capacity_ratio": cap, "p99_ratio": p99,
-            "meets_targets": bool(cap is not None and p99 is not None
-                                  and cap >= CAPACITY_TARGET and p99 <= P99_TARGET),
+            "capacity_ratio": cap,
+            "p99_ratio": p99,
+            "meets_targets": bool(cap is not None and p99 is not None and cap >= CAPACITY_TARGET and p99 <= P99_TARGET),
         }
     searched = [f.name for f in families()]
     out["meets_all_family_targets"] = all(out["vs"][f]["meets_targets"] for f in searched if f in out["vs"])
@@ -193,8 +207,9 @@ def _within_device(cfg: Config, scenario: Scenario) -> Config:
     return {**cfg, "cap": limit} if limit is not None and cfg["cap"] > limit else dict(cfg)
 
 
-def best_single_fixed(benches: list[PolicyBench], family: Family = FIXED_WINDOW, quick: bool = False,
-                      progress: Progress | None = None) -> dict[str, Any]:
+def best_single_fixed(
+    benches: list[PolicyBench], family: Family = FIXED_WINDOW, quick: bool = False, progress: Progress | None = None
+) -> dict[str, Any]:
     """One fixed-window config for every scenario, maximising its worst capacity ratio to the
     per-scenario oracle (ties: lower worst p99 ratio). A config is first tested at the
     loads that would beat the best worst-ratio found so far, and dropped if it fails one."""
@@ -250,8 +265,12 @@ def default_worst(benches: list[PolicyBench]) -> dict[str, Any]:
     if not per:
         return {}
     worst = min(per, key=per.__getitem__)
-    return {"worst_capacity_ratio": per[worst], "worst_scenario": worst, "regret": 1 - per[worst],
-            "capacity_ratio": per}
+    return {
+        "worst_capacity_ratio": per[worst],
+        "worst_scenario": worst,
+        "regret": 1 - per[worst],
+        "capacity_ratio": per,
+    }
 
 
 def scenario_files(directory: str | Path) -> list[Path]:
@@ -275,8 +294,13 @@ def _bench_file(args: tuple[str, bool]) -> PolicyBench:
     return bench
 
 
-def bench_suite(directory: str | Path, quick: bool = False, progress: Progress | None = None,
-                on_run: Callable[[], None] | None = None, jobs: int = 1) -> SuiteResult:
+def bench_suite(
+    directory: str | Path,
+    quick: bool = False,
+    progress: Progress | None = None,
+    on_run: Callable[[], None] | None = None,
+    jobs: int = 1,
+) -> SuiteResult:
     paths = scenario_files(directory)
     benches: list[PolicyBench] = []
     if jobs > 1 and len(paths) > 1:
@@ -296,5 +320,11 @@ def bench_suite(directory: str | Path, quick: bool = False, progress: Progress |
     total_req = sum(b.evaluator.requests_simulated for b in benches)
     total_s = sum(b.evaluator.sim_seconds for b in benches)
     notes = [] if engine_available() else ["pipeline.core.engine.BatchingEngine not importable: batchtide rows missing"]
-    return SuiteResult(benches, [compare(b) for b in benches], best_fixed, default_worst(benches),
-                       total_req / total_s if total_s else 0.0, notes)
+    return SuiteResult(
+        benches,
+        [compare(b) for b in benches],
+        best_fixed,
+        default_worst(benches),
+        total_req / total_s if total_s else 0.0,
+        notes,
+    )

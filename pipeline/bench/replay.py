@@ -25,9 +25,9 @@ import numpy as np
 
 from pipeline.core.config import BatchProfile
 from pipeline.core.engine import BatchingEngine
+from pipeline.core.sim.arrivals import Arrivals
 from pipeline.core.sim.device import CostModel, DeviceCurve
 from pipeline.core.sim.metrics import RunMetrics, measure
-from pipeline.core.sim.arrivals import Arrivals
 from pipeline.core.sim.scenario import LengthDist, Phase, Scenario, Topology
 from pipeline.core.sim.simulator import simulate
 from pipeline.core.sim.timeline import LaneStamps, Timeline, lane_stamps, speed_curve
@@ -108,15 +108,20 @@ class Replay:
         """Lowest predicted p99 among candidates that lose no throughput and expire no more."""
         best_rate = max(p.throughput_rps for p in self.predictions)
         least_expired = min(p.expired_share for p in self.predictions)
-        fine = [p for p in self.predictions
-                if p.throughput_rps >= 0.99 * best_rate and p.expired_share <= least_expired + 0.001]
+        fine = [
+            p
+            for p in self.predictions
+            if p.throughput_rps >= 0.99 * best_rate and p.expired_share <= least_expired + 0.001
+        ]
         return min(fine, key=lambda p: (p.p99_ms, self.predictions.index(p)))
 
     def validation(self) -> dict[str, float]:
         """Predicted / recorded for the profile that ran."""
         rec, ran = self.recorded, self.ran
-        return {"p99_ratio": ran.p99_ms / rec.p99_ms if rec.p99_ms > 0 else math.inf,
-                "throughput_ratio": ran.throughput_rps / rec.throughput_rps if rec.throughput_rps > 0 else math.inf}
+        return {
+            "p99_ratio": ran.p99_ms / rec.p99_ms if rec.p99_ms > 0 else math.inf,
+            "throughput_ratio": ran.throughput_rps / rec.throughput_rps if rec.throughput_rps > 0 else math.inf,
+        }
 
     def validates(self) -> bool:
         return all(abs(v - 1.0) <= VALIDATE_TOLERANCE for v in self.validation().values())
@@ -158,8 +163,9 @@ def _segments(create_ms: np.ndarray, span_ms: float) -> tuple[Phase, ...]:
     return tuple(Phase(SEGMENT_MS / 1000.0, float(c) * 1000.0 / SEGMENT_MS) for c in counts)
 
 
-def traffic_scenario(traffic: RecordedTraffic, profile: BatchProfile,
-                     device_cap: int | None = None) -> tuple[Scenario, Arrivals]:
+def traffic_scenario(
+    traffic: RecordedTraffic, profile: BatchProfile, device_cap: int | None = None
+) -> tuple[Scenario, Arrivals]:
     if len(traffic) == 0:
         raise ReplayError(f"no requests of model {traffic.model!r} recorded in this window")
     t0 = float(traffic.enqueue_ms.min())
@@ -173,8 +179,7 @@ def traffic_scenario(traffic: RecordedTraffic, profile: BatchProfile,
     x = traffic.batch_cost if unit == "tokens" else traffic.batch_size
     timed = traffic.batch_compute_ms > 0
     recorded = {float(v): traffic.batch_compute_ms[(x == v) & timed].tolist() for v in np.unique(x[timed])}
-    cost = RecordedCost(unit=unit, base=curve, max_batch=device_cap if unit == "requests" else None,
-                        recorded=recorded)
+    cost = RecordedCost(unit=unit, base=curve, max_batch=device_cap if unit == "requests" else None, recorded=recorded)
     tokens = traffic.tokens
     scenario = Scenario(
         name=f"replay-{traffic.model}",
@@ -182,9 +187,13 @@ def traffic_scenario(traffic: RecordedTraffic, profile: BatchProfile,
         cost=cost,
         description=f"recorded traffic of {traffic.model}: {len(traffic)} requests",
         slo_p99_ms=profile.slo_p99_ms,
-        prompt=LengthDist("lognormal", min=int(max(1, tokens.min())), max=int(max(1, tokens.max())),
-                          median=float(max(1.0, np.median(tokens))),
-                          sigma=float(np.std(np.log(np.maximum(tokens, 1))))),
+        prompt=LengthDist(
+            "lognormal",
+            min=int(max(1, tokens.min())),
+            max=int(max(1, tokens.max())),
+            median=float(max(1.0, np.median(tokens))),
+            sigma=float(np.std(np.log(np.maximum(tokens, 1)))),
+        ),
         topology=Topology(mode="own-queues", consumers=max(1, len(traffic.consumers))),
         priority_mix=mix if sum(mix) > 0 else (1.0,),
         deadline_ms=profile.default_deadline_ms,
@@ -192,8 +201,7 @@ def traffic_scenario(traffic: RecordedTraffic, profile: BatchProfile,
     )
     deliver = create + traffic.fetch_lag_ms
     order = np.argsort(deliver, kind="stable")
-    arrivals = Arrivals(create[order], deliver[order], tokens[order], traffic.priority[order],
-                        traffic.consumer[order])
+    arrivals = Arrivals(create[order], deliver[order], tokens[order], traffic.priority[order], traffic.consumer[order])
     return scenario, arrivals
 
 
@@ -251,14 +259,28 @@ def traffic_timeline(traffic: RecordedTraffic, scenario: Scenario) -> Timeline |
     lanes: list[LaneStamps] = []
     for lane in range(scenario.topology.lanes):
         mine = traffic.batch_consumer == lane
-        lanes.append(lane_stamps(curve, x[mine], traffic.batch_dispatch_ms[mine] - t0,
-                                 traffic.batch_compute_ms[mine], start[mine], publish[mine]))
+        lanes.append(
+            lane_stamps(
+                curve,
+                x[mine],
+                traffic.batch_dispatch_ms[mine] - t0,
+                traffic.batch_compute_ms[mine],
+                start[mine],
+                publish[mine],
+            )
+        )
     stamped = traffic.stamped
     return Timeline(curve, unit, lanes, start_gap=stamped, publish_gap=stamped)
 
 
-def _run(profile: BatchProfile, scenario: Scenario, arrivals: Arrivals, device_cap: int | None,
-         prior: list[tuple[int, float]], timeline: Timeline | None) -> RunMetrics:
+def _run(
+    profile: BatchProfile,
+    scenario: Scenario,
+    arrivals: Arrivals,
+    device_cap: int | None,
+    prior: list[tuple[int, float]],
+    timeline: Timeline | None,
+) -> RunMetrics:
     if isinstance(scenario.cost, RecordedCost):
         scenario.cost.used.clear()
     lanes = scenario.topology.lanes
@@ -266,28 +288,48 @@ def _run(profile: BatchProfile, scenario: Scenario, arrivals: Arrivals, device_c
     return measure(scenario, simulate(scenario, arrivals, engines, timeline=timeline))
 
 
-def _predict(name: str, profile: BatchProfile, scenario: Scenario, arrivals: Arrivals,
-             device_cap: int | None, prior: list[tuple[int, float]], overhead_ms: float,
-             timeline: Timeline | None, replays: int) -> Prediction:
-    runs = [_run(profile, scenario, arrivals, device_cap, prior, timeline.reseeded(seed) if timeline else None)
-            for seed in range(replays if timeline is not None else 1)]
+def _predict(
+    name: str,
+    profile: BatchProfile,
+    scenario: Scenario,
+    arrivals: Arrivals,
+    device_cap: int | None,
+    prior: list[tuple[int, float]],
+    overhead_ms: float,
+    timeline: Timeline | None,
+    replays: int,
+) -> Prediction:
+    runs = [
+        _run(profile, scenario, arrivals, device_cap, prior, timeline.reseeded(seed) if timeline else None)
+        for seed in range(replays if timeline is not None else 1)
+    ]
 
     def median(field_: str) -> float:
         return float(np.median([getattr(m, field_) for m in runs]))
 
     return Prediction(
-        name=name, profile=profile,
-        p50_ms=median("p50_ms") + overhead_ms, p99_ms=median("p99_ms") + overhead_ms,
+        name=name,
+        profile=profile,
+        p50_ms=median("p50_ms") + overhead_ms,
+        p99_ms=median("p99_ms") + overhead_ms,
         p999_ms=median("p999_ms") + overhead_ms,
-        throughput_rps=median("throughput_rps"), hit_ratio=median("hit_ratio"),
-        expired_share=median("expired_share"), marked_share=median("marked_share"),
+        throughput_rps=median("throughput_rps"),
+        hit_ratio=median("hit_ratio"),
+        expired_share=median("expired_share"),
+        marked_share=median("marked_share"),
         mean_batch=median("mean_batch_size"),
     )
 
 
-def replay(traffic: RecordedTraffic, ran: BatchProfile, *, device_cap: int | None = None,
-           prior_costs: list[tuple[int, float]] | None = None, replays: int = REPLAYS,
-           timeline: bool = True) -> Replay:
+def replay(
+    traffic: RecordedTraffic,
+    ran: BatchProfile,
+    *,
+    device_cap: int | None = None,
+    prior_costs: list[tuple[int, float]] | None = None,
+    replays: int = REPLAYS,
+    timeline: bool = True,
+) -> Replay:
     """Predict the profile that ran and the candidate grid on the recorded arrivals.
 
     `device_cap` and `prior_costs` come from the device profile file the consumer
@@ -302,10 +344,11 @@ def replay(traffic: RecordedTraffic, ran: BatchProfile, *, device_cap: int | Non
     parts = line.parts if line is not None else ()
     # the gaps, when stamped, are in the timeline; else the window's median of both is added
     overhead = 0.0 if line is not None and line.start_gap else recorded.overhead_ms
-    predictions = [_predict(name, profile, scenario, arrivals, device_cap, prior, overhead, line, replays)
-                   for name, profile in candidates(ran)]
-    return Replay(scenario, arrivals, recorded, predictions, parts=parts,
-                  replays=replays if line is not None else 1)
+    predictions = [
+        _predict(name, profile, scenario, arrivals, device_cap, prior, overhead, line, replays)
+        for name, profile in candidates(ran)
+    ]
+    return Replay(scenario, arrivals, recorded, predictions, parts=parts, replays=replays if line is not None else 1)
 
 
 def scenario_toml(replay_: Replay) -> str:
@@ -322,17 +365,20 @@ def scenario_toml(replay_: Replay) -> str:
     for phase in s.phases:
         lines += ["", "[[phases]]", f"duration_s = {phase.duration_s:g}", f"rate_per_s = {phase.rate_per_s:g}"]
     p = s.prompt
-    lines += ["", "[tokens]",
-              f'prompt = {{ dist = "lognormal", median = {p.median:g}, sigma = {p.sigma:.3f}, '
-              f"min = {p.min}, max = {p.max} }}",
-              'output = { dist = "fixed", value = 0 }',
-              "", "[cost]", f'unit = "{s.cost.unit}"',
-              "points = [" + ", ".join(f"[{b:g}, {ms:.3f}]" for b, ms in s.cost.base.points) + "]"]
+    lines += [
+        "",
+        "[tokens]",
+        f'prompt = {{ dist = "lognormal", median = {p.median:g}, sigma = {p.sigma:.3f}, '
+        f"min = {p.min}, max = {p.max} }}",
+        'output = { dist = "fixed", value = 0 }',
+        "",
+        "[cost]",
+        f'unit = "{s.cost.unit}"',
+        "points = [" + ", ".join(f"[{b:g}, {ms:.3f}]" for b, ms in s.cost.base.points) + "]",
+    ]
     if s.cost.max_batch is not None:
         lines.append(f"max_batch = {s.cost.max_batch}")
-    lines += ["", "[topology]", 'mode = "own-queues"', f"consumers = {s.topology.consumers}",
-              'assignment = "random"']
+    lines += ["", "[topology]", 'mode = "own-queues"', f"consumers = {s.topology.consumers}", 'assignment = "random"']
     if len(s.priority_mix) > 1:
         lines += ["", "[priority]", "mix = [" + ", ".join(f"{x:g}" for x in s.priority_mix) + "]"]
     return "\n".join(lines) + "\n"
-

@@ -25,18 +25,18 @@ profile's curves are used as measured.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Sequence
 
 import numpy as np
 
+from pipeline.bench.replay import Prediction, Replay, ReplayError, recorded_figures
 from pipeline.core.config import BatchProfile, ModelConfig
 from pipeline.core.engine import BatchingEngine
 from pipeline.core.profile_file import DeviceProfile, longest_request
 from pipeline.core.sim.gencost import GenerationCost
 from pipeline.core.sim.genfigures import gen_figures
 from pipeline.core.sim.gensim import GenArrivals, GenOutcome, LoopSettings, running_token_cap, simulate_generation
-from pipeline.bench.replay import Prediction, Replay, ReplayError, recorded_figures
 from pipeline.core.store.traffic import RecordedTraffic
 
 CALIBRATION_PASSES = 8
@@ -91,8 +91,9 @@ class GenSetup:
         )
 
 
-def generation_arrivals(traffic: RecordedTraffic, model: ModelConfig,
-                        deadline_ms: float | None) -> tuple[GenArrivals, np.ndarray]:
+def generation_arrivals(
+    traffic: RecordedTraffic, model: ModelConfig, deadline_ms: float | None
+) -> tuple[GenArrivals, np.ndarray]:
     """The recorded requests as the simulator takes them, in delivery order. A request emits its
     answer's tokens (an end-of-sequence token that stopped it early is not recorded: the step
     that produced it is not charged), and the delivery order (to index per-request arrays)."""
@@ -106,10 +107,13 @@ def generation_arrivals(traffic: RecordedTraffic, model: ModelConfig,
     limit = np.full(n, model.max_new_tokens, dtype=np.int64)
     deadline = create + deadline_ms if deadline_ms is not None else np.full(n, np.nan)
     return GenArrivals(
-        create_ms=create[order], deliver_ms=deliver[order],
+        create_ms=create[order],
+        deliver_ms=deliver[order],
         prompt=np.maximum(traffic.tokens_in, 1)[order],
         emits=np.maximum(traffic.tokens_out, 1)[order],
-        limit=limit[order], priority=traffic.priority[order], lane=traffic.consumer[order],
+        limit=limit[order],
+        priority=traffic.priority[order],
+        lane=traffic.consumer[order],
         deadline_ms=deadline[order],
     ), order
 
@@ -174,7 +178,7 @@ def recorded_join_pace(traffic: RecordedTraffic) -> float:
     return join_pace(traffic.first_token_ms[ok], traffic.last_token_ms[ok], (traffic.enqueue_ms + traffic.wait_ms)[ok])
 
 
-def simulated_join_pace(run: "GenRun") -> float:
+def simulated_join_pace(run: GenRun) -> float:
     o = run.outcome
     ok = ~o.expired & np.isfinite(o.first_ms)
     return join_pace(o.first_ms[ok], o.done_ms[ok], o.dispatch_ms[ok])
@@ -186,8 +190,9 @@ class GenRun:
     tokens_out: np.ndarray
 
 
-def simulate_profile(setup: GenSetup, profile: BatchProfile, arrivals: GenArrivals, cost: GenerationCost,
-                     tokens_out: np.ndarray) -> GenRun:
+def simulate_profile(
+    setup: GenSetup, profile: BatchProfile, arrivals: GenArrivals, cost: GenerationCost, tokens_out: np.ndarray
+) -> GenRun:
     lanes = int(arrivals.lane.max()) + 1 if len(arrivals) else 1
     engines = [setup.engine(profile) for _ in range(lanes)]
     outcome = simulate_generation(arrivals, cost, engines, setup.loop(profile), profile.max_inflight_batches)
@@ -203,8 +208,14 @@ def simulated_tpot(run: GenRun) -> np.ndarray:
     return tpot
 
 
-def device_scale(setup: GenSetup, profile: BatchProfile, arrivals: GenArrivals, cost: GenerationCost,
-                 tokens_out: np.ndarray, recorded: np.ndarray) -> float:
+def device_scale(
+    setup: GenSetup,
+    profile: BatchProfile,
+    arrivals: GenArrivals,
+    cost: GenerationCost,
+    tokens_out: np.ndarray,
+    recorded: np.ndarray,
+) -> float:
     """The factor on the profile's curves that makes the simulated time per output token match
     the recorded one (medians over the answers). Not proportional: slower steps also hold more
     rows in the running set, each step dearer still, so it is found by bisection (in log scale)."""
@@ -256,8 +267,15 @@ class Calibration:
     profile's prefill slope, scaled."""
 
 
-def calibrate_device(setup: GenSetup, profile: BatchProfile, arrivals: GenArrivals, cost: GenerationCost,
-                     tokens_out: np.ndarray, recorded: np.ndarray, pace: float = math.nan) -> Calibration:
+def calibrate_device(
+    setup: GenSetup,
+    profile: BatchProfile,
+    arrivals: GenArrivals,
+    cost: GenerationCost,
+    tokens_out: np.ndarray,
+    recorded: np.ndarray,
+    pace: float = math.nan,
+) -> Calibration:
     """The device during the recording, from what the answers' stamps measured:
 
     - a factor on the profile's curves and a fixed cost per decode step: the pair whose simulated
@@ -354,13 +372,27 @@ class GenPrediction:
     mean_rows: float
 
 
-def predict(setup: GenSetup, profile: BatchProfile, arrivals: GenArrivals, cost: GenerationCost,
-            tokens_out: np.ndarray, overhead_ms: float) -> GenPrediction:
+def predict(
+    setup: GenSetup,
+    profile: BatchProfile,
+    arrivals: GenArrivals,
+    cost: GenerationCost,
+    tokens_out: np.ndarray,
+    overhead_ms: float,
+) -> GenPrediction:
     run = simulate_profile(setup, profile, arrivals, cost, tokens_out)
     f = gen_figures(run.outcome, tokens_out, overhead_ms)
     sizes = run.outcome.batch_sizes
-    return GenPrediction(f.p50_ms, f.p99_ms, f.throughput_rps, f.ttft_p99_ms, f.tpot_p99_ms,
-                         f.expired_share, float(np.mean(sizes)) if sizes else math.nan, f.mean_rows)
+    return GenPrediction(
+        f.p50_ms,
+        f.p99_ms,
+        f.throughput_rps,
+        f.ttft_p99_ms,
+        f.tpot_p99_ms,
+        f.expired_share,
+        float(np.mean(sizes)) if sizes else math.nan,
+        f.mean_rows,
+    )
 
 
 def generation_candidates(ran: BatchProfile) -> list[tuple[str, BatchProfile]]:
@@ -377,13 +409,15 @@ def generation_candidates(ran: BatchProfile) -> list[tuple[str, BatchProfile]]:
     return out
 
 
-def replay_generation(traffic: RecordedTraffic, ran: BatchProfile, setup: GenSetup, *,
-                      calibrate: bool = True) -> Replay:
+def replay_generation(
+    traffic: RecordedTraffic, ran: BatchProfile, setup: GenSetup, *, calibrate: bool = True
+) -> Replay:
     """Predict the profile that ran and the generation candidates on the recorded arrivals."""
     if setup.device.generation is None:
         raise GenerationReplayError(
             "the device profile has no prefill and decode-step curves (a generation profile written by "
-            "`batchtide profile` is needed)")
+            "`batchtide profile` is needed)"
+        )
     if len(traffic) == 0:
         raise GenerationReplayError(f"no requests of model {traffic.model!r} recorded in this window")
     arrivals, order = generation_arrivals(traffic, setup.model, ran.default_deadline_ms)
@@ -391,23 +425,45 @@ def replay_generation(traffic: RecordedTraffic, ran: BatchProfile, setup: GenSet
     base = GenerationCost.from_curves(setup.device.generation)
     tpot = recorded_tpot(traffic)
     pace = recorded_join_pace(traffic)
-    fit = (calibrate_device(setup, ran, arrivals, base, tokens_out, tpot[order], pace) if calibrate
-           else Calibration(1.0, 0.0, math.nan))
-    cost = replace(base, ride_measured_ms=fit.ride_ms_per_token, step_overhead_ms=fit.step_overhead_ms).scaled(fit.scale)
+    fit = (
+        calibrate_device(setup, ran, arrivals, base, tokens_out, tpot[order], pace)
+        if calibrate
+        else Calibration(1.0, 0.0, math.nan)
+    )
+    cost = replace(base, ride_measured_ms=fit.ride_ms_per_token, step_overhead_ms=fit.step_overhead_ms).scaled(
+        fit.scale
+    )
     hops = hops_ms(traffic)
     figures = recorded_figures(traffic)
     ttft = recorded_ttft(traffic)
-    recorded = replace(figures, overhead_ms=hops,
-                       ttft_p99_ms=float(np.nanpercentile(ttft, 99)) if np.isfinite(ttft).any() else math.nan,
-                       tpot_p99_ms=float(np.nanpercentile(tpot, 99)) if np.isfinite(tpot).any() else math.nan,
-                       device_scale=fit.scale, step_overhead_ms=fit.step_overhead_ms,
-                       join_pace_rps=pace, ride_ms_per_token=fit.ride_ms_per_token)
+    recorded = replace(
+        figures,
+        overhead_ms=hops,
+        ttft_p99_ms=float(np.nanpercentile(ttft, 99)) if np.isfinite(ttft).any() else math.nan,
+        tpot_p99_ms=float(np.nanpercentile(tpot, 99)) if np.isfinite(tpot).any() else math.nan,
+        device_scale=fit.scale,
+        step_overhead_ms=fit.step_overhead_ms,
+        join_pace_rps=pace,
+        ride_ms_per_token=fit.ride_ms_per_token,
+    )
     predictions = []
     for name, profile in generation_candidates(ran):
         g = predict(setup, profile, arrivals, cost, tokens_out, hops)
-        predictions.append(Prediction(
-            name=name, profile=profile, p50_ms=g.p50_ms, p99_ms=g.p99_ms, p999_ms=math.nan,
-            throughput_rps=g.throughput_rps, hit_ratio=math.nan, expired_share=g.expired_share,
-            marked_share=math.nan, mean_batch=g.mean_batch, ttft_p99_ms=g.ttft_p99_ms,
-            tpot_p99_ms=g.tpot_p99_ms, mean_rows=g.mean_rows))
+        predictions.append(
+            Prediction(
+                name=name,
+                profile=profile,
+                p50_ms=g.p50_ms,
+                p99_ms=g.p99_ms,
+                p999_ms=math.nan,
+                throughput_rps=g.throughput_rps,
+                hit_ratio=math.nan,
+                expired_share=g.expired_share,
+                marked_share=math.nan,
+                mean_batch=g.mean_batch,
+                ttft_p99_ms=g.ttft_p99_ms,
+                tpot_p99_ms=g.tpot_p99_ms,
+                mean_rows=g.mean_rows,
+            )
+        )
     return Replay(None, None, recorded, predictions)

@@ -18,11 +18,11 @@ from collections.abc import Callable
 import numpy as np
 
 from pipeline.core.config import ClickHouseSettings, Config
-from pipeline.views.report import pick_interval_ms, run_query
 from pipeline.core.store.client import connect
 from pipeline.core.store.migrations import Layout, migrate
 from pipeline.core.store.queries import REPORT_QUERIES
 from pipeline.core.store.seed import seed_database
+from pipeline.views.report import pick_interval_ms, run_query
 
 Echo = Callable[[str], None]
 
@@ -51,7 +51,9 @@ def bench_report(settings: ClickHouseSettings, *, rows: int, repeat: int, echo: 
             times = []
             for run in range(repeat):
                 started = time.perf_counter()
-                result = run_query(client, name, time_from_ms=lo, time_to_ms=hi + 1000, interval_ms=interval, model=None)
+                result = run_query(
+                    client, name, time_from_ms=lo, time_to_ms=hi + 1000, interval_ms=interval, model=None
+                )
                 times.append((time.perf_counter() - started) * 1000)
                 totals[run] += times[-1]
             p50, p99 = np.percentile(times, [50, 99])
@@ -67,15 +69,17 @@ async def bench_sink(config: Config, *, events: int, echo: Echo) -> None:
     from aiokafka import AIOKafkaProducer
 
     from pipeline.core.kafka.client import Topics, client_options, create_topics, durable_producer, resolve_replication
-    from pipeline.core.store.sink import build_sink
     from pipeline.core.store.seed import batch_events, generate, latency_events
+    from pipeline.core.store.sink import build_sink
 
     prefix = f"bench-sink-{uuid.uuid4().hex[:8]}"
     kafka = await resolve_replication(dataclasses.replace(config.kafka, topic_prefix=prefix))
     database = f"bench_sink_{uuid.uuid4().hex[:8]}"
     ch = dataclasses.replace(config.clickhouse, database=database)
     topics = Topics(prefix)
-    await create_topics(kafka, {topics.latency_events: kafka.events_partitions, topics.batch_events: kafka.events_partitions})
+    await create_topics(
+        kafka, {topics.latency_events: kafka.events_partitions, topics.batch_events: kafka.events_partitions}
+    )
     client = connect(ch)
     migrate(client, Layout(database))
     encoder = msgspec.json.Encoder()
@@ -94,7 +98,9 @@ async def bench_sink(config: Config, *, events: int, echo: Echo) -> None:
     finally:
         await producer.stop()
     echo(f"produced {produced:,} latency + {batches:,} batch events to {prefix}.events.*")
-    sink = build_sink(dataclasses.replace(config, kafka=kafka, clickhouse=ch), connect=lambda: connect(ch, database=database))
+    sink = build_sink(
+        dataclasses.replace(config, kafka=kafka, clickhouse=ch), connect=lambda: connect(ch, database=database)
+    )
     started, cpu_started = time.monotonic(), time.process_time()
     await sink.app.start()
     try:

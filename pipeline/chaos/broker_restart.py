@@ -1,5 +1,4 @@
-"""Fault: the Kafka broker stops for a while and comes back on the same data directory.
-"""
+"""Fault: the Kafka broker stops for a while and comes back on the same data directory."""
 
 from __future__ import annotations
 
@@ -7,9 +6,9 @@ import asyncio
 import time
 
 from pipeline.chaos.deployment import Deployment, Device, Stage
-from pipeline.chaos.steps import drain_events, port_released, ChaosSizes
-from pipeline.harness.errors import HarnessError
 from pipeline.chaos.ledger import FaultReport
+from pipeline.chaos.steps import ChaosSizes, drain_events, port_released
+from pipeline.harness.errors import HarnessError
 
 
 async def broker_restart(stage: Stage, sizes: ChaosSizes) -> FaultReport:
@@ -30,7 +29,9 @@ async def broker_restart(stage: Stage, sizes: ChaosSizes) -> FaultReport:
         d.sink()
         await d.warm_up(consumers=2)
         await d.sink_ready(sizes.answer_timeout_s)
-        sending = asyncio.create_task(d.traffic.open_loop(int(sizes.rate_rps * (before_s + sizes.outage_s)), sizes.rate_rps))
+        sending = asyncio.create_task(
+            d.traffic.open_loop(int(sizes.rate_rps * (before_s + sizes.outage_s)), sizes.rate_rps)
+        )
         await asyncio.sleep(before_s)
         fault_start = time.time()
         try:

@@ -15,16 +15,22 @@ from typing import Any
 
 from pipeline.chaos.broker_restart import broker_restart
 from pipeline.chaos.clickhouse_outage import clickhouse_outage
-from pipeline.chaos.cluster_faults import broker_freeze, controller_kill, coordinator_freeze, leader_kill, rolling_restart
+from pipeline.chaos.cluster_faults import (
+    broker_freeze,
+    controller_kill,
+    coordinator_freeze,
+    leader_kill,
+    rolling_restart,
+)
 from pipeline.chaos.consumer_kill import consumer_kill, consumer_kill_transactional
 from pipeline.chaos.deployment import Stage
-from pipeline.chaos.steps import ChaosSizes
 from pipeline.chaos.hostile_input import hostile_input
 from pipeline.chaos.ledger import FaultReport
 from pipeline.chaos.overload import overload
 from pipeline.chaos.poison import poison_request
 from pipeline.chaos.rebalance_storm import rebalance_storm
 from pipeline.chaos.sink_kill import sink_kill
+from pipeline.chaos.steps import ChaosSizes
 from pipeline.core.config import KafkaSettings
 from pipeline.devtools.localcluster import LocalCluster
 from pipeline.devtools.localkafka import LocalKafka
@@ -93,7 +99,7 @@ async def run_scenarios(names: list[str], sizes: ChaosSizes, workdir: Path) -> l
             stage.workdir.mkdir(parents=True, exist_ok=True)
             try:
                 reports.append(await scenario.run(stage, sizes))
-            except Exception as e:  # noqa: BLE001 - one broken scenario must not hide the others' rows
+            except Exception as e:
                 reports.append(FaultReport.harness_error(name, e))
     finally:
         await asyncio.to_thread(broker.stop)

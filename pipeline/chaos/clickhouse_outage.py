@@ -1,5 +1,4 @@
-"""Fault: ClickHouse refuses every insert for a while, then recovers.
-"""
+"""Fault: ClickHouse refuses every insert for a while, then recovers."""
 
 from __future__ import annotations
 
@@ -9,9 +8,9 @@ import time
 from pathlib import Path
 
 from pipeline.chaos.deployment import Deployment, Device, Stage
-from pipeline.chaos.steps import drain_events, ChaosSizes
-from pipeline.harness.errors import HarnessError
 from pipeline.chaos.ledger import FaultReport, percentile
+from pipeline.chaos.steps import ChaosSizes, drain_events
+from pipeline.harness.errors import HarnessError
 
 
 class StorageFreeze:
@@ -95,7 +94,9 @@ async def clickhouse_outage(stage: Stage, sizes: ChaosSizes) -> FaultReport:
         if not stalled:
             failures.append("the sink caught up during the outage: ClickHouse did not really refuse inserts")
         if len(served_in_time) < 0.95 * len(during):
-            failures.append(f"only {len(served_in_time)} of {len(during)} requests sent during the outage were served in it")
+            failures.append(
+                f"only {len(served_in_time)} of {len(during)} requests sent during the outage were served in it"
+            )
         if events.caught_up is None:
             failures.append("the sink did not load the outage's events after ClickHouse recovered")
         report = d.ledger.report(

@@ -127,7 +127,7 @@ async def rows_stored(d: Deployment, ids: set[str], timeout_s: float) -> float |
         try:
             if ids <= await asyncio.to_thread(stored):
                 return time.time()
-        except Exception:  # noqa: BLE001 - the sink's server is busy or restarting: ask again
+        except Exception:
             pass
         await asyncio.sleep(0.5)
     return None
@@ -135,9 +135,7 @@ async def rows_stored(d: Deployment, ids: set[str], timeout_s: float) -> float |
 
 def answer_gap(d: Deployment, start: float, end: float) -> float:
     """Longest stretch in [start, end] (with the last answer before start) without a new answer."""
-    seen = sorted(
-        answers[0].at for request_id, answers in d.ledger.results.items() if request_id in d.ledger.sent
-    )
+    seen = sorted(answers[0].at for request_id, answers in d.ledger.results.items() if request_id in d.ledger.sent)
     window = [at for at in seen if start <= at <= end]
     before = [at for at in seen if at < start]
     marks = ([before[-1]] if before else [start]) + window

@@ -62,7 +62,7 @@ async def replication_settled(settings: KafkaSettings, timeout_s: float = SETTLE
             if not lacking:
                 return time.monotonic() - started
             last = lacking[:3]
-        except Exception as e:  # noqa: BLE001 - a broker is still coming back: look again
+        except Exception as e:
             last = e
         await asyncio.sleep(0.5)
     raise HarnessError(f"replication did not recover within {timeout_s:.0f} s (last: {last!r})")
@@ -117,7 +117,7 @@ async def leaders_moved_off(d: Deployment, spared: KafkaSettings, victim: int, t
             leaders = await asyncio.wait_for(metadata_leaders(spared, d.topics.requests(CHAOS_MODEL), victim), 3.0)
             if leaders and all(leader not in (victim, -1, None) for leader in leaders.values()):
                 return round(time.monotonic() - started, 1)
-        except Exception:  # noqa: BLE001 - metadata in flux: look again
+        except Exception:
             pass
         await asyncio.sleep(0.3)
     return None
@@ -131,7 +131,7 @@ async def new_controller(spared: KafkaSettings, victim: int, timeout_s: float) -
             leader = (await look(quorum(spared))).leader
             if leader not in (victim, -1):
                 return round(time.monotonic() - started, 2)
-        except Exception:  # noqa: BLE001 - no leader yet: ask again
+        except Exception:
             pass
         await asyncio.sleep(0.1)
     return None

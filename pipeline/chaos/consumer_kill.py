@@ -1,5 +1,4 @@
-"""Fault: SIGKILL a consumer while it holds work (with and without Kafka transactions).
-"""
+"""Fault: SIGKILL a consumer while it holds work (with and without Kafka transactions)."""
 
 from __future__ import annotations
 
@@ -7,9 +6,9 @@ import asyncio
 import time
 
 from pipeline.chaos.deployment import CHAOS_MODEL, Deployment, Device, Stage
-from pipeline.chaos.steps import settle_answers, ChaosSizes
-from pipeline.harness.offsets import committed_offsets, consumer_group
 from pipeline.chaos.ledger import FaultReport
+from pipeline.chaos.steps import ChaosSizes, settle_answers
+from pipeline.harness.offsets import committed_offsets, consumer_group
 
 
 async def consumer_kill(stage: Stage, sizes: ChaosSizes) -> FaultReport:
@@ -78,7 +77,9 @@ async def _consumer_kill(stage: Stage, sizes: ChaosSizes, *, transactional: bool
             and d.ledger.results[request_id][0].consumer_id != victim_id
         )
         if reprocessed == 0:
-            failures.append("the kill interrupted no work: nothing of the victim's partitions was left for the survivor")
+            failures.append(
+                "the kill interrupted no work: nothing of the victim's partitions was left for the survivor"
+            )
         exposed_batches: dict[int | None, int] = {}
         for request_id in exposed:
             batch_id = d.ledger.results[request_id][0].batch_id

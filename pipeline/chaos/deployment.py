@@ -126,7 +126,7 @@ class Deployment:
         path.write_text(toml_text(tables))
         return path
 
-    async def __aenter__(self) -> "Deployment":
+    async def __aenter__(self) -> Deployment:
         await ensure_topics(self.settings, {CHAOS_MODEL: self.partitions})
         await self.collector.start()
         await self.traffic.start()
@@ -178,7 +178,9 @@ class Deployment:
         to be caught up (below the log end when transactions wrote the events: see `end_offsets`)."""
         return await end_offsets(self.settings, self.topics.latency_events)
 
-    async def events_caught_up(self, timeout_s: float, target: dict[tuple[str, int], int] | None = None) -> float | None:
+    async def events_caught_up(
+        self, timeout_s: float, target: dict[tuple[str, int], int] | None = None
+    ) -> float | None:
         """Wait until the sink's group has committed the latency topic up to `target` (default: its
         end now). The sink commits only after its insert, so then every event up to there is a row.
         Returns the wall-clock time it happened, or None on timeout."""
@@ -192,7 +194,7 @@ class Deployment:
                     committed = await committed_offsets(self.settings, group)
                     if all(committed.get(tp, 0) >= end for tp, end in wanted.items()):
                         return time.time()
-            except Exception:  # noqa: BLE001 - broker still coming back: ask again
+            except Exception:
                 pass
             await asyncio.sleep(0.3)
         return None

@@ -29,13 +29,12 @@ import msgspec
 from aiokafka import AIOKafkaProducer
 
 from pipeline.chaos.deployment import CHAOS_MODEL, Deployment, Device, Stage
-from pipeline.chaos.steps import settle_answers, ChaosSizes
 from pipeline.chaos.ledger import FaultReport
+from pipeline.chaos.steps import ChaosSizes, settle_answers
+from pipeline.core.config import KafkaSettings
 from pipeline.core.kafka.client import Topics, client_options
 from pipeline.core.kafka.reader import TopicReader
-from pipeline.core.config import KafkaSettings
 from schemas.messages import DeadLetter
-
 
 CONSUMER_MAX_MESSAGE_BYTES = 512 * 1024
 """The consumer's own limit in this scenario, so that records the broker takes are still refused by size."""
@@ -72,13 +71,24 @@ def hostile_corpus(topics: Topics, model: str, tag: str, answered_id: str | None
         Hostile("just under the broker's limit", _padded(f"{rid}-max", model, BROKER_LIMIT_BYTES - 2048), "oversize"),
         Hostile("text over the schema (400 KB)", _padded(f"{rid}-400k", model, 400_000), "schema", f"{rid}-400k"),
         Hostile("truncated JSON", _json(id=f"{rid}-trunc", model=model, text="cut")[:-9], "invalid_json"),
-        Hostile("invalid UTF-8", b'{"id":"' + rid.encode() + b'-utf","model":"' + model.encode() + b'","text":"\xff\xfe"}', "not_utf8"),
-        Hostile("NaN", b'{"id":"' + rid.encode() + b'-nan","model":"' + model.encode() + b'","text":NaN}', "invalid_json"),
+        Hostile(
+            "invalid UTF-8",
+            b'{"id":"' + rid.encode() + b'-utf","model":"' + model.encode() + b'","text":"\xff\xfe"}',
+            "not_utf8",
+        ),
+        Hostile(
+            "NaN", b'{"id":"' + rid.encode() + b'-nan","model":"' + model.encode() + b'","text":NaN}', "invalid_json"
+        ),
         Hostile("model is a number", b'{"model": 1}', "schema"),
         Hostile("token id -1", _json(id=f"{rid}-tok", model=model, token_ids=[-1]), "schema", f"{rid}-tok"),
         Hostile("empty value", b"", "empty"),
         Hostile("null value", None, "empty"),
-        Hostile("model nobody serves", _json(id=f"{rid}-nobody", model="nobody", text="hi"), "model_mismatch", f"{rid}-nobody"),
+        Hostile(
+            "model nobody serves",
+            _json(id=f"{rid}-nobody", model="nobody", text="hi"),
+            "model_mismatch",
+            f"{rid}-nobody",
+        ),
         Hostile(
             "reply into the pipeline",
             _json(id=f"{rid}-into", model=model, text="hi", reply_topic=topics.results("another-model")),
@@ -99,7 +109,9 @@ def hostile_corpus(topics: Topics, model: str, tag: str, answered_id: str | None
         ),
     ]
     if answered_id is not None:
-        corpus.append(Hostile("duplicate id", _json(id=answered_id, model=model, text="again"), "duplicate", answered_id))
+        corpus.append(
+            Hostile("duplicate id", _json(id=answered_id, model=model, text="again"), "duplicate", answered_id)
+        )
     return corpus
 
 
@@ -115,7 +127,9 @@ class HostileProducer:
 
     def __init__(self, settings: KafkaSettings, topic: str) -> None:
         self._topic = topic
-        self._producer = AIOKafkaProducer(acks="all", max_request_size=2 * BROKER_LIMIT_BYTES, **client_options(settings))
+        self._producer = AIOKafkaProducer(
+            acks="all", max_request_size=2 * BROKER_LIMIT_BYTES, **client_options(settings)
+        )
         self.sent: list[Sent] = []
 
     async def start(self) -> None:
@@ -159,7 +173,11 @@ def account(sent: list[Sent], topic: str, letters: list[DeadLetter], results: di
         hostile = item.hostile
         if hostile.expect == "rerouted":
             answers = results.get(hostile.request_id or "", [])
-            if answers and answers[0].get("outcome") == "ok" and "does not exist" in (answers[0].get("reply_error") or ""):
+            if (
+                answers
+                and answers[0].get("outcome") == "ok"
+                and "does not exist" in (answers[0].get("reply_error") or "")
+            ):
                 out.accounted += 1
                 out.rerouted += 1
             else:
@@ -199,7 +217,9 @@ async def hostile_input(stage: Stage, sizes: ChaosSizes) -> FaultReport:
         try:
             for n in range(rounds):
                 await asyncio.sleep(duration_s / (rounds + 1))
-                answered = next((i for i, a in d.ledger.results.items() if i in d.ledger.sent and a[0].outcome == "ok"), None)
+                answered = next(
+                    (i for i, a in d.ledger.results.items() if i in d.ledger.sent and a[0].outcome == "ok"), None
+                )
                 await hostile.send(hostile_corpus(topics, CHAOS_MODEL, f"{d.run_id}-{n}", answered))
             await sending
             fault_end = time.time()

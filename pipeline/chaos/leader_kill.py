@@ -98,7 +98,9 @@ async def find_victim(d: Deployment, ids: tuple[str, str]) -> tuple[Victim | Non
     (None, what the cluster said) when none does."""
     requests = await request_leaders(d)
     coordinators = {consumer_id: await coordinator_of(d, consumer_id) for consumer_id in ids}
-    fitting = sorted((node, consumer_id) for consumer_id, node in coordinators.items() if leads_the_most(requests, node))
+    fitting = sorted(
+        (node, consumer_id) for consumer_id, node in coordinators.items() if leads_the_most(requests, node)
+    )
     if fitting:
         return Victim(fitting[0][0], fitting[0][1], requests), ""
     return None, f"request partition leaders {leader_counts(requests)}, coordinators {coordinators}"

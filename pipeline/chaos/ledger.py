@@ -35,7 +35,7 @@ class FaultReport:
         return not self.failures
 
     @classmethod
-    def harness_error(cls, fault: str, error: BaseException) -> "FaultReport":
+    def harness_error(cls, fault: str, error: BaseException) -> FaultReport:
         """The row of a scenario the harness could not run: no figures, one failure naming the error."""
         return cls(fault, 0, 0, 0, 0, 0, None, None, failures=[f"harness error: {type(error).__name__}: {error}"])
 

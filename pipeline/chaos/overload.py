@@ -1,5 +1,4 @@
-"""Fault: arrivals at several times one consumer's capacity, every request with a deadline.
-"""
+"""Fault: arrivals at several times one consumer's capacity, every request with a deadline."""
 
 from __future__ import annotations
 
@@ -7,10 +6,9 @@ import asyncio
 import time
 
 from pipeline.chaos.deployment import Deployment, Device, Stage
-from pipeline.chaos.steps import settle_answers, stop_task, ChaosSizes
-from pipeline.harness.processes import Proc
 from pipeline.chaos.ledger import FaultReport, percentile
-
+from pipeline.chaos.steps import ChaosSizes, settle_answers, stop_task
+from pipeline.harness.processes import Proc
 
 DISPATCH_SLACK_MS = 5
 """Event times are whole milliseconds on one clock; this absorbs the rounding."""
@@ -50,9 +48,7 @@ async def overload(stage: Stage, sizes: ChaosSizes) -> FaultReport:
     rate = device.capacity_rps * sizes.overload_factor
     count = int(rate * sizes.overload_s)
     timeout_ms = sizes.overload_timeout_ms
-    async with Deployment(
-        stage, device, partitions=4, consumer={"max_queue": 256}, collect_latency_events=True
-    ) as d:
+    async with Deployment(stage, device, partitions=4, consumer={"max_queue": 256}, collect_latency_events=True) as d:
         proc = d.consumer("only")
         await d.warm_up(consumers=1)
         baseline_rss = proc.rss_bytes()
@@ -69,7 +65,9 @@ async def overload(stage: Stage, sizes: ChaosSizes) -> FaultReport:
         late_bound_ms = timeout_ms + device.batch_ms(device.hard_cap) + 500.0
         slow = [x for x in e2e_ok if x > late_bound_ms]
         started_late = [
-            rid for rid, a in ok.items() if d.ledger.dispatched_ms.get(rid, 0) > a.enqueue_ms + timeout_ms + DISPATCH_SLACK_MS
+            rid
+            for rid, a in ok.items()
+            if d.ledger.dispatched_ms.get(rid, 0) > a.enqueue_ms + timeout_ms + DISPATCH_SLACK_MS
         ]
         untimed = [rid for rid in ok if rid not in d.ledger.dispatched_ms]
         p99 = percentile(e2e_ok, 99)
@@ -89,7 +87,9 @@ async def overload(stage: Stage, sizes: ChaosSizes) -> FaultReport:
         if growth_mb > 150:
             failures.append(f"consumer RSS grew {growth_mb:.0f} MB under overload (bound 150 MB)")
         if ok_rps < 0.5 * device.capacity_rps:
-            failures.append(f"served {ok_rps:.0f} ok/s under overload, under half the capacity {device.capacity_rps:.0f}/s")
+            failures.append(
+                f"served {ok_rps:.0f} ok/s under overload, under half the capacity {device.capacity_rps:.0f}/s"
+            )
         return d.ledger.report(
             f"overload {sizes.overload_factor:g}x capacity for {sizes.overload_s:g} s",
             1,

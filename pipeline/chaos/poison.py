@@ -1,5 +1,4 @@
-"""Fault: requests that make the runner raise, inside batches of healthy ones.
-"""
+"""Fault: requests that make the runner raise, inside batches of healthy ones."""
 
 from __future__ import annotations
 
@@ -7,8 +6,8 @@ import time
 
 from consumers.runners.cost_model import POISON_MARKER
 from pipeline.chaos.deployment import Deployment, Device, Stage
-from pipeline.chaos.steps import settle_answers, ChaosSizes
 from pipeline.chaos.ledger import Answer, FaultReport
+from pipeline.chaos.steps import ChaosSizes, settle_answers
 
 
 async def poison_request(stage: Stage, sizes: ChaosSizes) -> FaultReport:
@@ -53,7 +52,10 @@ async def poison_request(stage: Stage, sizes: ChaosSizes) -> FaultReport:
             len(poison),
             fault_end=fault_end,
             failures=failures,
-            details={"dead_lettered": sum(1 for p in poison if p in d.ledger.dead), "healthy_batch_mates_ok": batch_mates},
+            details={
+                "dead_lettered": sum(1 for p in poison if p in d.ledger.dead),
+                "healthy_batch_mates_ok": batch_mates,
+            },
         )
 
 

@@ -1,5 +1,4 @@
-"""Fault: consumers join and leave the group again and again while traffic flows.
-"""
+"""Fault: consumers join and leave the group again and again while traffic flows."""
 
 from __future__ import annotations
 
@@ -7,8 +6,8 @@ import asyncio
 import time
 
 from pipeline.chaos.deployment import Deployment, Device, Stage
-from pipeline.chaos.steps import settle_answers, ChaosSizes
 from pipeline.chaos.ledger import FaultReport, Ledger, percentile
+from pipeline.chaos.steps import ChaosSizes, settle_answers
 
 
 async def rebalance_storm(stage: Stage, sizes: ChaosSizes) -> FaultReport:

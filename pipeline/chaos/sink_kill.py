@@ -1,5 +1,4 @@
-"""Fault: SIGKILL the sink while events flow, and restart it.
-"""
+"""Fault: SIGKILL the sink while events flow, and restart it."""
 
 from __future__ import annotations
 
@@ -7,8 +6,8 @@ import asyncio
 import time
 
 from pipeline.chaos.deployment import Deployment, Device, Stage
-from pipeline.chaos.steps import drain_events, ChaosSizes
 from pipeline.chaos.ledger import FaultReport
+from pipeline.chaos.steps import ChaosSizes, drain_events
 
 
 async def sink_kill(stage: Stage, sizes: ChaosSizes) -> FaultReport:

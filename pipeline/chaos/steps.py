@@ -39,7 +39,7 @@ class ChaosSizes:
     """Longest a scenario waits for the last answer before declaring the rest lost."""
 
     @classmethod
-    def quick(cls) -> "ChaosSizes":
+    def quick(cls) -> ChaosSizes:
         return cls(rate_rps=60.0, requests=600, outage_s=10.0, freeze_s=8.0, overload_s=15.0, sink_kills=1,
                    storm_s=20.0, storm_period_s=2.0, answer_timeout_s=90.0)  # fmt: skip
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -42,15 +42,34 @@ def _config_text(row: dict[str, Any]) -> str:
 
 
 def _policy_table(report: dict[str, Any]) -> Table:
-    t = Table(title=f"{report['scenario']}  (SLO p99 {report['slo_p99_ms']:g} ms, "
-                    f"physical limit {report['physical_limit_rps']:.0f} req/s)")
-    for col in ("policy", "capacity@SLO", "p50 ms", "p99 ms", "p999 ms", "wait p99", "req/s", "goodput",
-                "batch", "hit busy/idle", "marked"):
+    t = Table(
+        title=f"{report['scenario']}  (SLO p99 {report['slo_p99_ms']:g} ms, "
+        f"physical limit {report['physical_limit_rps']:.0f} req/s)"
+    )
+    for col in (
+        "policy",
+        "capacity@SLO",
+        "p50 ms",
+        "p99 ms",
+        "p999 ms",
+        "wait p99",
+        "req/s",
+        "goodput",
+        "batch",
+        "hit busy/idle",
+        "marked",
+    ):
         t.add_column(col, justify="left" if col == "policy" else "right", no_wrap=True)
     for r in report["policies"]:
         t.add_row(
-            r["policy"], _fmt(r["capacity_at_slo"], 3), _fmt(r["p50_ms"]), _fmt(r["p99_ms"]),
-            _fmt(r["p999_ms"]), _fmt(r["queue_wait_p99_ms"]), _fmt(r["throughput_rps"]), _fmt(r["goodput_rps"]),
+            r["policy"],
+            _fmt(r["capacity_at_slo"], 3),
+            _fmt(r["p50_ms"]),
+            _fmt(r["p99_ms"]),
+            _fmt(r["p999_ms"]),
+            _fmt(r["queue_wait_p99_ms"]),
+            _fmt(r["throughput_rps"]),
+            _fmt(r["goodput_rps"]),
             _fmt(r["mean_batch_size"], 1),
             f"{_fmt(r['hit_ratio_busy'], 2)}/{_fmt(r['hit_ratio_idle'], 2)}",
             _fmt(r["marked_share"], 3),
@@ -59,16 +78,24 @@ def _policy_table(report: dict[str, Any]) -> Table:
 
 
 def _goodput_table(report: dict[str, Any]) -> Table:
-    t = Table(title=f"{report['scenario']}: goodput (requests/s served within the {report['slo_p99_ms']:g} ms SLO; "
-                    f"deadline {report['deadline_ms']:g} ms)")
+    t = Table(
+        title=f"{report['scenario']}: goodput (requests/s served within the {report['slo_p99_ms']:g} ms SLO; "
+        f"deadline {report['deadline_ms']:g} ms)"
+    )
     for col in ("load", "batchtide-default", "share in SLO", "expired", "best peer", "its goodput", "ratio"):
         t.add_column(col, justify="left" if col == "best peer" else "right", no_wrap=True)
     for row in report["goodput"]:
         me, peer = row["batchtide_default"], row["best_peer"]
         ratio = f"{row['ratio']:.3f}"
-        t.add_row(f"x{row['load']:.2f}", _fmt(me["goodput_rps"], 1), _fmt(me["good_share"], 3),
-                  _fmt(me["expired_share"], 3), f"{peer['policy']} ({_config_text({'policy': peer['policy'], 'config': peer['config']})})",
-                  _fmt(peer["goodput_rps"], 1), ratio if row["meets_target"] else f"[red]{ratio}[/red]")
+        t.add_row(
+            f"x{row['load']:.2f}",
+            _fmt(me["goodput_rps"], 1),
+            _fmt(me["good_share"], 3),
+            _fmt(me["expired_share"], 3),
+            f"{peer['policy']} ({_config_text({'policy': peer['policy'], 'config': peer['config']})})",
+            _fmt(peer["goodput_rps"], 1),
+            ratio if row["meets_target"] else f"[red]{ratio}[/red]",
+        )
     return t
 
 
@@ -81,23 +108,32 @@ def _print_report(report: dict[str, Any]) -> None:
     we = report.get("window_effect")
     if we:
         g, w = we["greedy"], we["windowed"]
-        console.print(f"  window effect (fixed-window family): greedy {g['config']} capacity "
-                      f"{g['capacity_at_slo']:.3f} p99 {_fmt(g['p99_ms'])} ms; best with a window {w['config']} "
-                      f"capacity {w['capacity_at_slo']:.3f} p99 {_fmt(w['p99_ms'])} ms")
+        console.print(
+            f"  window effect (fixed-window family): greedy {g['config']} capacity "
+            f"{g['capacity_at_slo']:.3f} p99 {_fmt(g['p99_ms'])} ms; best with a window {w['config']} "
+            f"capacity {w['capacity_at_slo']:.3f} p99 {_fmt(w['p99_ms'])} ms"
+        )
 
 
 def _progress() -> Progress:
-    return Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                    TextColumn("{task.completed} runs"), TimeElapsedColumn(), console=console, transient=True)
+    return Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed} runs"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    )
 
 
 @bench_app.command("policies")
 def policies(
     scenario: Path = typer.Option(..., "--scenario", "-s", help="Scenario TOML file (see docs/benchmarks.md)."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the report as JSON here."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Write PNG plots into this directory."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write the report as JSON here."),
+    plot: Path | None = typer.Option(None, "--plot", help="Write PNG plots into this directory."),
     quick: bool = typer.Option(False, "--quick", help="Coarser grids (seconds instead of a minute)."),
-    profile: Optional[Path] = typer.Option(
+    profile: Path | None = typer.Option(
         None, "--profile", help="Device profile JSON (batchtide profile): replaces the scenario's \\[cost]."
     ),
 ) -> None:
@@ -111,8 +147,9 @@ def policies(
     try:
         scn = load_scenario(scenario)
         if scn.fleet is not None:
-            raise ScenarioError(f"{scenario}: a [fleet] scenario studies a consumer group: "
-                                "run it with `batchtide bench fleet`")
+            raise ScenarioError(
+                f"{scenario}: a [fleet] scenario studies a consumer group: run it with `batchtide bench fleet`"
+            )
         if profile is not None:
             scn = with_cost(scn, load_profile(profile).scenario_cost(), str(profile))
     except (ScenarioError, ProfileError) as e:
@@ -124,8 +161,9 @@ def policies(
         result = bench_policies(scn, quick, lambda label: prog.update(task, description=label), ev)
     report = result.as_json()
     _print_report(report)
-    console.print(f"simulator: {report['simulator_requests_per_s']:,.0f} requests/s over "
-                  f"{report['simulated_runs']} runs")
+    console.print(
+        f"simulator: {report['simulator_requests_per_s']:,.0f} requests/s over {report['simulated_runs']} runs"
+    )
     if json_out:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(report, indent=2))
@@ -139,7 +177,7 @@ def policies(
 
 @bench_app.command("suite")
 def suite(
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the suite report as JSON here."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write the suite report as JSON here."),
     scenarios: Path = typer.Option(Path("scenarios"), "--scenarios", help="Directory of scenario TOML files."),
     quick: bool = typer.Option(False, "--quick", help="Coarser grids."),
     jobs: int = typer.Option(2, "--jobs", "-j", min=1, help="Scenarios benched in parallel processes."),
@@ -153,13 +191,20 @@ def suite(
         raise typer.Exit(2)
     with _progress() as prog:
         task = prog.add_task("suite", total=None)
-        result = bench_suite(scenarios, quick, lambda label: prog.update(task, description=label),
-                             on_run=lambda: prog.advance(task), jobs=jobs)
+        result = bench_suite(
+            scenarios,
+            quick,
+            lambda label: prog.update(task, description=label),
+            on_run=lambda: prog.advance(task),
+            jobs=jobs,
+        )
     report = result.as_json()
     for b in report["scenarios"]:
         _print_report(b)
-    t = Table(title=f"batchtide-default vs each family's oracle best "
-                    f"(capacity ratio >= {CAPACITY_TARGET}, p99 ratio <= {P99_TARGET})")
+    t = Table(
+        title=f"batchtide-default vs each family's oracle best "
+        f"(capacity ratio >= {CAPACITY_TARGET}, p99 ratio <= {P99_TARGET})"
+    )
     t.add_column("scenario")
     families_seen: list[str] = []
     for c in report["comparisons"]:
@@ -183,13 +228,17 @@ def suite(
     console.print("cells: capacity ratio / p99 ratio of batchtide-default against that row's policy")
     bf = report["best_single_fixed_config"]
     if bf:
-        console.print(f"best single fixed config across the suite: {bf['config']} — worst capacity ratio "
-                      f"{bf['worst_capacity_ratio']:.3f} on {bf['worst_scenario']} "
-                      f"(regret {bf['regret']:.1%}), worst p99 ratio {bf['worst_p99_ratio']:.2f}")
+        console.print(
+            f"best single fixed config across the suite: {bf['config']} — worst capacity ratio "
+            f"{bf['worst_capacity_ratio']:.3f} on {bf['worst_scenario']} "
+            f"(regret {bf['regret']:.1%}), worst p99 ratio {bf['worst_p99_ratio']:.2f}"
+        )
     goodput = [c for c in report["comparisons"] if c.get("goodput_ratio")]
     if goodput:
-        g = Table(title=f"goodput with deadlines: batchtide-default / the best tuned peer per load "
-                        f"(target >= {report['targets']['goodput_ratio_min']})")
+        g = Table(
+            title=f"goodput with deadlines: batchtide-default / the best tuned peer per load "
+            f"(target >= {report['targets']['goodput_ratio_min']})"
+        )
         g.add_column("scenario")
         loads = list(goodput[0]["goodput_ratio"])
         for load in loads:
@@ -199,8 +248,10 @@ def suite(
         print_table(console, g)
     dw = report["batchtide_default_worst"]
     if dw:
-        console.print(f"batchtide-default: worst capacity ratio {dw['worst_capacity_ratio']:.3f} on "
-                      f"{dw['worst_scenario']} (regret {dw['regret']:.1%})")
+        console.print(
+            f"batchtide-default: worst capacity ratio {dw['worst_capacity_ratio']:.3f} on "
+            f"{dw['worst_scenario']} (regret {dw['regret']:.1%})"
+        )
     console.print(f"simulator: {report['simulator_requests_per_s']:,.0f} requests/s")
     for note in report["notes"]:
         console.print(f"[yellow]note:[/yellow] {note}")
@@ -213,6 +264,7 @@ def suite(
 def _consumer_cells(run: dict[str, Any], stragglers: list[int]) -> str:
     """Who carried the run: every consumer of a small group; the stragglers and the range of the
     others in a large one."""
+
     def cell(c: dict[str, Any]) -> str:
         return f"c{c['consumer']} {_fmt(c['p99_ms'])} ms {c['share']:.0%}"
 
@@ -224,28 +276,42 @@ def _consumer_cells(run: dict[str, Any], stragglers: list[int]) -> str:
     shares = [c["share"] for c in others]
     text = ", ".join(cell(per[c]) for c in stragglers)
     if others:
-        text += (f"{', ' if text else ''}others p99 {_fmt(min(p99s) if p99s else None)}-"
-                 f"{_fmt(max(p99s) if p99s else None)} ms, {min(shares):.1%}-{max(shares):.1%} each")
+        text += (
+            f"{', ' if text else ''}others p99 {_fmt(min(p99s) if p99s else None)}-"
+            f"{_fmt(max(p99s) if p99s else None)} ms, {min(shares):.1%}-{max(shares):.1%} each"
+        )
     return text
 
 
 def _fleet_table(report: dict[str, Any]) -> Table:
-    t = Table(title=f"{report['scenario']}  ({report['consumers']} consumers, {report['partitions']} partitions, "
-                    f"{report['rate_per_s']:.0f} req/s, {report['duration_s']:g} s)")
+    t = Table(
+        title=f"{report['scenario']}  ({report['consumers']} consumers, {report['partitions']} partitions, "
+        f"{report['rate_per_s']:.0f} req/s, {report['duration_s']:g} s)"
+    )
     recovery = any(report["runs"][v]["recovered_p99_ms"] is not None for v in report["runs"])
     cols = ["run", "p50 ms", "p99 ms", "p999 ms", "p99 / ideal", "forwarded"]
     if recovery:
         cols.append("p99 15 s after")
     cols.append("per consumer: p99, share")
     for col in cols:
-        t.add_column(col, justify="left" if col in ("run", cols[-1]) else "right",
-                     no_wrap=col != cols[-1])
+        t.add_column(col, justify="left" if col in ("run", cols[-1]) else "right", no_wrap=col != cols[-1])
     ideal = report["runs"]["ideal"]["p99_ms"]
-    labels = {"off": "balance off", "on": "balance on", "weighted": "weighted assignment",
-              "weighted+on": "weighted + balance", "ideal": "ideal (all fast)"}
+    labels = {
+        "off": "balance off",
+        "on": "balance on",
+        "weighted": "weighted assignment",
+        "weighted+on": "weighted + balance",
+        "ideal": "ideal (all fast)",
+    }
     for variant, run in report["runs"].items():
-        row = [labels[variant], _fmt(run["p50_ms"]), _fmt(run["p99_ms"]), _fmt(run["p999_ms"]),
-               _fmt(run["p99_ms"] / ideal if ideal else None, 2), f"{run['forwarded_share']:.1%}"]
+        row = [
+            labels[variant],
+            _fmt(run["p50_ms"]),
+            _fmt(run["p99_ms"]),
+            _fmt(run["p999_ms"]),
+            _fmt(run["p99_ms"] / ideal if ideal else None, 2),
+            f"{run['forwarded_share']:.1%}",
+        ]
         if recovery:
             row.append(_fmt(run["recovered_p99_ms"]))
         row.append(_consumer_cells(run, report["stragglers"]))
@@ -255,11 +321,11 @@ def _fleet_table(report: dict[str, Any]) -> Table:
 
 @bench_app.command("fleet")
 def fleet(
-    scenario_args: List[Path] = typer.Argument(None, metavar="[SCENARIO]...", help="Fleet scenario TOML files."),
-    scenario_opts: List[Path] = typer.Option(
+    scenario_args: list[Path] = typer.Argument(None, metavar="[SCENARIO]...", help="Fleet scenario TOML files."),
+    scenario_opts: list[Path] = typer.Option(
         [], "--scenario", "-s", help="A fleet scenario TOML file ([fleet] table; repeatable)."
     ),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the reports as JSON here."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write the reports as JSON here."),
 ) -> None:
     """Simulate a consumer group per scenario: balance off (today), on (group-relative
     forwarding) and the ideal all-fast group, with p99 ratios to the ideal."""
@@ -282,9 +348,11 @@ def fleet(
         reports.append(report)
         console.print(_fleet_table(report))
         r = report["ratios"]
-        console.print(f"  p99 vs ideal: off x{_fmt(r['off_p99_vs_ideal'], 2)}, on x{_fmt(r['on_p99_vs_ideal'], 2)}; "
-                      f"on vs off x{_fmt(r['on_p99_vs_off'], 2)}   (simulator "
-                      f"{_fmt(report['simulator_requests_per_s'])} requests/s)")
+        console.print(
+            f"  p99 vs ideal: off x{_fmt(r['off_p99_vs_ideal'], 2)}, on x{_fmt(r['on_p99_vs_ideal'], 2)}; "
+            f"on vs off x{_fmt(r['on_p99_vs_off'], 2)}   (simulator "
+            f"{_fmt(report['simulator_requests_per_s'])} requests/s)"
+        )
     if json_out:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(reports, indent=2))

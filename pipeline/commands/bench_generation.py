@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 from rich.console import Console
@@ -16,12 +15,17 @@ console = Console(width=max(Console().width, 140))
 
 
 def bench_generation(
-    scenario_opts: List[Path] = typer.Option(..., "--scenario", "-s", help="Generation scenario TOML (scenarios/generation/); repeat for several."),
+    scenario_opts: list[Path] = typer.Option(
+        ..., "--scenario", "-s", help="Generation scenario TOML (scenarios/generation/); repeat for several."
+    ),
     quick: bool = typer.Option(False, "--quick", help="Coarser peer grids."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the reports as JSON here."),
-    peer_kernels: str = typer.Option("runner", "--peer-kernels",
-                                     help="What the peers' iterations cost: runner (the runner's measured kernels, as "
-                                          "batchtide's loop) or ragged (the servers' own idealised kernels)."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write the reports as JSON here."),
+    peer_kernels: str = typer.Option(
+        "runner",
+        "--peer-kernels",
+        help="What the peers' iterations cost: runner (the runner's measured kernels, as "
+        "batchtide's loop) or ragged (the servers' own idealised kernels).",
+    ),
 ) -> None:
     """Goodput (requests/s meeting both the TTFT and the TPOT objective), p99 TTFT and TPOT of
     batchtide-default (untuned) and of vLLM's, TGI's, SGLang's and the fixed window's scheduler,
@@ -44,16 +48,38 @@ def bench_generation(
         with console.status(f"{scn.name}: batchtide-default and the peers' grids ..."):
             report = bench_scenario(scn, quick=quick, peer_kernels=peer_kernels)  # type: ignore[arg-type]
         reports.append(report)
-        table = Table(title=f"{scn.name}: {report['requests']} requests; objectives TTFT <= {scn.ttft_ms:g} ms, "
-                            f"TPOT <= {scn.tpot_ms:g} ms; peers on {peer_kernels} kernels")
-        for column in ("system", "goodput req/s", "req/s", "met both", "TTFT p99 ms", "TPOT p99 ms", "e2e p99 ms",
-                       "expired", "longest gap ms", "runs", "best configuration"):
+        table = Table(
+            title=f"{scn.name}: {report['requests']} requests; objectives TTFT <= {scn.ttft_ms:g} ms, "
+            f"TPOT <= {scn.tpot_ms:g} ms; peers on {peer_kernels} kernels"
+        )
+        for column in (
+            "system",
+            "goodput req/s",
+            "req/s",
+            "met both",
+            "TTFT p99 ms",
+            "TPOT p99 ms",
+            "e2e p99 ms",
+            "expired",
+            "longest gap ms",
+            "runs",
+            "best configuration",
+        ):
             table.add_column(column, justify="left" if column in ("system", "best configuration") else "right")
         for row in report["rows"]:
-            table.add_row(row["system"], f"{row['goodput_rps']:.2f}", f"{row['throughput_rps']:.2f}",
-                          f"{row['attained']:.1%}", _ms(row["ttft_p99_ms"]), _ms(row["tpot_p99_ms"], 1),
-                          _ms(row["e2e_p99_ms"]), f"{row['expired_share']:.1%}", _ms(row["longest_gap_ms"]), str(row["runs"]),
-                          row["config"])
+            table.add_row(
+                row["system"],
+                f"{row['goodput_rps']:.2f}",
+                f"{row['throughput_rps']:.2f}",
+                f"{row['attained']:.1%}",
+                _ms(row["ttft_p99_ms"]),
+                _ms(row["tpot_p99_ms"], 1),
+                _ms(row["e2e_p99_ms"]),
+                f"{row['expired_share']:.1%}",
+                _ms(row["longest_gap_ms"]),
+                str(row["runs"]),
+                row["config"],
+            )
         print_table(console, table)
         console.print(f"  batchtide-default / best peer goodput: {report['default_vs_best_peer']:.2f}")
     if json_out:

@@ -14,7 +14,7 @@ import logging
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -27,14 +27,14 @@ def chaos(
         "all",
         help="A scenario name, `all` (the single-broker rows) or `cluster` (the three-broker rows). `--list` shows the names.",
     ),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the rows (with details) as JSON here."),
+    json_out: Path | None = typer.Option(None, "--json", help="Also write the rows (with details) as JSON here."),
     quick: bool = typer.Option(False, "--quick", help="The test suite's short sizes (15 s overload, 10 s outages)."),
-    outage_s: Optional[float] = typer.Option(None, help="Broker/ClickHouse outage length in seconds (default 20)."),
-    freeze_s: Optional[float] = typer.Option(None, help="How long broker-freeze SIGSTOPs a broker (default 30)."),
-    overload_s: Optional[float] = typer.Option(None, help="Overload phase length in seconds (default 60)."),
-    rate: Optional[float] = typer.Option(None, help="Steady arrival rate, requests/s (default 80)."),
-    requests: Optional[int] = typer.Option(None, help="Requests per steady scenario (default 1600)."),
-    workdir: Optional[Path] = typer.Option(None, help="Keep broker data, configs and process logs here."),
+    outage_s: float | None = typer.Option(None, help="Broker/ClickHouse outage length in seconds (default 20)."),
+    freeze_s: float | None = typer.Option(None, help="How long broker-freeze SIGSTOPs a broker (default 30)."),
+    overload_s: float | None = typer.Option(None, help="Overload phase length in seconds (default 60)."),
+    rate: float | None = typer.Option(None, help="Steady arrival rate, requests/s (default 80)."),
+    requests: int | None = typer.Option(None, help="Requests per steady scenario (default 1600)."),
+    workdir: Path | None = typer.Option(None, help="Keep broker data, configs and process logs here."),
     list_only: bool = typer.Option(False, "--list", help="List the scenarios and exit."),
 ) -> None:
     """Inject faults into a real local pipeline and report lost and duplicated requests."""
@@ -98,7 +98,9 @@ def _print_table(reports: list[FaultReport]) -> None:
         dup = f"{r.duplicated}" + (f" (≤{r.duplicate_bound})" if r.duplicate_bound else "")
         recovery = "-" if r.recovery_s is None else f"{r.recovery_s:.1f}"
         verdict = "ok" if r.passed else "FAIL"
-        table.add_row(r.fault, str(r.injections), str(r.requests_in), str(r.results_out), str(r.lost), dup, recovery, verdict)
+        table.add_row(
+            r.fault, str(r.injections), str(r.requests_in), str(r.results_out), str(r.lost), dup, recovery, verdict
+        )
     console = Console()
     if not console.is_terminal:
         console = Console(width=150)

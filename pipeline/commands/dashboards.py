@@ -3,20 +3,27 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
-dashboards_app = typer.Typer(help="Grafana dashboards as code: generate the JSON, push it to a Grafana.", no_args_is_help=True)
+dashboards_app = typer.Typer(
+    help="Grafana dashboards as code: generate the JSON, push it to a Grafana.", no_args_is_help=True
+)
 
 ConfigOption = typer.Option(None, "--config", "-c", help="batchtide TOML config (ClickHouse settings).")
 
 
 @dashboards_app.command("generate")
 def generate(
-    check: bool = typer.Option(False, "--check", help="Only verify the committed files are up to date (exit 1 if stale)."),
-    config: Optional[Path] = typer.Option(
-        None, "--config", "-c", help="Config whose models and \\[alerts] the alert rules follow (default: ./batchtide.toml of the repository)."
+    check: bool = typer.Option(
+        False, "--check", help="Only verify the committed files are up to date (exit 1 if stale)."
+    ),
+    config: Path | None = typer.Option(
+        None,
+        "--config",
+        "-c",
+        help="Config whose models and \\[alerts] the alert rules follow (default: ./batchtide.toml of the repository).",
     ),
 ) -> None:
     """Regenerate dashboards/*.json (from dashboards/panels.py and the shared analysis SQL) and the
@@ -52,14 +59,16 @@ def generate(
 @dashboards_app.command("push")
 def push(
     grafana_url: str = typer.Option(..., "--grafana-url", help="Grafana base URL, e.g. http://localhost:3000"),
-    clickhouse_url: Optional[str] = typer.Option(
+    clickhouse_url: str | None = typer.Option(
         None,
         "--clickhouse-url",
         help="ClickHouse as Grafana reaches it: http://host:8123 or clickhouse://host:9000 "
         "(default: the config's clickhouse url, or BATCHTIDE_CLICKHOUSE_URL).",
     ),
-    config: Optional[Path] = typer.Option(
-        None, "--config", "-c",
+    config: Path | None = typer.Option(
+        None,
+        "--config",
+        "-c",
         help="batchtide TOML config: ClickHouse settings, and the models and \\[alerts] the alert rules follow "
         "(default for the rules: ./batchtide.toml of the repository, as `generate`).",
     ),
@@ -104,7 +113,7 @@ def push(
         typer.echo(f"{result.kind:<10} {result.uid:<28} {result.outcome}")
 
 
-def _clickhouse_client(config: Optional[Path], clickhouse_url: Optional[str]) -> Any:
+def _clickhouse_client(config: Path | None, clickhouse_url: str | None) -> Any:
     """The embedded store (read live through a running sink's server), or the server at --clickhouse-url."""
     from dataclasses import replace
 
@@ -118,19 +127,23 @@ def _clickhouse_client(config: Optional[Path], clickhouse_url: Optional[str]) ->
 
 
 def board(
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the page to this file."),
-    serve_port: Optional[int] = typer.Option(None, "--serve", help="Serve the page on 127.0.0.1:PORT instead."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Write the page to this file."),
+    serve_port: int | None = typer.Option(None, "--serve", help="Serve the page on 127.0.0.1:PORT instead."),
     since: str = typer.Option("1h", "--since", help="Start of the range: 15m, 2h, 1d ago, or an ISO time."),
-    until: Optional[str] = typer.Option(None, "--until", help="End of the range (ISO time or duration ago); default now."),
-    model: Optional[list[str]] = typer.Option(None, "--model", "-m", help="Model(s) to show; default every model in the range."),
-    clickhouse_url: Optional[str] = typer.Option(None, "--clickhouse-url", help="ClickHouse HTTP URL (default: embedded chDB)."),
-    config: Optional[Path] = ConfigOption,
+    until: str | None = typer.Option(None, "--until", help="End of the range (ISO time or duration ago); default now."),
+    model: list[str] | None = typer.Option(
+        None, "--model", "-m", help="Model(s) to show; default every model in the range."
+    ),
+    clickhouse_url: str | None = typer.Option(
+        None, "--clickhouse-url", help="ClickHouse HTTP URL (default: embedded chDB)."
+    ),
+    config: Path | None = ConfigOption,
 ) -> None:
     """The tail-latency board as a self-contained HTML page, for machines without Grafana."""
-    from pipeline.views.board import build_page, serve
-    from pipeline.views.panel_data import time_range
     from pipeline.core.config import ConfigError
     from pipeline.core.store.client import ClickHouseUnavailable
+    from pipeline.views.board import build_page, serve
+    from pipeline.views.panel_data import time_range
 
     if (out is None) == (serve_port is None):
         typer.echo("error: give exactly one of --out FILE or --serve PORT", err=True)

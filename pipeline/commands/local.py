@@ -8,7 +8,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -18,7 +18,9 @@ DEFAULT_DATA_DIR = Path("var/kafka")
 DEFAULT_PORT = 9092
 STATE_FILE = "state.json"
 
-local_app = typer.Typer(help="Run a local Kafka broker, or a KRaft cluster of them, for development.", no_args_is_help=True)
+local_app = typer.Typer(
+    help="Run a local Kafka broker, or a KRaft cluster of them, for development.", no_args_is_help=True
+)
 topics_app = typer.Typer(help="Kafka topics of the pipeline.", no_args_is_help=True)
 
 DataDirOption = Annotated[Path, typer.Option("--data-dir", help="Broker data directory (topics, offsets, logs).")]
@@ -80,7 +82,7 @@ def bench(runs: Annotated[int, typer.Option(help="Fresh brokers to start.")] = 3
 def up(
     data_dir: DataDirOption = DEFAULT_DATA_DIR,
     port: Annotated[
-        Optional[int],
+        int | None,
         typer.Option(
             help="Client port (a cluster: of node 1, the others follow); default: the data dir's previous "
             "port, else 9092 if free, else any free port."
@@ -100,8 +102,10 @@ def up(
             cluster = LocalCluster(data_dir, brokers=brokers if brokers > 1 else LocalCluster.open(data_dir).size)
         except KafkaSetupError as e:
             raise _fail(str(e)) from None
-        if port is None and not is_cluster_dir(data_dir) and all(
-            port_is_free(DEFAULT_PORT + i) for i in range(cluster.size)
+        if (
+            port is None
+            and not is_cluster_dir(data_dir)
+            and all(port_is_free(DEFAULT_PORT + i) for i in range(cluster.size))
         ):
             port = DEFAULT_PORT
         cluster = LocalCluster(data_dir, brokers=cluster.size, first_port=port)
@@ -160,9 +164,9 @@ def down(data_dir: DataDirOption = DEFAULT_DATA_DIR) -> None:
 @local_app.command("status")
 def status(data_dir: DataDirOption = DEFAULT_DATA_DIR) -> None:
     """Is the broker running, where, and which topics does it hold (a cluster: controller, leaders, ISR)."""
+    from pipeline.core.kafka.client import list_topics
     from pipeline.devtools.localcluster import is_cluster_dir
     from pipeline.devtools.localkafka import LocalKafka
-    from pipeline.core.kafka.client import list_topics
 
     if is_cluster_dir(data_dir):
         _cluster_status(data_dir)
@@ -180,8 +184,8 @@ def status(data_dir: DataDirOption = DEFAULT_DATA_DIR) -> None:
 
 def _cluster_status(data_dir: Path) -> None:
     """Nodes, the active controller, and every partition's leader and ISR, straight from the cluster."""
-    from pipeline.devtools.localcluster import LocalCluster
     from pipeline.core.kafka.cluster import PartitionState, Quorum, live_brokers, partition_states, quorum
+    from pipeline.devtools.localcluster import LocalCluster
 
     cluster = LocalCluster.open(data_dir)
     running = [node for node in cluster.nodes if node.is_running]
@@ -194,7 +198,7 @@ def _cluster_status(data_dir: Path) -> None:
         alive = await live_brokers(settings)
         try:
             leader: Quorum | str = await quorum(settings)
-        except Exception as e:  # noqa: BLE001 - shown: a quorum without a leader is what status must say
+        except Exception as e:
             leader = f"unknown ({e!r})"
         return alive, leader, await partition_states(settings)
 
@@ -220,12 +224,12 @@ def _cluster_status(data_dir: Path) -> None:
 
 @topics_app.command("create")
 def create(
-    config: Annotated[Optional[Path], typer.Option("--config", help="batchtide TOML config.")] = None,
-    model: Annotated[Optional[list[str]], typer.Option("--model", help="Model name (repeatable).")] = None,
+    config: Annotated[Path | None, typer.Option("--config", help="batchtide TOML config.")] = None,
+    model: Annotated[list[str] | None, typer.Option("--model", help="Model name (repeatable).")] = None,
     partitions: Annotated[
-        Optional[list[int]], typer.Option("--partitions", help="Partitions of the --model at the same position.")
+        list[int] | None, typer.Option("--partitions", help="Partitions of the --model at the same position.")
     ] = None,
-    bootstrap: Annotated[Optional[str], typer.Option(help="Override kafka.bootstrap_servers.")] = None,
+    bootstrap: Annotated[str | None, typer.Option(help="Override kafka.bootstrap_servers.")] = None,
 ) -> None:
     """Create the request, priority and result topics of every model, plus events and DLQ topics."""
     from pipeline.core.kafka.client import ensure_topics
@@ -247,7 +251,7 @@ def create(
         created = asyncio.run(ensure_topics(settings, models))
     except ConfigError as e:
         raise _fail(str(e)) from None
-    except Exception as e:  # noqa: BLE001 - shown to the user, not swallowed
+    except Exception as e:
         raise _fail(f"could not create topics on {settings.bootstrap_servers}: {e!r}") from None
     for name, count in sorted(created.items()):
         typer.echo(f"{name}  partitions={count}")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -17,35 +16,42 @@ console = Console()
 
 def replay_command(
     since: str = typer.Option("1h", "--since", help="Window ending now: 30s, 15m, 1h, 1d..."),
-    config: Optional[Path] = typer.Option(None, "--config", help="batchtide TOML config (the profile that ran)."),
-    model: Optional[str] = typer.Option(None, "--model", help="Model to replay (default: the config's only model)."),
-    profile: Optional[Path] = typer.Option(
+    config: Path | None = typer.Option(None, "--config", help="batchtide TOML config (the profile that ran)."),
+    model: str | None = typer.Option(None, "--model", help="Model to replay (default: the config's only model)."),
+    profile: Path | None = typer.Option(
         None, "--profile", help="Device profile JSON the consumer loaded (memory limit, prefilled t(b))."
     ),
-    export: Optional[Path] = typer.Option(None, "--export", help="Write the window as a scenario TOML here."),
+    export: Path | None = typer.Option(None, "--export", help="Write the window as a scenario TOML here."),
     validate: bool = typer.Option(
-        False, "--validate", help="Exit 1 unless the prediction for the profile that ran is within 15% of the recording."
+        False,
+        "--validate",
+        help="Exit 1 unless the prediction for the profile that ran is within 15% of the recording.",
     ),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the predictions as JSON here."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write the predictions as JSON here."),
     replays: int = typer.Option(
-        9, "--replays", min=1,
+        9,
+        "--replays",
+        min=1,
         help="Replays per candidate, each drawing the recorded device's speed and gaps with its own seed; "
-             "the figures are their medians."),
+        "the figures are their medians.",
+    ),
     calibrate: bool = typer.Option(
-        True, "--calibrate/--no-calibrate",
+        True,
+        "--calibrate/--no-calibrate",
         help="Generation: scale the profile's prefill and decode-step curves to the time per output token "
-             "the window recorded (the device's speed while it ran); off uses the profile as measured."),
+        "the window recorded (the device's speed while it ran); off uses the profile as measured.",
+    ),
 ) -> None:
     """Replay the recorded arrivals of a window under the profile that ran and a grid of
     candidates: predicted p50/p99/p999, throughput, hit ratio, expired share, and the
     recommended profile. A generating model with iteration-level batching is replayed through
     the decode loop (prefills and decode steps of a running set, from its profile's curves)."""
+    from pipeline.bench.replay import ReplayError, replay, scenario_toml
     from pipeline.core.config import ConfigError, load_config
     from pipeline.core.profile_file import ProfileError, load_profile
-    from pipeline.views.report import parse_duration_ms
-    from pipeline.bench.replay import ReplayError, replay, scenario_toml
     from pipeline.core.store.client import ClickHouseUnavailable, connect
     from pipeline.core.store.traffic import read_traffic
+    from pipeline.views.report import parse_duration_ms
 
     try:
         cfg = load_config(config)
@@ -81,12 +87,15 @@ def replay_command(
             if device is None and profile_path(model).is_file():
                 device = load_profile(profile_path(model))
             if device is None:
-                raise ReplayError(f"replaying generation needs the model's profile file: pass --profile (or write "
-                                  f"{profile_path(model)} with `batchtide profile --model {model}`)")
+                raise ReplayError(
+                    f"replaying generation needs the model's profile file: pass --profile (or write "
+                    f"{profile_path(model)} with `batchtide profile --model {model}`)"
+                )
             result = replay_generation(traffic, ran, GenSetup(spec, device), calibrate=calibrate)
         else:
             result = replay(
-                traffic, ran,
+                traffic,
+                ran,
                 device_cap=device.memory_limit if device else None,
                 prior_costs=device.cost_points() if device else None,
                 replays=replays,
@@ -106,13 +115,26 @@ def replay_command(
     check = result.validation()
     if json_out:
         json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps({
-            "model": model, "since": since, "recorded": vars(rec), "validation": check,
-            "recommended": best.name, "generation": generation,
-            "parts": list(result.parts), "replays": result.replays,
-            "predictions": [{**{k: v for k, v in vars(p).items() if k != "profile"},
-                             "profile": vars(p.profile)} for p in result.predictions],
-        }, indent=2, default=str))
+        json_out.write_text(
+            json.dumps(
+                {
+                    "model": model,
+                    "since": since,
+                    "recorded": vars(rec),
+                    "validation": check,
+                    "recommended": best.name,
+                    "generation": generation,
+                    "parts": list(result.parts),
+                    "replays": result.replays,
+                    "predictions": [
+                        {**{k: v for k, v in vars(p).items() if k != "profile"}, "profile": vars(p.profile)}
+                        for p in result.predictions
+                    ],
+                },
+                indent=2,
+                default=str,
+            )
+        )
         console.print(f"wrote {json_out}")
     if export:
         if result.scenario is None:
@@ -126,8 +148,10 @@ def replay_command(
         if not generation:
             added = ", ".join(result.parts) or "none (recorded times per size in order, median hops)"
             console.print(f"replayed {result.replays}x per candidate; added from the recording: {added}")
-        console.print(f"validate: predicted/recorded p99 {check['p99_ratio']:.2f}, "
-                      f"throughput {check['throughput_ratio']:.2f} (within 15%: {verdict})")
+        console.print(
+            f"validate: predicted/recorded p99 {check['p99_ratio']:.2f}, "
+            f"throughput {check['throughput_ratio']:.2f} (within 15%: {verdict})"
+        )
         if not result.validates():
             raise typer.Exit(1)
 
@@ -136,25 +160,65 @@ def _request_table(result, model: str, since: str, ran) -> None:  # type: ignore
     from pipeline.views.tables import print_table
 
     rec = result.recorded
-    hops = ("start and publish gaps per batch" if "start gap" in result.parts
-            else f"hops outside the device {rec.overhead_ms:.1f} ms added")
-    table = Table(title=f"replay of {model}: {rec.requests} recorded requests over the last {since} "
-                        f"(SLO p99 {ran.slo_p99_ms:g} ms; {hops}; median of {result.replays} replays)")
-    for column in ("candidate", "hard_cap", "target", "max_wait", "mark", "p50 ms", "p99 ms", "p999 ms",
-                   "req/s", "hit ratio", "expired", "marked", "mean batch"):
+    hops = (
+        "start and publish gaps per batch"
+        if "start gap" in result.parts
+        else f"hops outside the device {rec.overhead_ms:.1f} ms added"
+    )
+    table = Table(
+        title=f"replay of {model}: {rec.requests} recorded requests over the last {since} "
+        f"(SLO p99 {ran.slo_p99_ms:g} ms; {hops}; median of {result.replays} replays)"
+    )
+    for column in (
+        "candidate",
+        "hard_cap",
+        "target",
+        "max_wait",
+        "mark",
+        "p50 ms",
+        "p99 ms",
+        "p999 ms",
+        "req/s",
+        "hit ratio",
+        "expired",
+        "marked",
+        "mean batch",
+    ):
         table.add_column(column, justify="left" if column == "candidate" else "right")
     best = result.recommended()
     for p in result.predictions:
         prof = p.profile
         name = f"[bold]{p.name}[/bold] (recommended)" if p is best else p.name
         table.add_row(
-            name, str(prof.hard_cap), str(prof.target_size), f"{prof.max_wait_ms:g}",
+            name,
+            str(prof.hard_cap),
+            str(prof.target_size),
+            f"{prof.max_wait_ms:g}",
             "off" if not prof.tail_marking else f"{prof.tail_mark_ratio:g}x q{prof.tail_mark_quantile:g}",
-            f"{p.p50_ms:.1f}", f"{p.p99_ms:.1f}", f"{p.p999_ms:.1f}", f"{p.throughput_rps:.1f}",
-            f"{p.hit_ratio:.2f}", f"{p.expired_share:.2%}", f"{p.marked_share:.2%}", f"{p.mean_batch:.1f}",
+            f"{p.p50_ms:.1f}",
+            f"{p.p99_ms:.1f}",
+            f"{p.p999_ms:.1f}",
+            f"{p.throughput_rps:.1f}",
+            f"{p.hit_ratio:.2f}",
+            f"{p.expired_share:.2%}",
+            f"{p.marked_share:.2%}",
+            f"{p.mean_batch:.1f}",
         )
-    table.add_row("[italic]recorded[/italic]", "", "", "", "", f"{rec.p50_ms:.1f}", f"{rec.p99_ms:.1f}",
-                  f"{rec.p999_ms:.1f}", f"{rec.throughput_rps:.1f}", "", "", f"{rec.marked_share:.2%}", "")
+    table.add_row(
+        "[italic]recorded[/italic]",
+        "",
+        "",
+        "",
+        "",
+        f"{rec.p50_ms:.1f}",
+        f"{rec.p99_ms:.1f}",
+        f"{rec.p999_ms:.1f}",
+        f"{rec.throughput_rps:.1f}",
+        "",
+        "",
+        f"{rec.marked_share:.2%}",
+        "",
+    )
     print_table(console, table)
 
 
@@ -168,19 +232,50 @@ def _generation_table(result, model: str, since: str, ran) -> None:  # type: ign
         speed += f" + {rec.step_overhead_ms:.0f} ms per step"
     if rec.ride_ms_per_token:
         speed += f"; joiners admitted at {rec.join_pace_rps:.2f} req/s: {rec.ride_ms_per_token:.2f} ms per ridden token"
-    table = Table(title=f"generation replay of {model}: {rec.requests} recorded requests over the last {since} "
-                        f"(SLO p99 {ran.slo_p99_ms:g} ms; {speed}; hops after the last token {rec.overhead_ms:.1f} ms added)")
-    for column in ("candidate", "inflight", "p50 ms", "p99 ms", "req/s", "TTFT p99", "TPOT p99", "expired",
-                   "mean rows", "mean batch"):
+    table = Table(
+        title=f"generation replay of {model}: {rec.requests} recorded requests over the last {since} "
+        f"(SLO p99 {ran.slo_p99_ms:g} ms; {speed}; hops after the last token {rec.overhead_ms:.1f} ms added)"
+    )
+    for column in (
+        "candidate",
+        "inflight",
+        "p50 ms",
+        "p99 ms",
+        "req/s",
+        "TTFT p99",
+        "TPOT p99",
+        "expired",
+        "mean rows",
+        "mean batch",
+    ):
         table.add_column(column, justify="left" if column == "candidate" else "right")
     best = result.recommended()
     for p in result.predictions:
         name = f"[bold]{p.name}[/bold] (recommended)" if p is best else p.name
-        table.add_row(name, str(p.profile.max_inflight_batches), f"{p.p50_ms:.1f}", f"{p.p99_ms:.1f}",
-                      f"{p.throughput_rps:.2f}", f"{p.ttft_p99_ms:.1f}", f"{p.tpot_p99_ms:.1f}",
-                      f"{p.expired_share:.2%}", f"{p.mean_rows:.1f}", f"{p.mean_batch:.1f}")
-    table.add_row("[italic]recorded[/italic]", "", f"{rec.p50_ms:.1f}", f"{rec.p99_ms:.1f}",
-                  f"{rec.throughput_rps:.2f}", f"{rec.ttft_p99_ms:.1f}", f"{rec.tpot_p99_ms:.1f}", "", "", "")
+        table.add_row(
+            name,
+            str(p.profile.max_inflight_batches),
+            f"{p.p50_ms:.1f}",
+            f"{p.p99_ms:.1f}",
+            f"{p.throughput_rps:.2f}",
+            f"{p.ttft_p99_ms:.1f}",
+            f"{p.tpot_p99_ms:.1f}",
+            f"{p.expired_share:.2%}",
+            f"{p.mean_rows:.1f}",
+            f"{p.mean_batch:.1f}",
+        )
+    table.add_row(
+        "[italic]recorded[/italic]",
+        "",
+        f"{rec.p50_ms:.1f}",
+        f"{rec.p99_ms:.1f}",
+        f"{rec.throughput_rps:.2f}",
+        f"{rec.ttft_p99_ms:.1f}",
+        f"{rec.tpot_p99_ms:.1f}",
+        "",
+        "",
+        "",
+    )
     print_table(console, table)
 
 

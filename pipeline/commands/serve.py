@@ -8,7 +8,7 @@ import json
 import os
 import signal
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -18,7 +18,7 @@ RESULTS_READ_TIMEOUT_S = 3600.0
 """`results` without --follow stops at the end offsets it found; this only bounds a broker that never gets there."""
 
 
-def _config(path: Optional[Path]) -> Config:
+def _config(path: Path | None) -> Config:
     try:
         return load_config(path)
     except ConfigError as e:
@@ -44,8 +44,10 @@ def _stop_on_signals(stop: asyncio.Event) -> None:
 
 def consume(
     model: str = typer.Option(..., "--model", help="Model to serve (a \\[models.NAME] table of the config)."),
-    config: Optional[Path] = typer.Option(None, "--config", help="TOML config file."),
-    consumer_id: Optional[str] = typer.Option(None, "--consumer-id", help="Name in events and results (default host-pid-model)."),
+    config: Path | None = typer.Option(None, "--config", help="TOML config file."),
+    consumer_id: str | None = typer.Option(
+        None, "--consumer-id", help="Name in events and results (default host-pid-model)."
+    ),
     create_topics: bool = typer.Option(True, help="Create the model's topics if missing."),
 ) -> None:
     """Serve one model: join its consumer group, batch, run, answer. SIGTERM/SIGINT stop cleanly."""
@@ -87,13 +89,15 @@ def consume(
 
 def produce(
     model: str = typer.Option("minilm", "--model", help="Model whose request topic receives the load."),
-    scenario: Optional[Path] = typer.Option(None, "--scenario", help="Scenario TOML: replay its arrival process in real time."),
-    rate: Optional[float] = typer.Option(None, "--rate", help="Poisson rate (req/s), instead of a scenario."),
+    scenario: Path | None = typer.Option(
+        None, "--scenario", help="Scenario TOML: replay its arrival process in real time."
+    ),
+    rate: float | None = typer.Option(None, "--rate", help="Poisson rate (req/s), instead of a scenario."),
     duration: float = typer.Option(10.0, "--duration", help="Seconds of Poisson load (with --rate)."),
     multiplier: float = typer.Option(1.0, "--multiplier", help="Scale the scenario's rates."),
     tokens: int = typer.Option(24, "--tokens", help="Approximate tokens per request (with --rate)."),
     seed: int = typer.Option(1, "--seed"),
-    config: Optional[Path] = typer.Option(None, "--config", help="TOML config file (Kafka settings)."),
+    config: Path | None = typer.Option(None, "--config", help="TOML config file (Kafka settings)."),
 ) -> None:
     """Open-loop load generator: sends at the scheduled times regardless of responses."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -132,10 +136,12 @@ def results(
     model: str = typer.Option(..., "--model", help="Model whose result topic to read."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep waiting for new results (Ctrl-C stops)."),
     as_json: bool = typer.Option(False, "--json", help="Full result records as JSON lines (embeddings included)."),
-    ids: Optional[list[str]] = typer.Option(None, "--id", help="Only this request id (repeatable)."),
-    since: Optional[str] = typer.Option(None, "--since", help="Only results written after this: 15m, 2h ago, or an ISO time."),
+    ids: list[str] | None = typer.Option(None, "--id", help="Only this request id (repeatable)."),
+    since: str | None = typer.Option(
+        None, "--since", help="Only results written after this: 15m, 2h ago, or an ISO time."
+    ),
     from_beginning: bool = typer.Option(True, help="Start at the oldest result (--no-from-beginning: only new ones)."),
-    config: Optional[Path] = typer.Option(None, "--config", help="TOML config file (Kafka settings)."),
+    config: Path | None = typer.Option(None, "--config", help="TOML config file (Kafka settings)."),
 ) -> None:
     """One line per answer: time, id, outcome, end-to-end ms, batch, consumer, and a preview
     (start of generated text, embedding dimension and norm, or the reason of an error/rejection)."""
@@ -159,7 +165,9 @@ def results(
         stop = asyncio.Event()
         _stop_on_signals(stop)
         if not (await list_topics(cfg.kafka)).get(topic):
-            typer.echo(f"error: topic {topic} does not exist (is model {model!r} configured and its topics created?)", err=True)
+            typer.echo(
+                f"error: topic {topic} does not exist (is model {model!r} configured and its topics created?)", err=True
+            )
             return 1
         shown = 0
 
@@ -187,39 +195,81 @@ def results(
 
 
 def bench_pipeline(
-    find_max: bool = typer.Option(False, "--find-max", help="Zero-cost runner: ramp the rate to the max sustained req/s."),
-    rates: Optional[str] = typer.Option(None, "--rates", help="Comma-separated offered rates (req/s) for --runner."),
-    runner: str = typer.Option("minilm", "--runner", help="Runner for --rates: minilm, smollm (generation), zero-cost or cost-model."),
+    find_max: bool = typer.Option(
+        False, "--find-max", help="Zero-cost runner: ramp the rate to the max sustained req/s."
+    ),
+    rates: str | None = typer.Option(None, "--rates", help="Comma-separated offered rates (req/s) for --runner."),
+    runner: str = typer.Option(
+        "minilm", "--runner", help="Runner for --rates: minilm, smollm (generation), zero-cost or cost-model."
+    ),
     duration: float = typer.Option(30.0, "--duration", help="Seconds per offered rate of --rates."),
     find_max_duration: float = typer.Option(8.0, "--find-max-duration", help="Seconds per --find-max trial."),
     seed: int = typer.Option(1, "--seed"),
     torch_threads: int = typer.Option(1, "--torch-threads", help="torch threads of each consumer (minilm)."),
-    bootstrap: Optional[str] = typer.Option(None, "--bootstrap", help="Use this broker instead of starting a local one."),
+    bootstrap: str | None = typer.Option(None, "--bootstrap", help="Use this broker instead of starting a local one."),
     consumers: int = typer.Option(1, "--consumers", help="Consumer processes in the group."),
     partitions: int = typer.Option(4, "--partitions", help="Partitions of the request topic."),
     hot_share: float = typer.Option(0.0, "--hot-share", help="Share of requests sent to partition 0 (skewed load)."),
     forwarding: bool = typer.Option(True, "--forwarding/--no-forwarding", help="Tail forwarding in the consumers."),
     tokens: int = typer.Option(24, "--tokens", help="Approximate tokens per request text."),
-    late_consumer_s: Optional[float] = typer.Option(None, "--late-consumer-s", help="Start the last consumer this many seconds into the load (rebalance cost)."),
-    adaptive_cap: bool = typer.Option(True, "--adaptive-cap/--no-adaptive-cap", help="Engine learns the cap (default) or holds --hard-cap."),
+    late_consumer_s: float | None = typer.Option(
+        None, "--late-consumer-s", help="Start the last consumer this many seconds into the load (rebalance cost)."
+    ),
+    adaptive_cap: bool = typer.Option(
+        True, "--adaptive-cap/--no-adaptive-cap", help="Engine learns the cap (default) or holds --hard-cap."
+    ),
     hard_cap: int = typer.Option(48, "--hard-cap", help="Batch size cap of the consumers' profile."),
     cost_a_ms: float = typer.Option(5.0, "--cost-a-ms", help="cost-model runner: fixed ms per batch."),
     cost_c_ms: float = typer.Option(0.5, "--cost-c-ms", help="cost-model runner: ms per request."),
-    isolation: str = typer.Option("auto", "--isolation", help="Where the consumers run batches: auto, process or thread."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the figures as JSON here."),
-    modes: str = typer.Option("static,iteration,fixed", "--modes", help="smollm: batching modes to run (static, iteration, fixed)."),
+    isolation: str = typer.Option(
+        "auto", "--isolation", help="Where the consumers run batches: auto, process or thread."
+    ),
+    json_out: Path | None = typer.Option(None, "--json", help="Write the figures as JSON here."),
+    modes: str = typer.Option(
+        "static,iteration,fixed", "--modes", help="smollm: batching modes to run (static, iteration, fixed)."
+    ),
     equal_tokens: int = typer.Option(64, "--equal-tokens", help="smollm: max_new_tokens of the all-equal load."),
-    lengths: str = typer.Option("mixed,equal", "--lengths", help="smollm: length mixes to run (mixed, equal, lognormal, short, long)."),
-    step_token_budget: Optional[str] = typer.Option(None, "--step-token-budget", help="smollm, iteration: the consumer's step_token_budget (chunked prefill; 0 off); several (0,64) run each."),
-    chunk_fusion: Optional[str] = typer.Option(None, "--chunk-fusion", help="smollm, iteration: the consumer's fused_chunks, on or off (chunks ride in decode steps, or run as passes of their own); on,off runs each (not for budget 0)."),
+    lengths: str = typer.Option(
+        "mixed,equal", "--lengths", help="smollm: length mixes to run (mixed, equal, lognormal, short, long)."
+    ),
+    step_token_budget: str | None = typer.Option(
+        None,
+        "--step-token-budget",
+        help="smollm, iteration: the consumer's step_token_budget (chunked prefill; 0 off); several (0,64) run each.",
+    ),
+    chunk_fusion: str | None = typer.Option(
+        None,
+        "--chunk-fusion",
+        help="smollm, iteration: the consumer's fused_chunks, on or off (chunks ride in decode steps, or run as passes of their own); on,off runs each (not for budget 0).",
+    ),
     ttft_slo_ms: float = typer.Option(5000.0, "--ttft-slo-ms", help="smollm: TTFT objective of the goodput column."),
     tpot_slo_ms: float = typer.Option(500.0, "--tpot-slo-ms", help="smollm: TPOT objective of the goodput column."),
-    profile_in_run: bool = typer.Option(False, "--profile-in-run", help="smollm: profile the model first, in this run, for the machine limit and token cap."),
-    llm_profile: Optional[Path] = typer.Option(Path("var/profiles/smollm.json"), "--profile", help="smollm: profile file (token cap, machine limit)."),
-    timeout_ms: Optional[int] = typer.Option(None, "--timeout-ms", help="Deadline of every request (expired past it): overload with deadlines; RSS is printed per run."),
-    straggler: float = typer.Option(1.0, "--straggler", help="cost-model: consumer 0's t(b) multiplied by this (a slower device in the group)."),
-    slowdown: Optional[str] = typer.Option(None, "--slowdown", help="cost-model: FROM:TO:FACTOR, consumer 0's t(b) times FACTOR from FROM to TO seconds into the load."),
-    record: Optional[Path] = typer.Option(None, "--record", help="Keep each trial in a directory of its own under this one for `batchtide replay`: the consumers' config and profile, and an embedded ClickHouse store the sink fills from the trial's events; the replay commands are printed at the end."),
+    profile_in_run: bool = typer.Option(
+        False,
+        "--profile-in-run",
+        help="smollm: profile the model first, in this run, for the machine limit and token cap.",
+    ),
+    llm_profile: Path | None = typer.Option(
+        Path("var/profiles/smollm.json"), "--profile", help="smollm: profile file (token cap, machine limit)."
+    ),
+    timeout_ms: int | None = typer.Option(
+        None,
+        "--timeout-ms",
+        help="Deadline of every request (expired past it): overload with deadlines; RSS is printed per run.",
+    ),
+    straggler: float = typer.Option(
+        1.0, "--straggler", help="cost-model: consumer 0's t(b) multiplied by this (a slower device in the group)."
+    ),
+    slowdown: str | None = typer.Option(
+        None,
+        "--slowdown",
+        help="cost-model: FROM:TO:FACTOR, consumer 0's t(b) times FACTOR from FROM to TO seconds into the load.",
+    ),
+    record: Path | None = typer.Option(
+        None,
+        "--record",
+        help="Keep each trial in a directory of its own under this one for `batchtide replay`: the consumers' config and profile, and an embedded ClickHouse store the sink fills from the trial's events; the replay commands are printed at the end.",
+    ),
 ) -> None:
     """Real pipeline bench: open-loop producer -> Kafka -> consumer process(es) -> results, end to end."""
     import logging
@@ -285,11 +335,16 @@ def bench_pipeline(
         typer.echo(f"error: --lengths takes {', '.join(MIXES)} (got {lengths!r})", err=True)
         raise typer.Exit(2)
     try:
-        budgets: tuple[int | None, ...] = tuple(int(b) for b in step_token_budget.split(",")) if step_token_budget else (None,)
+        budgets: tuple[int | None, ...] = (
+            tuple(int(b) for b in step_token_budget.split(",")) if step_token_budget else (None,)
+        )
     except ValueError:
         budgets = (-1,)
     if any(b is not None and b < 0 for b in budgets):
-        typer.echo(f"error: --step-token-budget takes whole numbers >= 0 separated by commas (got {step_token_budget!r})", err=True)
+        typer.echo(
+            f"error: --step-token-budget takes whole numbers >= 0 separated by commas (got {step_token_budget!r})",
+            err=True,
+        )
         raise typer.Exit(2)
     switch = {"on": True, "off": False}
     fusion_words = [w.strip() for w in chunk_fusion.split(",") if w.strip()] if chunk_fusion else []
@@ -303,8 +358,15 @@ def bench_pipeline(
         raise typer.Exit(2)
     figures = asyncio.run(
         run_bench(
-            options, find_max_mode=find_max, rates_mode=bool(offered), say=typer.echo,
-            llm_modes_list=mode_list, equal_tokens=equal_tokens, llm_mixes=mix_list, profile_now=profile_in_run, budgets=budgets,
+            options,
+            find_max_mode=find_max,
+            rates_mode=bool(offered),
+            say=typer.echo,
+            llm_modes_list=mode_list,
+            equal_tokens=equal_tokens,
+            llm_mixes=mix_list,
+            profile_now=profile_in_run,
+            budgets=budgets,
             fusions=fusions,
         )
     )
@@ -328,13 +390,21 @@ def bench_pipeline(
 
 
 def bench_fleet_live(
-    cases: Optional[str] = typer.Option(None, "--cases", help="Comma-separated case names (default: every case); their baselines run too."),
-    duration_scale: float = typer.Option(1.0, "--duration-scale", help="Multiply every case's duration (and slowdown window) by this."),
+    cases: str | None = typer.Option(
+        None, "--cases", help="Comma-separated case names (default: every case); their baselines run too."
+    ),
+    duration_scale: float = typer.Option(
+        1.0, "--duration-scale", help="Multiply every case's duration (and slowdown window) by this."
+    ),
     seed: int = typer.Option(1, "--seed"),
-    bootstrap: Optional[str] = typer.Option(None, "--bootstrap", help="Use this broker instead of starting a local one."),
+    bootstrap: str | None = typer.Option(None, "--bootstrap", help="Use this broker instead of starting a local one."),
     partitions: int = typer.Option(4, "--partitions", help="Partitions of the request topic."),
-    repeats: int = typer.Option(1, "--repeats", help="Run each case's off/on pair this many times (alternating, a new seed each) and report the median trial."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write every row, with its whole trial, as JSON here."),
+    repeats: int = typer.Option(
+        1,
+        "--repeats",
+        help="Run each case's off/on pair this many times (alternating, a new seed each) and report the median trial.",
+    ),
+    json_out: Path | None = typer.Option(None, "--json", help="Write every row, with its whole trial, as JSON here."),
 ) -> None:
     """A consumer group with a slow member, on the real pipeline: each case with the group's balance
     off (Kafka's equal partition counts) and on, p99 against the all-fast group of the same run."""

@@ -17,7 +17,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import msgspec
 import typer
@@ -74,7 +74,8 @@ class ModelStatus:
             "total_lag": self.total_lag,
             "max_lag_age_ms": self.max_lag_age_ms,
             "partitions": [
-                {**msgspec.to_builtins(p), "owner": self.owners.get(f"{p.topic}:{p.partition}")} for p in self.partitions
+                {**msgspec.to_builtins(p), "owner": self.owners.get(f"{p.topic}:{p.partition}")}
+                for p in self.partitions
             ],
             "consumers": {cid: msgspec.to_builtins(e) for cid, e in sorted(self.consumers.items())},
         }
@@ -94,8 +95,8 @@ class SinkStatus:
 
 
 async def collect_sink(config: Any) -> SinkStatus:
-    from pipeline.core.kafka.client import Topics
     from consumers.lag import LagProbe
+    from pipeline.core.kafka.client import Topics
 
     topics = Topics(config.kafka.topic_prefix)
     group_id = f"{config.kafka.topic_prefix}-sink"
@@ -107,8 +108,8 @@ async def collect_sink(config: Any) -> SinkStatus:
 
 
 async def collect(config: Any, models: list[str]) -> list[ModelStatus]:
-    from pipeline.core.kafka.client import Topics
     from consumers.lag import LagProbe, latest_lag_events
+    from pipeline.core.kafka.client import Topics
 
     topics = Topics(config.kafka.topic_prefix)
     fresh_ms = max(config.consumer.lag_interval_ms, 1000.0) * FRESH_INTERVALS
@@ -122,7 +123,11 @@ async def collect(config: Any, models: list[str]) -> list[ModelStatus]:
             lags = await probe.measure(group_id, partitions)
             owners = {f"{tp.topic}:{tp.partition}": m.client_id for m in group.members for tp in m.partitions}
             members = [
-                {"client_id": m.client_id, "host": m.host.lstrip("/"), "partitions": [f"{tp.topic}:{tp.partition}" for tp in m.partitions]}
+                {
+                    "client_id": m.client_id,
+                    "host": m.host.lstrip("/"),
+                    "partitions": [f"{tp.topic}:{tp.partition}" for tp in m.partitions],
+                }
                 for m in group.members
             ]
             mine = {cid: e for cid, e in events.items() if e.model == model}
@@ -173,7 +178,9 @@ def render(statuses: list[ModelStatus], now_ms: float, sink: SinkStatus | None =
         )
         lines.extend(balance_lines(s))
         for m in s.members:
-            lines.append(f"  member {m['client_id']} ({m['host']}): {len(m['partitions'])} partitions  {' '.join(m['partitions'])}")
+            lines.append(
+                f"  member {m['client_id']} ({m['host']}): {len(m['partitions'])} partitions  {' '.join(m['partitions'])}"
+            )
             event = s.consumers.get(m["client_id"])
             if event is None:
                 lines.append("    no lag event yet (recorded every [consumer] lag_interval_ms)")
@@ -203,8 +210,10 @@ def render(statuses: list[ModelStatus], now_ms: float, sink: SinkStatus | None =
 
 
 def status(
-    config: Optional[Path] = typer.Option(None, "--config", help="TOML config file."),
-    model: Optional[list[str]] = typer.Option(None, "--model", "-m", help="Only this model (repeatable); default every configured model."),
+    config: Path | None = typer.Option(None, "--config", help="TOML config file."),
+    model: list[str] | None = typer.Option(
+        None, "--model", "-m", help="Only this model (repeatable); default every configured model."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Live view from Kafka: group members and their partitions, each member's measured capacity and
@@ -224,6 +233,7 @@ def status(
     if not models:
         typer.echo("error: no models configured (add a [models.NAME] table or pass --model)", err=True)
         raise typer.Exit(2)
+
     async def gather() -> tuple[list[ModelStatus], SinkStatus]:
         return await collect(cfg, models), await collect_sink(cfg)
 
@@ -240,4 +250,3 @@ def status(
 
 def register(app: typer.Typer) -> None:
     app.command("status")(status)
-

@@ -152,7 +152,7 @@ class BatchProfile:
         for name in ("target_size", "hard_cap"):
             value = getattr(self, name)
             if value != "auto" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                p.append(f"{name} must be a whole number >= 1 or \"auto\" (got {value!r})")
+                p.append(f'{name} must be a whole number >= 1 or "auto" (got {value!r})')
                 return p
         if self.hard_cap != "auto" and self.target_size != "auto" and self.hard_cap < self.target_size:
             p.append(
@@ -162,10 +162,7 @@ class BatchProfile:
         if self.max_wait_ms < 0:
             p.append(f"max_wait_ms must be >= 0 (got {self.max_wait_ms})")
         if self.min_wait_ms < 0 or self.min_wait_ms > self.max_wait_ms:
-            p.append(
-                f"min_wait_ms ({self.min_wait_ms}) must be between 0 and "
-                f"max_wait_ms ({self.max_wait_ms})"
-            )
+            p.append(f"min_wait_ms ({self.min_wait_ms}) must be between 0 and max_wait_ms ({self.max_wait_ms})")
         if not 0 < self.tail_mark_quantile < 1:
             p.append(f"tail_mark_quantile must be in (0, 1) (got {self.tail_mark_quantile})")
         elif self.tail_mark_ratio != 0 and self.tail_mark_ratio < 1.0:
@@ -223,7 +220,7 @@ class BatchProfile:
             objective = min(objective, self.default_deadline_ms)
         return objective / 2.0
 
-    def replace(self, **changes: Any) -> "BatchProfile":
+    def replace(self, **changes: Any) -> BatchProfile:
         return dataclasses.replace(self, **changes)
 
 
@@ -504,7 +501,9 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
         fields = _coerce(where, ModelConfig, {"name": name, **rest})
         models[name] = ModelConfig(**fields, profile=_profile(where, prof, defaults))
         if models[name].step_token_budget < 0:
-            raise ConfigError(f"{where}.step_token_budget: expected 0 (no chunking) or more, got {models[name].step_token_budget}")
+            raise ConfigError(
+                f"{where}.step_token_budget: expected 0 (no chunking) or more, got {models[name].step_token_budget}"
+            )
     try:
         kafka = KafkaSettings(**_coerce(f"{source} [kafka]", KafkaSettings, data.get("kafka", {})))
     except ConfigError as e:
@@ -519,14 +518,10 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
             bootstrap_servers=env_bootstrap or kafka.bootstrap_servers,
             sasl_username=env_user or kafka.sasl_username,
         )
-    clickhouse = ClickHouseSettings(
-        **_coerce(f"{source} [clickhouse]", ClickHouseSettings, data.get("clickhouse", {}))
-    )
+    clickhouse = ClickHouseSettings(**_coerce(f"{source} [clickhouse]", ClickHouseSettings, data.get("clickhouse", {})))
     if os.environ.get("BATCHTIDE_CLICKHOUSE_URL"):
         clickhouse = dataclasses.replace(clickhouse, url=os.environ["BATCHTIDE_CLICKHOUSE_URL"])
-    consumer = ConsumerSettings(
-        **_coerce(f"{source} [consumer]", ConsumerSettings, data.get("consumer", {}))
-    )
+    consumer = ConsumerSettings(**_coerce(f"{source} [consumer]", ConsumerSettings, data.get("consumer", {})))
     if consumer.forward_min_gain_ms < 0 or not 0 <= consumer.forward_gain_share < 1 or consumer.fleet_beacon_ms < 0:
         raise ConfigError(
             f"{source} [consumer]: forward_min_gain_ms and fleet_beacon_ms must be >= 0 and forward_gain_share in [0, 1) "
@@ -539,7 +534,9 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
         raise ConfigError(f"{source} [alerts]: minutes must be >= 1, dlq_per_s >= 0 and lag_age_s > 0 (got {alerts})")
     if alerts.no_member_s < 1:
         raise ConfigError(f"{source} [alerts]: no_member_s must be >= 1 (got {alerts.no_member_s})")
-    return Config(models=models, defaults=defaults, kafka=kafka, clickhouse=clickhouse, consumer=consumer, alerts=alerts)
+    return Config(
+        models=models, defaults=defaults, kafka=kafka, clickhouse=clickhouse, consumer=consumer, alerts=alerts
+    )
 
 
 def load_config(path: str | Path | None) -> Config:

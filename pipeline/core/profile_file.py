@@ -157,8 +157,11 @@ def _generation_curves(data: dict[str, Any], source: str) -> GenerationCurves | 
     def point(where: str, raw: Any) -> tuple[int, int, float]:
         if not isinstance(raw, dict):
             raise ProfileError(f"{where}: expected an object with size, tokens and median_ms")
-        return (_positive(f"{where}.size", raw.get("size"), int), _positive(f"{where}.tokens", raw.get("tokens"), int),
-                _positive(f"{where}.median_ms", raw.get("median_ms"), float))
+        return (
+            _positive(f"{where}.size", raw.get("size"), int),
+            _positive(f"{where}.tokens", raw.get("tokens"), int),
+            _positive(f"{where}.median_ms", raw.get("median_ms"), float),
+        )
 
     prefill = [point(f"{source}.prefill[{i}]", raw) for i, raw in enumerate(data["prefill"])]
     steps = [point(f"{source}.points[{i}]", raw) for i, raw in enumerate(data["points"])]
@@ -187,8 +190,18 @@ def parse_profile(data: Any, source: str = "<profile>") -> DeviceProfile:
         data = _from_measurement(data)
     if data.get("format") != FORMAT:
         raise ProfileError(f"{source}.format: expected {FORMAT!r}, got {data.get('format')!r}")
-    known = {"format", "model", "device", "unit", "memory_limit", "points", "knee",
-             "stopped_because", "measured_at", "recommended"}
+    known = {
+        "format",
+        "model",
+        "device",
+        "unit",
+        "memory_limit",
+        "points",
+        "knee",
+        "stopped_because",
+        "measured_at",
+        "recommended",
+    }
     unknown = sorted(set(data) - known)
     if unknown:
         raise ProfileError(f"{source}: unknown key {unknown[0]!r} (known: {', '.join(sorted(known))})")
@@ -208,12 +221,14 @@ def parse_profile(data: Any, source: str = "<profile>") -> DeviceProfile:
             raise ProfileError(f"{where}: expected an object with size and median_ms")
         p90 = raw.get("p90_ms")
         memory = raw.get("peak_memory_bytes")
-        points.append(CostPoint(
-            size=_positive(f"{where}.size", raw["size"], int),
-            median_ms=_positive(f"{where}.median_ms", raw["median_ms"], float),
-            p90_ms=None if p90 is None else _positive(f"{where}.p90_ms", p90, float),
-            peak_memory_bytes=None if memory is None else int(_positive(f"{where}.peak_memory_bytes", memory, int)),
-        ))
+        points.append(
+            CostPoint(
+                size=_positive(f"{where}.size", raw["size"], int),
+                median_ms=_positive(f"{where}.median_ms", raw["median_ms"], float),
+                p90_ms=None if p90 is None else _positive(f"{where}.p90_ms", p90, float),
+                peak_memory_bytes=None if memory is None else int(_positive(f"{where}.peak_memory_bytes", memory, int)),
+            )
+        )
     sizes = [p.size for p in points]
     if sizes != sorted(set(sizes)):
         raise ProfileError(f"{source}.points: sizes must be increasing and distinct (got {sizes})")
@@ -313,7 +328,12 @@ def apply(model: ModelConfig, path: Path | None = None) -> dict[str, Any]:
         log.warning("profile %s ignored: %s", path, why)
         return {}
     if measured.unit != model.profile.cost_unit:
-        log.warning("profile %s is in %s, the model batches in %s: cap and curve not used", path, measured.unit, model.profile.cost_unit)
+        log.warning(
+            "profile %s is in %s, the model batches in %s: cap and curve not used",
+            path,
+            measured.unit,
+            model.profile.cost_unit,
+        )
         return {}
     recommended = raw["recommended"]
     # an iteration-level batch is one of several in the running set, and holds at least the longest
@@ -324,5 +344,11 @@ def apply(model: ModelConfig, path: Path | None = None) -> dict[str, Any]:
     else:
         limit = measured.memory_limit
     points = [(size, ms) for size, ms in measured.cost_points() if size <= limit]
-    log.info("profile %s: device limit %d %s, %d measured points seed the cost curve", path, limit, measured.unit, len(points))
+    log.info(
+        "profile %s: device limit %d %s, %d measured points seed the cost curve",
+        path,
+        limit,
+        measured.unit,
+        len(points),
+    )
     return {"device_cap": limit, "prior_costs": points}

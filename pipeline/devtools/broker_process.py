@@ -108,7 +108,11 @@ async def metadata_probe(
     from pipeline.core.kafka.client import REDACTOR
     from pipeline.devtools.kafka_jars import KafkaSetupError
 
-    options: dict[str, object] = {"bootstrap_servers": bootstrap, "request_timeout_ms": 5000, "security_protocol": security}
+    options: dict[str, object] = {
+        "bootstrap_servers": bootstrap,
+        "request_timeout_ms": 5000,
+        "security_protocol": security,
+    }
     if ca_file is not None:
         from aiokafka.helpers import create_ssl_context
 
@@ -140,7 +144,7 @@ def restart_in_background(
             time.sleep(max(seconds - (time.monotonic() - down_at), 0.0))
             start()
             outage.set_result(time.monotonic() - down_at)
-        except BaseException as e:  # noqa: BLE001 - handed to whoever waits on the future
+        except BaseException as e:
             outage.set_exception(e)
 
     threading.Thread(target=bring_back, name=name, daemon=True).start()

@@ -29,9 +29,9 @@ from typing import Any
 import numpy as np
 
 from pipeline.core.config import ModelConfig
-from pipeline.devtools.producer import Load
 from pipeline.core.sim.arrivals import make_arrivals
 from pipeline.core.sim.scenario import Scenario
+from pipeline.devtools.producer import Load
 
 WAITED_1S_MAX = 0.02
 """Share of requests that may wait over 1 s in the queue (issue 11's goal)."""
@@ -146,8 +146,11 @@ def speed_seen(profile: dict[str, Any], compute_rows: list[dict[str, Any]]) -> t
     if profile.get("task") == "generate":
         return None
     profiled = {p["size"]: float(p["median_ms"]) for p in profile["points"]}
-    pairs = [(profiled[r["size"]] / float(r["compute_p50_ms"]), int(r["batches"]))
-             for r in compute_rows if r["size"] in profiled and r.get("compute_p50_ms")]
+    pairs = [
+        (profiled[r["size"]] / float(r["compute_p50_ms"]), int(r["batches"]))
+        for r in compute_rows
+        if r["size"] in profiled and r.get("compute_p50_ms")
+    ]
     batches = sum(n for _, n in pairs)
     if not batches:
         return None
@@ -210,8 +213,13 @@ def verdict(
         if row is None:
             checks.append(Check(f"{model}: in the report", False, "no latency rows"))
             continue
-        p99, waited, marked = (math.nan if row.get(k) is None else float(row[k]) for k in ("e2e_p99_ms", "share_wait_over_1s", "marked_share"))
+        p99, waited, marked = (
+            math.nan if row.get(k) is None else float(row[k])
+            for k in ("e2e_p99_ms", "share_wait_over_1s", "marked_share")
+        )
         checks.append(Check(f"{model}: e2e p99 within the SLO", p99 <= slo, f"{p99:,.0f} ms <= {slo:,.0f} ms"))
-        checks.append(Check(f"{model}: waited > 1 s under {WAITED_1S_MAX:.0%}", waited < WAITED_1S_MAX, f"{waited:.2%}"))
+        checks.append(
+            Check(f"{model}: waited > 1 s under {WAITED_1S_MAX:.0%}", waited < WAITED_1S_MAX, f"{waited:.2%}")
+        )
         checks.append(Check(f"{model}: tail-marked under {MARKED_MAX:.0%}", marked < MARKED_MAX, f"{marked:.2%}"))
     return checks

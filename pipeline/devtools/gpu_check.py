@@ -56,7 +56,11 @@ class Check:
     def __init__(self, out: Path) -> None:
         self.out = out
         self.started = time.monotonic()
-        self.result: dict[str, Any] = {"ok": False, "steps": {}, "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        self.result: dict[str, Any] = {
+            "ok": False,
+            "steps": {},
+            "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
 
     def left_s(self) -> float:
         return TOTAL_BUDGET_S - (time.monotonic() - self.started)
@@ -72,7 +76,9 @@ class Check:
         print(f"==> gpu-check: {name} (up to {timeout:.0f} s): {' '.join(command)}", flush=True)
         started = time.monotonic()
         try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=os.environ | {"PYTHONUNBUFFERED": "1"})
+            done = subprocess.run(
+                command, capture_output=True, text=True, timeout=timeout, env=os.environ | {"PYTHONUNBUFFERED": "1"}
+            )
             ok, text = done.returncode == 0, done.stdout + done.stderr
             why = "" if ok else f"exit {done.returncode}"
         except subprocess.TimeoutExpired as e:
@@ -108,7 +114,11 @@ def profiles(check: Check, directory: Path) -> Path | None:
     smollm = None
     for name, model in MODELS.items():
         target = directory / f"{name}.json"
-        ok, _ = check.run(f"profile_{name}", [sys.executable, "-m", "pipeline.cli", "profile", "--model", model, "--out", str(target)], PROFILE_LIMIT_S[name])
+        ok, _ = check.run(
+            f"profile_{name}",
+            [sys.executable, "-m", "pipeline.cli", "profile", "--model", model, "--out", str(target)],
+            PROFILE_LIMIT_S[name],
+        )
         step = check.result["steps"][f"profile_{name}"]
         if ok and target.is_file():
             data = json.loads(target.read_text())
@@ -162,7 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     check.result["ok"] = all(step["ok"] for step in check.result["steps"].values())
     check.save()
     failed = [name for name, step in check.result["steps"].items() if not step["ok"]]
-    print(f"gpu-check: {'all steps passed' if not failed else 'FAILED: ' + ', '.join(failed)} in {check.result['wall_s']} s; see {args.out}")
+    print(
+        f"gpu-check: {'all steps passed' if not failed else 'FAILED: ' + ', '.join(failed)} in {check.result['wall_s']} s; see {args.out}"
+    )
     return 0 if not failed else 1
 
 

@@ -60,7 +60,7 @@ class LocalCluster:
         return f"LocalCluster({str(self.data_dir)!r}, brokers={self.size}, running={running})"
 
     @classmethod
-    def open(cls, data_dir: Path | str) -> "LocalCluster":
+    def open(cls, data_dir: Path | str) -> LocalCluster:
         """The cluster already laid out in `data_dir`."""
         layout = json.loads((Path(data_dir) / QUORUM_FILE).read_text())
         return cls(data_dir, brokers=len(layout["nodes"]))
@@ -171,9 +171,11 @@ class LocalCluster:
                     try:
                         run_sync(node.lists_node(other.node_id, max(deadline - time.monotonic(), 0.5)))
                         break
-                    except Exception as e:  # noqa: BLE001 - not listed yet; retried until the deadline
+                    except Exception as e:
                         if time.monotonic() >= deadline:
-                            raise KafkaSetupError(f"node {node.node_id} does not list node {other.node_id} ({e!r})") from e
+                            raise KafkaSetupError(
+                                f"node {node.node_id} does not list node {other.node_id} ({e!r})"
+                            ) from e
                         time.sleep(0.1)
 
     def stop(self, timeout_s: float = 30.0) -> None:

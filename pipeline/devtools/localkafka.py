@@ -60,8 +60,16 @@ from pipeline.devtools.kafka_jars import (
 )
 
 __all__ = [
-    "CLUSTER_FILE", "KAFKA_VERSION", "KafkaSetupError", "LocalKafka", "cds_archive", "ensure_class_archive",
-    "ensure_kafka_jars", "free_port", "kafka_uuid", "port_is_free",
+    "CLUSTER_FILE",
+    "KAFKA_VERSION",
+    "KafkaSetupError",
+    "LocalKafka",
+    "cds_archive",
+    "ensure_class_archive",
+    "ensure_kafka_jars",
+    "free_port",
+    "kafka_uuid",
+    "port_is_free",
 ]
 
 CLUSTER_FILE = "cluster.json"
@@ -321,14 +329,13 @@ class LocalKafka:
         while time.monotonic() < deadline:
             if self._process is not None and self._process.poll() is not None:
                 raise KafkaSetupError(
-                    f"the broker exited with code {self._process.returncode}; see {self.log_file}\n"
-                    + self._log_tail()
+                    f"the broker exited with code {self._process.returncode}; see {self.log_file}\n" + self._log_tail()
                 )
             if not port_is_free(self.port):
                 try:
                     run_sync(self.lists_node(self.node_id, deadline - time.monotonic()))
                     return
-                except Exception as e:  # noqa: BLE001 - not ready yet; retried until the deadline
+                except Exception as e:
                     error = e
             time.sleep(0.1)
         raise KafkaSetupError(f"the broker did not become ready in time ({error!r}); see {self.log_file}")
@@ -396,4 +403,6 @@ class LocalKafka:
         broker answers again), or raises if the restart failed. `hard` kills
         with SIGKILL instead of a clean SIGTERM shutdown.
         """
-        return restart_in_background(self.kill if hard else self.stop, self.start, seconds, f"kafka-restart-{self.port}")
+        return restart_in_background(
+            self.kill if hard else self.stop, self.start, seconds, f"kafka-restart-{self.port}"
+        )

@@ -24,8 +24,8 @@ import numpy as np
 from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import murmur2
 
-from pipeline.core.kafka.client import Topics, client_options, durable_producer
 from pipeline.core.config import KafkaSettings
+from pipeline.core.kafka.client import Topics, client_options, durable_producer
 from schemas.messages import GenerationParams, Request
 
 WORDS = (
@@ -110,7 +110,7 @@ class LoadProducer:
     def request_id(self, index: int, tag: str = "") -> str:
         return f"{self.run_id}-{tag}{index}"
 
-    async def __aenter__(self) -> "LoadProducer":
+    async def __aenter__(self) -> LoadProducer:
         self._producer = AIOKafkaProducer(
             **client_options(self.settings), **durable_producer(), linger_ms=0, max_batch_size=256 * 1024
         )
@@ -184,7 +184,9 @@ class LoadProducer:
         late = float(np.percentile(lateness, 99)) if lateness else 0.0
         return SendReport(total, max(elapsed, load.duration_s, 1e-9), late)
 
-    async def _send_chunk(self, chunk: dict[int, list[tuple[bytes, bytes]]], timestamp_ms: int) -> list[asyncio.Future[object]]:
+    async def _send_chunk(
+        self, chunk: dict[int, list[tuple[bytes, bytes]]], timestamp_ms: int
+    ) -> list[asyncio.Future[object]]:
         """Everything due at one instant: one record batch per partition (per-record sends cost too much at 10k/s)."""
         producer = self._producer
         assert producer is not None

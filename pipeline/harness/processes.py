@@ -211,7 +211,9 @@ class Processes:
 
     def sink(self, config: Path, name: str = "sink") -> Proc:
         """Start a sink process (`batchtide sink`), deployed with SINK_ENV."""
-        proc = Proc(f"{name}-{len(self.sinks)}", sink_argv(config), self.log_dir, SINK_ENV, death_signal=self.death_signal)
+        proc = Proc(
+            f"{name}-{len(self.sinks)}", sink_argv(config), self.log_dir, SINK_ENV, death_signal=self.death_signal
+        )
         self.sinks.append(proc)
         proc.start()
         return proc

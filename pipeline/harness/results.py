@@ -122,7 +122,9 @@ class Collector(Follower):
     """The results and DLQ topics (and optionally the latency events) of one model, decoded into
     `accounts` with the wall-clock time each arrived."""
 
-    def __init__(self, settings: KafkaSettings, model: str, accounts: Accounts, *, latency_events: bool = False) -> None:
+    def __init__(
+        self, settings: KafkaSettings, model: str, accounts: Accounts, *, latency_events: bool = False
+    ) -> None:
         topics = Topics(settings.topic_prefix)
         self._results_topic = topics.results(model)
         self._latency_topic = topics.latency_events

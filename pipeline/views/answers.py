@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 TEXT_PREVIEW_CHARS = 40
@@ -30,7 +30,7 @@ class Answer:
     raw: bytes
 
     @classmethod
-    def decode(cls, value: bytes | None, timestamp_ms: int) -> "Answer":
+    def decode(cls, value: bytes | None, timestamp_ms: int) -> Answer:
         raw = value or b""
         try:
             record = json.loads(raw)
@@ -60,14 +60,14 @@ class Answer:
 
     def as_line(self) -> str:
         """`time  id  outcome  e2e  batch  consumer  preview`, fixed columns where short."""
-        when = datetime.fromtimestamp(self.timestamp_ms / 1000, tz=timezone.utc).strftime("%H:%M:%S.%f")[:-3]
+        when = datetime.fromtimestamp(self.timestamp_ms / 1000, tz=UTC).strftime("%H:%M:%S.%f")[:-3]
         if self.record is None:
             return f"{when}  (undecodable record: {self.raw[:60]!r})"
         r = self.record
         e2e = f"{self.e2e_ms:>6} ms" if self.e2e_ms is not None else "     - ms"
         batch = f"batch {r['batch_id']}" if r.get("batch_id") is not None else "no batch"
         return (
-            f"{when}  {str(r.get('id', '?')):<{ID_WIDTH}}  {str(r.get('outcome', '?')):<8}  {e2e}  "
+            f"{when}  {r.get('id', '?')!s:<{ID_WIDTH}}  {r.get('outcome', '?')!s:<8}  {e2e}  "
             f"{batch:<11}  {r.get('consumer_id') or '-'}  {preview(r)}"
         )
 

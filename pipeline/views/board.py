@@ -149,12 +149,12 @@ def render_page(
     if not sections:
         body.append('<p class="message">No model has latency events in this time range.</p>')
     return (
-        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+        '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         f"<title>{html.escape(board.title)}</title><style>{style}</style></head><body>"
         f'<div class="page"><h1>{html.escape(board.title)}</h1>'
         f'<p class="sub">{html.escape(window.describe())} · bucket {format_value(window.interval_ms, "ms")} · '
         f"same SQL as Grafana and <code>batchtide report</code></p><nav>{nav}</nav>"
-        f'{"".join(body)}</div><script>{_PAINT_MARKER}</script></body></html>'
+        f"{''.join(body)}</div><script>{_PAINT_MARKER}</script></body></html>"
     )
 
 

@@ -51,14 +51,12 @@ class ClickHouseTarget:
     password: str | None = None
 
     @classmethod
-    def from_url(cls, url: str, database: str) -> "ClickHouseTarget":
+    def from_url(cls, url: str, database: str) -> ClickHouseTarget:
         """http(s)://host:port for the HTTP interface, clickhouse(s)://host:port for native."""
         parsed = urlparse(url)
         scheme = parsed.scheme.lower()
         if scheme not in ("http", "https", "clickhouse", "clickhouses") or not parsed.hostname:
-            raise ValueError(
-                f"ClickHouse URL {url!r} must look like http://host:8123 or clickhouse://host:9000"
-            )
+            raise ValueError(f"ClickHouse URL {url!r} must look like http://host:8123 or clickhouse://host:9000")
         secure = scheme in ("https", "clickhouses")
         protocol: Literal["http", "native"] = "http" if scheme.startswith("http") else "native"
         default_port = {("http", False): 8123, ("http", True): 8443, ("native", False): 9000, ("native", True): 9440}
@@ -88,9 +86,7 @@ def grafana_credential() -> str | tuple[str, str]:
     user, password = os.environ.get("GRAFANA_USER"), os.environ.get("GRAFANA_PASSWORD")
     if user and password:
         return (user, password)
-    raise GrafanaAuthMissing(
-        "set GRAFANA_TOKEN (service account token) or GRAFANA_USER and GRAFANA_PASSWORD"
-    )
+    raise GrafanaAuthMissing("set GRAFANA_TOKEN (service account token) or GRAFANA_USER and GRAFANA_PASSWORD")
 
 
 def connect(grafana_url: str, timeout_s: float = 10.0) -> GrafanaApi:
@@ -217,7 +213,9 @@ def push_rule_group(api: GrafanaApi, rules: list[AlertRule]) -> list[PushResult]
         return [*results, PushResult("rule-group", GROUP_NAME, "unchanged")]
     kept = [r for r in group.get("rules") or [] if r.get("uid") in wanted]
     provisioning.update_rule_group(
-        FOLDER_UID, GROUP_NAME, {"title": GROUP_NAME, "folderUid": FOLDER_UID, "interval": EVALUATE_EVERY_S, "rules": kept}
+        FOLDER_UID,
+        GROUP_NAME,
+        {"title": GROUP_NAME, "folderUid": FOLDER_UID, "interval": EVALUATE_EVERY_S, "rules": kept},
     )
     return [*results, PushResult("rule-group", GROUP_NAME, "updated")]
 

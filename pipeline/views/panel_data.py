@@ -10,7 +10,7 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from typing import Any, Protocol
 
 from dashboards.charts import BarGroup, Series, format_value
@@ -20,11 +20,24 @@ from pipeline.views.report import DURATION, parse_duration_ms
 
 MAX_DATA_POINTS = 120
 NICE_INTERVALS_MS = (
-    1_000, 2_000, 5_000, 10_000, 15_000, 30_000, 60_000, 120_000, 300_000, 600_000,
-    900_000, 1_800_000, 3_600_000, 7_200_000, 21_600_000, 43_200_000, 86_400_000,
+    1_000,
+    2_000,
+    5_000,
+    10_000,
+    15_000,
+    30_000,
+    60_000,
+    120_000,
+    300_000,
+    600_000,
+    900_000,
+    1_800_000,
+    3_600_000,
+    7_200_000,
+    21_600_000,
+    43_200_000,
+    86_400_000,
 )
-
-
 
 
 class ClickHouseQuerier(Protocol):
@@ -46,7 +59,7 @@ class TimeRange:
 
     def describe(self) -> str:
         def fmt(ms: int) -> str:
-            return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+            return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
         return f"{fmt(self.from_ms)} → {fmt(self.to_ms)}"
 
@@ -61,7 +74,7 @@ def parse_instant(text: str, now_ms: int) -> int:
     except ValueError:
         raise ValueError(f"{text!r} is neither a duration like 15m/1h/2d nor an ISO time") from None
     if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
+        moment = moment.replace(tzinfo=UTC)
     return int(moment.timestamp() * 1000)
 
 
@@ -83,7 +96,7 @@ class Frame:
     rows: list[Sequence[Any]]
 
     @classmethod
-    def from_result(cls, result: Any) -> "Frame":
+    def from_result(cls, result: Any) -> Frame:
         types = [getattr(t, "name", str(t)) for t in result.column_types]
         return cls(list(result.column_names), types, [tuple(r) for r in result.result_rows])
 
@@ -108,10 +121,10 @@ class PanelResult:
 
 def _epoch_ms(value: Any) -> float:
     if isinstance(value, datetime):
-        moment = value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+        moment = value if value.tzinfo else value.replace(tzinfo=UTC)
         return moment.timestamp() * 1000
     if isinstance(value, date):
-        return datetime(value.year, value.month, value.day, tzinfo=timezone.utc).timestamp() * 1000
+        return datetime(value.year, value.month, value.day, tzinfo=UTC).timestamp() * 1000
     return float(value)
 
 
@@ -164,9 +177,7 @@ def frame_bars(frame: Frame, spec: PanelSpec) -> tuple[list[str], list[BarGroup]
         i for i, k in enumerate(kinds) if k == "number" and i != x_index and frame.columns[i] not in spec.hidden
     ]
     labels = [_x_label(row[x_index]) for row in frame.rows]
-    groups = [
-        BarGroup(frame.columns[i], tuple(_number(row[i]) or 0.0 for row in frame.rows)) for i in value_indexes
-    ]
+    groups = [BarGroup(frame.columns[i], tuple(_number(row[i]) or 0.0 for row in frame.rows)) for i in value_indexes]
     return labels, groups
 
 
@@ -215,6 +226,6 @@ def fetch_panel(client: ClickHouseQuerier, spec: PanelSpec, window: TimeRange, m
     """Run one panel's query; a failing panel shows its error instead of sinking the page."""
     try:
         frame = Frame.from_result(client.query(expand(query_sql(spec.query), window, model)))
-    except Exception as error:  # noqa: BLE001 - any driver error is shown in its panel
+    except Exception as error:
         return PanelResult(spec, None, f"{type(error).__name__}: {error}")
     return PanelResult(spec, frame)

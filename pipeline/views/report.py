@@ -12,15 +12,15 @@ import math
 import re
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from clickhouse_connect.driver.client import Client
 from rich.console import Console
 from rich.table import Table
 
-from pipeline.core.store.macros import ALL_VALUE, Bound, expand_macros
 from pipeline.core.config import BatchProfile
+from pipeline.core.store.macros import ALL_VALUE, Bound, expand_macros
 from pipeline.core.store.queries import QUERIES, REPORT_QUERIES, SLO
 from pipeline.views.tables import print_table
 
@@ -62,12 +62,12 @@ class Report:
             if isinstance(value, float) and not math.isfinite(value):
                 return None
             if isinstance(value, datetime):
-                return value.replace(tzinfo=timezone.utc).isoformat()
+                return value.replace(tzinfo=UTC).isoformat()
             return value
 
         body = {
-            "time_from": plain(datetime.fromtimestamp(self.time_from_ms / 1000, tz=timezone.utc)),
-            "time_to": plain(datetime.fromtimestamp(self.time_to_ms / 1000, tz=timezone.utc)),
+            "time_from": plain(datetime.fromtimestamp(self.time_from_ms / 1000, tz=UTC)),
+            "time_to": plain(datetime.fromtimestamp(self.time_to_ms / 1000, tz=UTC)),
             "interval_s": self.interval_ms / 1000,
             "model": self.model,
             "sections": {
@@ -134,7 +134,12 @@ def run_report(
     for name in names:
         started = time.perf_counter()
         report.sections[name] = run_query(
-            client, name, time_from_ms=time_from_ms, time_to_ms=time_to_ms, interval_ms=interval, model=model,
+            client,
+            name,
+            time_from_ms=time_from_ms,
+            time_to_ms=time_to_ms,
+            interval_ms=interval,
+            model=model,
             objectives=objectives,
         )
         report.query_ms[name] = (time.perf_counter() - started) * 1000
@@ -168,8 +173,8 @@ def _table(title: str, columns: list[str], rows: list[list[str]]) -> Table:
 
 def render(report: Report, console: Console) -> None:
     """Rich tables, most telling first: summary, latency over time, batches, memory, cost curve."""
-    span = f"{datetime.fromtimestamp(report.time_from_ms / 1000, tz=timezone.utc):%Y-%m-%d %H:%M:%S} .. " \
-        f"{datetime.fromtimestamp(report.time_to_ms / 1000, tz=timezone.utc):%H:%M:%S} UTC"  # fmt: skip
+    span = f"{datetime.fromtimestamp(report.time_from_ms / 1000, tz=UTC):%Y-%m-%d %H:%M:%S} .. " \
+        f"{datetime.fromtimestamp(report.time_to_ms / 1000, tz=UTC):%H:%M:%S} UTC"  # fmt: skip
     s = report.sections
     if not s.get("summary"):
         console.print(f"no latency rows in {span} (is the sink running? try a longer --since)")

@@ -15,6 +15,7 @@ from rich.console import Console, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+
 def _text(cell: RenderableType) -> Text:
     if isinstance(cell, Text):
         return cell

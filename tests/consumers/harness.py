@@ -17,9 +17,6 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from pipeline.core.kafka.client import Topics, client_options, ensure_topics
-from pipeline.core.kafka.outbox import Outbox
-from pipeline.core.kafka.reader import Isolation, Record, TopicReader
 from consumers.clock import Clock
 from consumers.delivery import Delivery
 from consumers.fencing import MembershipGuard
@@ -29,6 +26,9 @@ from consumers.stats import ConsumerStats
 from consumers.worker import Consumer
 from pipeline.core.config import BatchProfile, ConsumerSettings, KafkaSettings, ModelConfig
 from pipeline.core.engine import BatchingEngine
+from pipeline.core.kafka.client import Topics, client_options, ensure_topics
+from pipeline.core.kafka.outbox import Outbox
+from pipeline.core.kafka.reader import Isolation, Record, TopicReader
 from pipeline.core.kafka.topic_limits import TopicLimits
 from pipeline.harness.offsets import committed_offsets as group_offsets
 from tests.support.kafka import produce_json
@@ -195,8 +195,15 @@ async def poll_records(consumer: Any, count: int, *, polls: int = 60) -> list[An
 
 
 def hand_publisher(
-    kafka: KafkaSettings, producer: AIOKafkaProducer, consumer: AIOKafkaConsumer, group: str, answers: str,
-    clock: Clock, stats: ConsumerStats, *, transactional: bool = True,
+    kafka: KafkaSettings,
+    producer: AIOKafkaProducer,
+    consumer: AIOKafkaConsumer,
+    group: str,
+    answers: str,
+    clock: Clock,
+    stats: ConsumerStats,
+    *,
+    transactional: bool = True,
 ) -> tuple[Publisher, Outbox, MembershipGuard]:
     """A publisher wired as the consumer's loop wires it (its outbox running, a membership guard on
     the started `consumer`), for a test that drives answers and commits by hand; the caller stops
@@ -207,8 +214,14 @@ def hand_publisher(
     guard = MembershipGuard(clock)
     guard.attach(consumer)
     publisher = Publisher(
-        transactional=transactional, group_id=group, producer=producer, consumer=consumer, outbox=outbox,
-        delivery=Delivery(producer, outbox, limits, {answers}, answers, clock), stats=stats, guard=guard,
+        transactional=transactional,
+        group_id=group,
+        producer=producer,
+        consumer=consumer,
+        outbox=outbox,
+        delivery=Delivery(producer, outbox, limits, {answers}, answers, clock),
+        stats=stats,
+        guard=guard,
     )
     return publisher, outbox, guard
 

@@ -16,7 +16,6 @@ from pipeline.core.engine import BatchingEngine
 from pipeline.core.engine.decisions import Batch, DispatchRecord
 from pipeline.core.kafka.client import Topics
 from pipeline.core.kafka.topic_limits import TopicLimits
-from tests.support.kafka import consume_n, json_values
 from tests.consumers.harness import (
     MODEL,
     collect,
@@ -29,6 +28,7 @@ from tests.consumers.harness import (
     serving,
     topics,
 )
+from tests.support.kafka import consume_n, json_values
 
 
 def test_every_request_answered_once_by_a_real_model(kafka_settings: KafkaSettings, tiny_bert_dir: Path) -> None:
@@ -103,8 +103,9 @@ def test_requests_past_their_deadline_are_answered_expired(kafka_settings: Kafka
         async with serving(model, kafka_settings) as consumer:
             await send(kafka_settings, topics(kafka_settings).requests(MODEL), [warm] + late + short)
             results = await collect(kafka_settings, topics(kafka_settings).results(MODEL), ids | {warm["id"]})
-            events = await collect(kafka_settings, topics(kafka_settings).latency_events, ids | {warm["id"]},
-                                   key_field="request_id")
+            events = await collect(
+                kafka_settings, topics(kafka_settings).latency_events, ids | {warm["id"]}, key_field="request_id"
+            )
         outcomes = {k: v[0]["outcome"] for k, v in results.by_id.items()}
         assert outcomes.pop(warm["id"]) == "rejected"
         (refused,) = events.by_id[warm["id"]]
@@ -136,7 +137,9 @@ def test_a_request_id_seen_again_while_its_batch_runs_is_a_duplicate(kafka_setti
                 await asyncio.sleep(0.01)
             assert consumer.stats.batches == 1 and consumer.stats.answered["ok"] == 0
             await send(kafka_settings, topics(kafka_settings).requests(MODEL), [dict(original, text="sent again")])
-            results = await collect(kafka_settings, topics(kafka_settings).results(MODEL), {original["id"]}, grace_s=1.0)
+            results = await collect(
+                kafka_settings, topics(kafka_settings).results(MODEL), {original["id"]}, grace_s=1.0
+            )
             dead = await consume_n(kafka_settings, topics(kafka_settings).dlq, 1, timeout_s=10)
         assert len(results.by_id[original["id"]]) == 1 and results.by_id[original["id"]][0]["outcome"] == "ok"
         (letter,) = json_values(dead)
@@ -148,12 +151,29 @@ def test_a_request_id_seen_again_while_its_batch_runs_is_a_duplicate(kafka_setti
 
 def test_a_batch_event_carries_the_dispatch_record_as_the_engine_wrote_it() -> None:
     record = DispatchRecord(
-        batch_id=7, size=3, cost=41, reason="max_wait", window_ms=12.5, hit_target=True, marked_count=2,
-        oldest_wait_ms=33.25, queue_depth=9, effective_cap=24, arrival_rate_per_s=180.5, dispatch_ms=1.0,
-        cap_reason="knee", target_size=16,
+        batch_id=7,
+        size=3,
+        cost=41,
+        reason="max_wait",
+        window_ms=12.5,
+        hit_target=True,
+        marked_count=2,
+        oldest_wait_ms=33.25,
+        queue_depth=9,
+        effective_cap=24,
+        arrival_rate_per_s=180.5,
+        dispatch_ms=1.0,
+        cap_reason="knee",
+        target_size=16,
     )
-    timing = BatchTiming(dispatch_ms=1000, compute_start_ms=1001, compute_end_ms=1020, produce_ms=1021,
-                         device_mem_bytes=4096, device_mem_kind="process_rss")
+    timing = BatchTiming(
+        dispatch_ms=1000,
+        compute_start_ms=1001,
+        compute_end_ms=1020,
+        produce_ms=1021,
+        device_mem_bytes=4096,
+        device_mem_kind="process_rss",
+    )
     answers = Answers("m", "c1", Topics("p"), TopicLimits(KafkaSettings()))
     message = answers.batch(Batch(7, [], record), timing, compute_ms=19.0, tokens_in=30, tokens_out=0)
     event = json.loads(message.value)

@@ -10,8 +10,9 @@ from pathlib import Path
 from aiokafka import AIOKafkaProducer
 
 from consumers.answers import record_id
-from pipeline.core.kafka.client import client_options, create_topics as create_topics_named
 from pipeline.core.config import ConsumerSettings, KafkaSettings, ModelConfig
+from pipeline.core.kafka.client import client_options
+from pipeline.core.kafka.client import create_topics as create_topics_named
 from tests.consumers.harness import collect, create_topics, make_consumer, request, running, send, topics
 
 CORPUS = Path(__file__).resolve().parents[1] / "fuzz_corpus"
@@ -68,8 +69,14 @@ def test_each_bad_input_reaches_the_dead_letter_topic_with_its_reason(kafka_sett
                 if c["expect"] != "duplicate"
             }
             repeated = {json.loads((CORPUS / c["file"]).read_bytes())["id"] for c in bad if c["expect"] == "duplicate"}
-            events = await collect(kafka_settings, topics(kafka_settings).latency_events, set(counted) | repeated,
-                                   key_field="request_id", grace_s=1.0, timeout_s=30)
+            events = await collect(
+                kafka_settings,
+                topics(kafka_settings).latency_events,
+                set(counted) | repeated,
+                key_field="request_id",
+                grace_s=1.0,
+                timeout_s=30,
+            )
         assert wanted - replied <= set(results.by_id)
         for rid in wanted - replied:
             assert results.by_id[rid][0]["outcome"] == "ok", rid

@@ -34,7 +34,9 @@ def _config_file(path: Path, kafka: KafkaSettings) -> Path:
     return path
 
 
-def test_a_killed_consumer_never_committed_past_an_unanswered_request(kafka_settings: KafkaSettings, tmp_path: Path) -> None:
+def test_a_killed_consumer_never_committed_past_an_unanswered_request(
+    kafka_settings: KafkaSettings, tmp_path: Path
+) -> None:
     n = 3000
     config = _config_file(tmp_path / "batchtide.toml", kafka_settings)
 
@@ -48,7 +50,9 @@ def test_a_killed_consumer_never_committed_past_an_unanswered_request(kafka_sett
         child = Proc("consumer", consume_argv(MODEL, config, "doomed"), tmp_path)
         child.start()
         try:
-            first = await collect(kafka_settings, names.results(MODEL), {f"r{i}" for i in range(n // 4)}, timeout_s=90, grace_s=0)
+            first = await collect(
+                kafka_settings, names.results(MODEL), {f"r{i}" for i in range(n // 4)}, timeout_s=90, grace_s=0
+            )
         finally:
             child.kill()
         group = f"{kafka_settings.topic_prefix}.consumers.{MODEL}"
@@ -57,7 +61,9 @@ def test_a_killed_consumer_never_committed_past_an_unanswered_request(kafka_sett
         assert sum(committed.values()) > 0, child.log_text()[-3000:]
         for rid, (partition, offset) in where.items():
             if offset < committed[partition]:
-                assert rid in answered_before.by_id, f"{rid} committed (offset {offset} < {committed[partition]}) but never answered"
+                assert rid in answered_before.by_id, (
+                    f"{rid} committed (offset {offset} < {committed[partition]}) but never answered"
+                )
         assert len(answered_before.by_id) < n, "the consumer finished before it was killed; the test proves nothing"
         async with running(make_consumer(model, kafka_settings, name="survivor")):
             after = await collect(kafka_settings, names.results(MODEL), {f"r{i}" for i in range(n)}, timeout_s=90)
@@ -88,7 +94,9 @@ def test_transactions_answer_every_request_exactly_once(kafka_settings: KafkaSet
 
 def test_forwarded_tails_are_answered_exactly_once_on_a_skewed_load(kafka_settings: KafkaSettings) -> None:
     # all traffic on partition 0: one consumer drowns, the other idles unless tails are forwarded
-    model = cost_model(a_ms=10.0, c_ms=0.5, partitions=2, hard_cap=8, target_size=8, tail_min_samples=8, tail_mark_floor_ms=1.0)
+    model = cost_model(
+        a_ms=10.0, c_ms=0.5, partitions=2, hard_cap=8, target_size=8, tail_min_samples=8, tail_mark_floor_ms=1.0
+    )
     settings = ConsumerSettings(commit_interval_ms=50, tail_forwarding=True, max_queue=2000)
     n = 1200
 
@@ -101,9 +109,13 @@ def test_forwarded_tails_are_answered_exactly_once_on_a_skewed_load(kafka_settin
             while not (first.membership.owned() and second.membership.owned()):
                 await asyncio.sleep(0.05)
             for start in range(0, n, 100):
-                await send(kafka_settings, names.requests(MODEL), [request(i) for i in range(start, start + 100)], partition=0)
+                await send(
+                    kafka_settings, names.requests(MODEL), [request(i) for i in range(start, start + 100)], partition=0
+                )
                 await asyncio.sleep(0.05)
-            results = await collect(kafka_settings, names.results(MODEL), {f"r{i}" for i in range(n)}, timeout_s=90, grace_s=1.0)
+            results = await collect(
+                kafka_settings, names.results(MODEL), {f"r{i}" for i in range(n)}, timeout_s=90, grace_s=1.0
+            )
         assert len(results.by_id) == n
         assert not results.duplicates
         forwarded = first.stats.forwarded + second.stats.forwarded
@@ -114,7 +126,9 @@ def test_forwarded_tails_are_answered_exactly_once_on_a_skewed_load(kafka_settin
     asyncio.run(scenario())
 
 
-def test_a_straggler_hands_work_to_its_fast_peer_exactly_once_through_a_rebalance(kafka_settings: KafkaSettings) -> None:
+def test_a_straggler_hands_work_to_its_fast_peer_exactly_once_through_a_rebalance(
+    kafka_settings: KafkaSettings,
+) -> None:
     """Transactions: each forward and its original's offset commit together. A third consumer joins
     while the slow one forwards (every partition moves); read_committed, each answer appears once."""
     kafka = dataclasses.replace(kafka_settings, transactional=True)
@@ -139,12 +153,16 @@ def test_a_straggler_hands_work_to_its_fast_peer_exactly_once_through_a_rebalanc
                 for start in range(n // 2, n, 50):
                     await send(kafka, names.requests(MODEL), [request(i) for i in range(start, start + 50)])
                     await asyncio.sleep(0.05)
-                results = await collect(kafka, names.results(MODEL), {f"r{i}" for i in range(n)}, timeout_s=120, grace_s=2.0)
+                results = await collect(
+                    kafka, names.results(MODEL), {f"r{i}" for i in range(n)}, timeout_s=120, grace_s=2.0
+                )
         assert len(results.by_id) == n
         assert not results.duplicates
         assert forwarded_before > 0, "the slow consumer handed work on before the rebalance"
         assert snail.stats.forwarded > forwarded_before, "and after it"
-        served = {c: sum(1 for a in results.by_id.values() if a[0]["consumer_id"] == c) for c in ("slow", "fast", "late")}
+        served = {
+            c: sum(1 for a in results.by_id.values() if a[0]["consumer_id"] == c) for c in ("slow", "fast", "late")
+        }
         assert served["fast"] + served["late"] > served["slow"], served
 
     asyncio.run(scenario())

@@ -12,10 +12,10 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from consumers.answers import Answers
 from consumers.delivery import Delivery
+from pipeline.core.config import KafkaSettings
 from pipeline.core.kafka.client import Topics, client_options, create_topics
 from pipeline.core.kafka.outbox import BATCH_BYTES, Message, Outbox
 from pipeline.core.kafka.topic_limits import TopicLimits
-from pipeline.core.config import KafkaSettings
 from tests.support.kafka import consume_n
 
 REQUEST_TIMEOUT_MS = 3000
@@ -59,7 +59,11 @@ def test_a_reply_topic_deleted_under_the_consumer_gets_its_answers_rerouted(kafk
     delivery = asyncio.run(scenario())
     (record,) = asyncio.run(consume_n(kafka_settings, results, 1))
     moved = json.loads(record.value)
-    assert moved["id"] == "second" and moved["outcome"] == "ok" and moved["reply_error"].startswith(f"reply_topic {reply!r}")
+    assert (
+        moved["id"] == "second"
+        and moved["outcome"] == "ok"
+        and moved["reply_error"].startswith(f"reply_topic {reply!r}")
+    )
     assert delivery.rebuilt == 1
 
 

@@ -17,9 +17,9 @@ from consumers.stats import ConsumerStats
 from pipeline.core.config import KafkaSettings
 from pipeline.core.kafka.client import client_options, create_topics, durable_producer
 from pipeline.core.kafka.outbox import Message
+from tests.consumers.harness import hand_publisher, read_committed, take_records
 from tests.support.clock import FakeClock
 from tests.support.kafka import produce_json
-from tests.consumers.harness import hand_publisher, read_committed, take_records
 
 
 def test_the_rule_refuses_a_stale_heartbeat_a_moved_generation_and_no_membership() -> None:
@@ -38,7 +38,9 @@ def test_a_guard_without_a_group_is_never_fresh() -> None:
     assert guard.generation == NO_GENERATION and guard.stale(NO_GENERATION) is not None
 
 
-def test_a_stale_member_waits_for_a_heartbeat_and_an_expelled_one_leaves_its_records(kafka_settings: KafkaSettings) -> None:
+def test_a_stale_member_waits_for_a_heartbeat_and_an_expelled_one_leaves_its_records(
+    kafka_settings: KafkaSettings,
+) -> None:
     prefix = kafka_settings.topic_prefix
     source, answers, group = f"{prefix}.fence.in", f"{prefix}.fence.out", f"{prefix}.fence.group"
 
@@ -50,8 +52,12 @@ def test_a_stale_member_waits_for_a_heartbeat_and_an_expelled_one_leaves_its_rec
         producer = AIOKafkaProducer(**options, transactional_id=f"fence-{uuid.uuid4()}", **durable_producer())
         await producer.start()
         consumer = AIOKafkaConsumer(
-            **options, group_id=group, enable_auto_commit=False, auto_offset_reset="earliest",
-            isolation_level="read_committed", heartbeat_interval_ms=200,
+            **options,
+            group_id=group,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            isolation_level="read_committed",
+            heartbeat_interval_ms=200,
         )
         await consumer.start()
         publisher, outbox, guard = hand_publisher(kafka_settings, producer, consumer, group, answers, clock, stats)
@@ -73,7 +79,9 @@ def test_a_stale_member_waits_for_a_heartbeat_and_an_expelled_one_leaves_its_rec
             # the member leaves the group: nothing of it is published or committed
             await consumer._coordinator._stop_heartbeat_task()
             clock.advance(guard.session_s * 1000)
-            publish = asyncio.ensure_future(publisher.publish([Message(answers, b"1", json.dumps(1).encode())], [(tp, 1)]))
+            publish = asyncio.ensure_future(
+                publisher.publish([Message(answers, b"1", json.dumps(1).encode())], [(tp, 1)])
+            )
             await asyncio.sleep(1.5)
             fenced = stats.transactions_self_fenced
             assert not publish.done() and fenced >= 2

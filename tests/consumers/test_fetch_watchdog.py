@@ -25,7 +25,9 @@ def test_a_standing_partition_gets_a_refresh_then_a_reconnect_then_a_fresh_perio
     assert suspects == [A]
     first = tracker.remedy(suspects, now_s=6.0)
     assert first.refresh == {A} and not first.reconnect
-    assert not tracker.remedy(tracker.observe({A: 5, B: 3}, now_s=8.0), now_s=8.0).reconnect, "too soon after the refresh"
+    assert not tracker.remedy(tracker.observe({A: 5, B: 3}, now_s=8.0), now_s=8.0).reconnect, (
+        "too soon after the refresh"
+    )
     second = tracker.remedy(tracker.observe({A: 5, B: 4}, now_s=9.0), now_s=9.0)
     assert second.reconnect == {A} and not second.refresh
     assert tracker.observe({A: 5, B: 5}, now_s=14.0) == [], "a reconnect starts a new stall period"

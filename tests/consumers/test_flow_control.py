@@ -6,7 +6,17 @@ import asyncio
 import statistics
 
 from pipeline.core.config import ConsumerSettings, KafkaSettings
-from tests.consumers.harness import collect, cost_model, create_topics, make_consumer, request, running, send, serving, topics
+from tests.consumers.harness import (
+    collect,
+    cost_model,
+    create_topics,
+    make_consumer,
+    request,
+    running,
+    send,
+    serving,
+    topics,
+)
 
 
 def test_backpressure_bounds_the_queue_while_everything_is_answered(kafka_settings: KafkaSettings) -> None:
@@ -18,7 +28,9 @@ def test_backpressure_bounds_the_queue_while_everything_is_answered(kafka_settin
         await create_topics(kafka_settings, model)
         await send(kafka_settings, topics(kafka_settings).requests(model.name), [request(i) for i in range(n)])
         async with running(make_consumer(model, kafka_settings, settings)) as consumer:
-            results = await collect(kafka_settings, topics(kafka_settings).results(model.name), {f"r{i}" for i in range(n)})
+            results = await collect(
+                kafka_settings, topics(kafka_settings).results(model.name), {f"r{i}" for i in range(n)}
+            )
         assert len(results.by_id) == n and not results.duplicates
         assert consumer.stats.pauses >= 1
         assert 0 < consumer.stats.max_queue_seen <= settings.max_queue
@@ -42,11 +54,17 @@ def test_priority_topic_is_served_before_the_backlog(kafka_settings: KafkaSettin
         rank = {rid: i for i, rid in enumerate(results.order)}
         # every priority request overtakes the normal backlog fetched after it arrived
         normal_after_priority_sent = [
-            rid for rid in results.order if rid.startswith("n") and rank[rid] > max(rank[f"p{i}"] for i in range(n_priority))
+            rid
+            for rid in results.order
+            if rid.startswith("n") and rank[rid] > max(rank[f"p{i}"] for i in range(n_priority))
         ]
         assert len(normal_after_priority_sent) > n_normal / 2
-        p_e2e = [results.by_id[f"p{i}"][0]["done_ms"] - results.by_id[f"p{i}"][0]["enqueue_ms"] for i in range(n_priority)]
-        n_e2e = [results.by_id[f"n{i}"][0]["done_ms"] - results.by_id[f"n{i}"][0]["enqueue_ms"] for i in range(n_normal)]
+        p_e2e = [
+            results.by_id[f"p{i}"][0]["done_ms"] - results.by_id[f"p{i}"][0]["enqueue_ms"] for i in range(n_priority)
+        ]
+        n_e2e = [
+            results.by_id[f"n{i}"][0]["done_ms"] - results.by_id[f"n{i}"][0]["enqueue_ms"] for i in range(n_normal)
+        ]
         assert statistics.median(p_e2e) * 3 < statistics.median(n_e2e)
 
     asyncio.run(scenario())
@@ -60,7 +78,10 @@ def test_a_group_splits_partitions_and_loses_nothing_when_members_come_and_go(ka
     async def scenario() -> None:
         await create_topics(kafka_settings, model)
         names = topics(kafka_settings)
-        first, second = make_consumer(model, kafka_settings, settings, "c1"), make_consumer(model, kafka_settings, settings, "c2")
+        first, second = (
+            make_consumer(model, kafka_settings, settings, "c1"),
+            make_consumer(model, kafka_settings, settings, "c2"),
+        )
         async with running(first), running(second):
             producing = asyncio.create_task(_trickle(kafka_settings, names.requests(model.name), n, per_s=250))
             await _until(lambda: len(first.membership.owned()) > 0 and len(second.membership.owned()) > 0)
@@ -70,7 +91,9 @@ def test_a_group_splits_partitions_and_loses_nothing_when_members_come_and_go(ka
                 await _until(lambda: len(third.membership.owned()) > 0)
                 await _until(lambda: third.stats.answered["ok"] > 0 or producing.done())
             await producing
-            results = await collect(kafka_settings, names.results(model.name), {f"r{i}" for i in range(n)}, timeout_s=60)
+            results = await collect(
+                kafka_settings, names.results(model.name), {f"r{i}" for i in range(n)}, timeout_s=60
+            )
         assert split[0] + split[1] == 12 and split[0] >= 2 and split[1] >= 2  # requests + priority topics
         assert len(results.by_id) == n, f"missing: {sorted(set(f'r{i}' for i in range(n)) - set(results.by_id))[:10]}"
         assert third.stats.answered["ok"] > 0

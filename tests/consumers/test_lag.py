@@ -13,10 +13,10 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from typer.testing import CliRunner
 
-from pipeline.core.kafka.client import Topics, client_options
 from consumers.lag import LagProbe, lag_recorder, latest_lag_events
 from pipeline.cli import app
 from pipeline.core.config import KafkaSettings
+from pipeline.core.kafka.client import Topics, client_options
 from schemas.messages import LagEvent
 from tests.consumers.harness import MODEL, cost_model, create_topics, make_consumer, request, running
 from tests.support.kafka import produce_json
@@ -61,7 +61,9 @@ def test_lag_and_lag_age_come_from_committed_offsets_and_create_time(kafka_setti
     async def scenario() -> None:
         await create_topics(kafka_settings, model)
         sent = await produce_json(kafka_settings, topics.requests(MODEL), [request(i) for i in range(6)], partition=0)
-        sent += await produce_json(kafka_settings, topics.requests(MODEL), [request(i, "s") for i in range(3)], partition=1)
+        sent += await produce_json(
+            kafka_settings, topics.requests(MODEL), [request(i, "s") for i in range(3)], partition=1
+        )
         await asyncio.sleep(1.0)
         async with LagProbe(kafka_settings) as probe:
             partitions = await probe.topic_partitions([topics.requests(MODEL), topics.priority(MODEL)])
@@ -84,7 +86,10 @@ def test_lag_and_lag_age_come_from_committed_offsets_and_create_time(kafka_setti
                 await _until(lambda: _answered(consumer, 9), what="all answered")
                 await _until(lambda: _lag_is(probe, group, partitions[:2], 0), what="committed to the end")
             after = await probe.measure(group, partitions[:2])
-            assert [(r.committed_offset, r.lag, r.oldest_ms, r.lag_age_ms) for r in after] == [(6, 0, 0, 0.0), (3, 0, 0, 0.0)]
+            assert [(r.committed_offset, r.lag, r.oldest_ms, r.lag_age_ms) for r in after] == [
+                (6, 0, 0, 0.0),
+                (3, 0, 0, 0.0),
+            ]
 
     asyncio.run(scenario())
 
@@ -226,9 +231,15 @@ def test_results_prints_one_readable_line_per_answer(kafka_settings: KafkaSettin
 
     one = runner.invoke(app, ["results", "--model", MODEL, "--config", str(tmp_path / "batchtide.toml"), "--id", "r3"])
     assert one.exit_code == 0 and len(one.output.strip().splitlines()) == 1 and " r3 " in one.output
-    missing = runner.invoke(app, ["results", "--model", MODEL, "--config", str(tmp_path / "batchtide.toml"), "--id", "nope"])
+    missing = runner.invoke(
+        app, ["results", "--model", MODEL, "--config", str(tmp_path / "batchtide.toml"), "--id", "nope"]
+    )
     assert missing.exit_code == 1
-    later = runner.invoke(app, ["results", "--model", MODEL, "--config", str(tmp_path / "batchtide.toml"), "--since", "1s"])
+    later = runner.invoke(
+        app, ["results", "--model", MODEL, "--config", str(tmp_path / "batchtide.toml"), "--since", "1s"]
+    )
     assert later.exit_code == 0 and later.output.strip() == "", "nothing was answered in the last second"
-    earlier = runner.invoke(app, ["results", "--model", MODEL, "--config", str(tmp_path / "batchtide.toml"), "--since", "10m"])
+    earlier = runner.invoke(
+        app, ["results", "--model", MODEL, "--config", str(tmp_path / "batchtide.toml"), "--since", "10m"]
+    )
     assert len(earlier.output.strip().splitlines()) == 6

@@ -50,7 +50,9 @@ class Loop:
 
     def __init__(self, clock: FakeClock, profile: BatchProfile, *, prior_costs: list[tuple[int, float]] = ()) -> None:  # type: ignore[assignment]
         self.clock = clock
-        self.model = ModelConfig(name=MODEL, runner="cost-model", cost_a_ms=1.0, cost_c_ms=0.0, partitions=2, profile=profile)
+        self.model = ModelConfig(
+            name=MODEL, runner="cost-model", cost_a_ms=1.0, cost_c_ms=0.0, partitions=2, profile=profile
+        )
         runner = make_runner(self.model)
         runner.load()
         self.engine = BatchingEngine(profile, prior_costs=prior_costs)
@@ -66,15 +68,25 @@ class Loop:
             by_partition.setdefault(TopicPartition(r.topic, r.partition), []).append(r)
         return self.admission.intake(by_partition, self.clock.now_ms(), self.tracker, self.engine)
 
-    def record(self, i: int, *, topic: str = REQUESTS, partition: int = 0, age_ms: float = 0.0,
-               headers: list[tuple[str, bytes]] | None = None, **fields: Any) -> ConsumerRecord:
+    def record(
+        self,
+        i: int,
+        *,
+        topic: str = REQUESTS,
+        partition: int = 0,
+        age_ms: float = 0.0,
+        headers: list[tuple[str, bytes]] | None = None,
+        **fields: Any,
+    ) -> ConsumerRecord:
         offset = self.offsets.get(TopicPartition(topic, partition), 0)
         self.offsets[TopicPartition(topic, partition)] = offset + 1
         body = {"id": f"r{i}", "model": MODEL, "text": f"hello {i}", **fields}
         value = json.dumps(body).encode()
         key = body["id"].encode()
         created = int(self.clock.now_ms() - age_ms)
-        return ConsumerRecord(topic, partition, offset, created, 0, key, value, None, len(key), len(value), headers or [])
+        return ConsumerRecord(
+            topic, partition, offset, created, 0, key, value, None, len(key), len(value), headers or []
+        )
 
 
 def outcome_of(message) -> dict[str, Any]:
@@ -164,16 +176,35 @@ def test_one_decision_fills_every_free_slot_and_no_more() -> None:
 # ---- forwarding -------------------------------------------------------------------
 
 
-def beacon(member: str, *, at_ms: float, partitions: list[int], start_in_ms: float = 0.0, batch_ms: float = 3.0,
-           capacity_per_s: float = 20_000.0, group: str = GROUP) -> FleetBeacon:
-    return FleetBeacon(member_id=member, model=MODEL, group=group, at_ms=int(at_ms), start_in_ms=start_in_ms,
-                       batch_ms=batch_ms, capacity_per_s=capacity_per_s, partitions=partitions)
+def beacon(
+    member: str,
+    *,
+    at_ms: float,
+    partitions: list[int],
+    start_in_ms: float = 0.0,
+    batch_ms: float = 3.0,
+    capacity_per_s: float = 20_000.0,
+    group: str = GROUP,
+) -> FleetBeacon:
+    return FleetBeacon(
+        member_id=member,
+        model=MODEL,
+        group=group,
+        at_ms=int(at_ms),
+        start_in_ms=start_in_ms,
+        batch_ms=batch_ms,
+        capacity_per_s=capacity_per_s,
+        partitions=partitions,
+    )
 
 
 def slow_loop(clock: FakeClock) -> tuple[Loop, PeerForwarding]:
     """A consumer whose device takes 200 ms + 20 ms per request (learned), in a group with beacons."""
-    loop = Loop(clock, BatchProfile(hard_cap=4, target_size=4, max_wait_ms=1000.0, adaptive_window=False),
-                prior_costs=[(1, 220.0), (2, 240.0), (4, 280.0)])
+    loop = Loop(
+        clock,
+        BatchProfile(hard_cap=4, target_size=4, max_wait_ms=1000.0, adaptive_window=False),
+        prior_costs=[(1, 220.0), (2, 240.0), (4, 280.0)],
+    )
     forwarding = PeerForwarding("c1", MODEL, GROUP, PRIORITY, ConsumerSettings(), loop.engine, clock)
     forwarding.fleet = Fleet(KafkaSettings(), GROUP, "c1", 100.0, lambda: forwarding.beacon(clock.now_ms(), ()), clock)
     return loop, forwarding
@@ -265,7 +296,9 @@ def test_commits_stop_at_the_first_unanswered_record_of_each_owned_partition() -
 
     step = poll_engine(loop.engine, clock.now_ms(), 0, 4, 0)
     first, second = step.batches  # r0 r1 | r2 r3
-    for place in loop.outcomes.of_refusals(rejected, 0, 0).places + [(p.payload.tp, p.payload.offset) for p in second.requests]:
+    for place in loop.outcomes.of_refusals(rejected, 0, 0).places + [
+        (p.payload.tp, p.payload.offset) for p in second.requests
+    ]:
         loop.tracker.answered(*place)
     # p0: offset 0 (r0) is still running, so p0 cannot move past it although 2 and 3 are answered
     assert commit_points(loop.tracker, {p0, p1}) == {p0: 0, p1: 1}
@@ -324,8 +357,10 @@ def test_a_generation_the_decode_loop_refused_is_answered_expired_with_its_reaso
     step = poll_engine(loop.engine, clock.now_ms(), computing=0, max_inflight=1, backlog=0)
     (batch,) = step.batches
     stamp = int(clock.now_ms())
-    outputs = {0: Output(text="", token_ids=[], expired=True, refused="cannot_meet_deadline"),
-               1: Output(text="hi", token_ids=[5], tokens_out=1)}
+    outputs = {
+        0: Output(text="", token_ids=[], expired=True, refused="cannot_meet_deadline"),
+        1: Output(text="hi", token_ids=[5], tokens_out=1),
+    }
     reply = loop.outcomes.of_batch(batch, outputs, {}, BatchTiming(stamp, stamp, stamp, stamp, 0, "none"), 1.0)
     results = {r["id"]: r for r in (outcome_of(m) for m in reply.messages if m.topic == TOPICS.results(MODEL))}
     events = {e["request_id"]: e for e in (outcome_of(m) for m in reply.messages if m.topic == TOPICS.latency_events)}

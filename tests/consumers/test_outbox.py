@@ -7,10 +7,10 @@ import asyncio
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import MessageSizeTooLargeError
 
+from pipeline.core.config import KafkaSettings
 from pipeline.core.kafka.client import client_options
 from pipeline.core.kafka.outbox import BATCH_BYTES, Message, Outbox
 from pipeline.core.kafka.topic_limits import KAFKA_DEFAULT_MAX_MESSAGE_BYTES, TopicLimits
-from pipeline.core.config import KafkaSettings
 from tests.consumers.harness import configure_topic
 from tests.support.kafka import consume_n
 

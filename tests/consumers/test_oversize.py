@@ -13,9 +13,9 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from pipeline.core.kafka.topic_limits import KAFKA_DEFAULT_MAX_MESSAGE_BYTES
 from consumers.worker import Consumer
 from pipeline.core.config import ConsumerSettings, KafkaSettings, ModelConfig
+from pipeline.core.kafka.topic_limits import KAFKA_DEFAULT_MAX_MESSAGE_BYTES
 from tests.consumers.harness import (
     MODEL,
     collect,
@@ -133,7 +133,9 @@ def test_a_topic_raised_to_10_mb_serves_on_past_its_giant_records(kafka_settings
 
 
 @pytest.mark.parametrize("transactional", [False, True], ids=["at-least-once", "transactions"])
-def test_a_dead_letter_topic_shrunk_under_a_running_consumer(kafka_settings: KafkaSettings, transactional: bool) -> None:
+def test_a_dead_letter_topic_shrunk_under_a_running_consumer(
+    kafka_settings: KafkaSettings, transactional: bool
+) -> None:
     """The broker refuses a letter built for the limit the consumer cached: it is rebuilt until it fits."""
     kafka = dataclasses.replace(kafka_settings, transactional=transactional)
     model = cost_model(partitions=1)
@@ -175,8 +177,14 @@ def test_an_answer_shrunk_to_an_error_gets_an_error_event(
     (reason `oversize`): whether the consumer knew the limit before sending or the broker refused first."""
     kafka = dataclasses.replace(kafka_settings, transactional=transactional)
     model = ModelConfig(
-        name=MODEL, runner="transformers", model_path=str(tiny_bert_dir), task="embed", device="cpu",
-        isolation="thread", torch_threads=1, partitions=1,
+        name=MODEL,
+        runner="transformers",
+        model_path=str(tiny_bert_dir),
+        task="embed",
+        device="cpu",
+        isolation="thread",
+        torch_threads=1,
+        partitions=1,
     )
     limit = 700  # a 32-float embedding answer is ~900 bytes; the error answer saying why is ~400
     asks = [request(i, "big") for i in range(4)]

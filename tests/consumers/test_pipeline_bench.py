@@ -26,8 +26,14 @@ from pipeline.harness.processes import REPO_ROOT, child_env, cli
 
 def test_a_short_run_answers_every_request_and_breaks_its_latency_down(kafka_settings: KafkaSettings) -> None:
     options = BenchOptions(
-        runner="cost-model", rates=(40.0,), duration_s=3.0, cost_a_ms=4.0, cost_c_ms=1.0,
-        bootstrap=kafka_settings.bootstrap_servers, partitions=2, tokens=10,
+        runner="cost-model",
+        rates=(40.0,),
+        duration_s=3.0,
+        cost_a_ms=4.0,
+        cost_c_ms=1.0,
+        bootstrap=kafka_settings.bootstrap_servers,
+        partitions=2,
+        tokens=10,
     )
     lines: list[str] = []
     figures = asyncio.run(run_bench(options, find_max_mode=False, rates_mode=True, say=lines.append))
@@ -49,12 +55,21 @@ def test_a_short_run_answers_every_request_and_breaks_its_latency_down(kafka_set
     assert any("stage p50/p99 ms: kafka_in" in line for line in lines)
 
 
-def test_a_recorded_run_leaves_its_events_in_a_store_that_replay_reads(kafka_settings: KafkaSettings, tmp_path: Path) -> None:
+def test_a_recorded_run_leaves_its_events_in_a_store_that_replay_reads(
+    kafka_settings: KafkaSettings, tmp_path: Path
+) -> None:
     """`--record`: the sink stores one latency row per answered request in the trial's own embedded
     store, the config the consumers ran names it, and the printed replay command replays it."""
     options = BenchOptions(
-        runner="cost-model", rates=(40.0,), duration_s=3.0, cost_a_ms=4.0, cost_c_ms=1.0,
-        bootstrap=kafka_settings.bootstrap_servers, partitions=2, tokens=10, record_dir=str(tmp_path / "rec"),
+        runner="cost-model",
+        rates=(40.0,),
+        duration_s=3.0,
+        cost_a_ms=4.0,
+        cost_c_ms=1.0,
+        bootstrap=kafka_settings.bootstrap_servers,
+        partitions=2,
+        tokens=10,
+        record_dir=str(tmp_path / "rec"),
     )
     lines: list[str] = []
     figures = asyncio.run(run_bench(options, find_max_mode=False, rates_mode=True, say=lines.append))
@@ -85,8 +100,16 @@ def test_a_straggler_run_reports_each_consumer_and_the_forwards(kafka_settings: 
     """`--straggler`: consumer 0's device is 4x slower; with the group's balance on it hands work to
     consumer 1, and the trial says so per consumer."""
     options = BenchOptions(
-        runner="cost-model", rates=(150.0,), duration_s=6.0, cost_a_ms=10.0, cost_c_ms=1.0, consumers=2,
-        bootstrap=kafka_settings.bootstrap_servers, partitions=4, tokens=10, straggler=4.0,
+        runner="cost-model",
+        rates=(150.0,),
+        duration_s=6.0,
+        cost_a_ms=10.0,
+        cost_c_ms=1.0,
+        consumers=2,
+        bootstrap=kafka_settings.bootstrap_servers,
+        partitions=4,
+        tokens=10,
+        straggler=4.0,
     )
     figures = asyncio.run(run_bench(options, find_max_mode=False, rates_mode=True, say=lambda _: None))
     (trial,) = figures["model_trials"]

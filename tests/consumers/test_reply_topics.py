@@ -54,7 +54,17 @@ def test_reply_topics_follow_the_documented_rules(kafka_settings: KafkaSettings)
         await configure_topic(kafka_settings, f"{app}.tiny", {"max.message.bytes": "150"})
         await configure_topic(kafka_settings, names.results("another"), {})  # where a leak would land
         async with serving(model, kafka_settings) as consumer:
-            hostile = [own, other_model, request_topic, internal, missing, client, tiny, wrong_model, wrong_model_replied]
+            hostile = [
+                own,
+                other_model,
+                request_topic,
+                internal,
+                missing,
+                client,
+                tiny,
+                wrong_model,
+                wrong_model_replied,
+            ]
             hostile += [wrong_model_into, bad_priority_into]
             await send(kafka_settings, names.requests(MODEL), hostile + plain)
             on_results = {r["id"] for r in plain} | {own["id"], missing["id"], tiny["id"]} | set(refused)

@@ -17,7 +17,6 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 
 from consumers.clock import SystemClock
-from consumers.publish import Publisher
 from consumers.stable_start import StableStart
 from consumers.stats import ConsumerStats
 from pipeline.core.config import ConsumerSettings, KafkaSettings
@@ -25,8 +24,18 @@ from pipeline.core.kafka.client import client_options, create_topics, durable_pr
 from pipeline.core.kafka.offset_fetch import NO_OFFSET, UNSTABLE_OFFSET_COMMIT, fetch_committed
 from pipeline.core.kafka.offsets import METADATA_TAG, CommitPoint, OffsetTracker
 from pipeline.core.kafka.outbox import Message
-from tests.consumers.harness import collect, cost_model, create_topics as create_model_topics, make_consumer, request
-from tests.consumers.harness import hand_publisher, read_committed, running, send, take_records, topics
+from tests.consumers.harness import (
+    collect,
+    cost_model,
+    hand_publisher,
+    make_consumer,
+    request,
+    running,
+    send,
+    take_records,
+    topics,
+)
+from tests.consumers.harness import create_topics as create_model_topics
 from tests.support.clock import FakeClock
 from tests.support.kafka import produce_json
 
@@ -131,7 +140,9 @@ def test_require_stable_waits_for_an_open_transaction_carrying_offsets(kafka_set
     asyncio.run(scenario())
 
 
-def test_a_new_owner_waits_for_an_open_transaction_and_starts_at_its_commit_point(kafka_settings: KafkaSettings) -> None:
+def test_a_new_owner_waits_for_an_open_transaction_and_starts_at_its_commit_point(
+    kafka_settings: KafkaSettings,
+) -> None:
     """The last owner's transaction carries offset 2 with 3 and 4 answered past it and is still
     open when the partition is assigned: the partition stays paused until it commits, then starts
     at 2 and skips 3 and 4 (aiokafka alone would have started at 0: nothing stable committed yet)."""
@@ -181,7 +192,11 @@ def test_a_new_owner_waits_for_an_open_transaction_and_starts_at_its_commit_poin
                     break
             assert [r.offset for r in records] == [2, 3, 4, 5]
             assert [tracker.received(tp, r.offset) for r in records] == [True, False, False, True]
-            assert (stats.unstable_offsets_waited, stats.unstable_offsets_given_up, stats.answered_inherited) == (1, 0, 2)
+            assert (stats.unstable_offsets_waited, stats.unstable_offsets_given_up, stats.answered_inherited) == (
+                1,
+                0,
+                2,
+            )
         finally:
             await stable.stop()
             await producer.stop()
@@ -210,7 +225,10 @@ def test_a_new_owner_skips_what_the_last_owner_answered_past_its_commit(
         producer = AIOKafkaProducer(**options, **txn, **durable_producer())
         await producer.start()
         consumer = AIOKafkaConsumer(
-            **options, group_id=group, enable_auto_commit=False, auto_offset_reset="earliest",
+            **options,
+            group_id=group,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
             isolation_level="read_committed",
         )
         await consumer.start()
@@ -221,7 +239,9 @@ def test_a_new_owner_skips_what_the_last_owner_answered_past_its_commit(
             consumer.subscribe([source])
             records = await take_records(publisher, consumer, tp, 20)
             answered = [r for r in records if 8 <= r.offset <= 17]
-            messages = [Message(results, f"r{r.offset}".encode(), json.dumps({"id": f"r{r.offset}"}).encode()) for r in answered]
+            messages = [
+                Message(results, f"r{r.offset}".encode(), json.dumps({"id": f"r{r.offset}"}).encode()) for r in answered
+            ]
             assert await publisher.publish(messages, [(tp, r.offset) for r in answered])
             await publisher.commit()
             assert stats.commits >= 1 and publisher.tracker.to_commit() == {}

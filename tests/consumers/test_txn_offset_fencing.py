@@ -31,9 +31,9 @@ from pipeline.core.kafka.txn_offset_commit import (
     TxnOffsetsRefused,
     fence_txn_offsets,
 )
+from tests.consumers.harness import hand_publisher, read_committed, take_records
 from tests.support.clock import FakeClock
 from tests.support.kafka import produce_json
-from tests.consumers.harness import hand_publisher, read_committed, take_records
 
 
 def test_offsets_of_a_stale_or_unknown_member_are_refused_and_the_current_members_land(
@@ -129,8 +129,13 @@ def test_an_expelled_consumer_that_believes_it_is_fresh_has_its_transaction_refu
         producer = AIOKafkaProducer(**options, transactional_id=f"expelled-{uuid.uuid4()}", **durable_producer())
         await producer.start()
         zombie = AIOKafkaConsumer(
-            **options, group_id=group, enable_auto_commit=False, auto_offset_reset="earliest",
-            isolation_level="read_committed", session_timeout_ms=6000, heartbeat_interval_ms=200,
+            **options,
+            group_id=group,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            isolation_level="read_committed",
+            session_timeout_ms=6000,
+            heartbeat_interval_ms=200,
         )
         successor = AIOKafkaConsumer(**options, group_id=group, enable_auto_commit=False, auto_offset_reset="earliest")
         await zombie.start()

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode
 
@@ -22,11 +22,11 @@ class SeededStore:
 
     @property
     def since(self) -> str:
-        return datetime.fromtimestamp(self.window.from_ms / 1000, tz=timezone.utc).isoformat(timespec="seconds")
+        return datetime.fromtimestamp(self.window.from_ms / 1000, tz=UTC).isoformat(timespec="seconds")
 
     @property
     def until(self) -> str:
-        return datetime.fromtimestamp(self.window.to_ms / 1000, tz=timezone.utc).isoformat(timespec="seconds")
+        return datetime.fromtimestamp(self.window.to_ms / 1000, tz=UTC).isoformat(timespec="seconds")
 
     def url_params(self, model: str) -> str:
         """The board URL query selecting this store's window and a model."""

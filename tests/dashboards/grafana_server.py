@@ -63,9 +63,7 @@ class _Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(length)) if length else None
         path = self.path.split("?", 1)[0]
         with self.lock:
-            self.state.requests.append(
-                RecordedRequest(self.command, path, body, self.headers.get("Authorization"))
-            )
+            self.state.requests.append(RecordedRequest(self.command, path, body, self.headers.get("Authorization")))
             status, payload = self._route(self.command, path, body)
         self._reply(status, payload)
 
@@ -82,7 +80,7 @@ class _Handler(BaseHTTPRequestHandler):
                     return 404, {"message": "Data source not found"}
                 stored = copy.deepcopy(s.datasources[uid])
                 secure = stored.pop("secureJsonData", {}) or {}
-                stored["secureJsonFields"] = {k: True for k in secure}
+                stored["secureJsonFields"] = dict.fromkeys(secure, True)
                 return 200, stored
             if method == "PUT":
                 if uid not in s.datasources:
@@ -187,7 +185,7 @@ class FakeGrafana:
         host, port = self._server.server_address[:2]
         return f"http://{host}:{port}"
 
-    def __enter__(self) -> "FakeGrafana":
+    def __enter__(self) -> FakeGrafana:
         self._thread.start()
         return self
 

@@ -31,7 +31,10 @@ ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = ROOT / "dashboards" / "provisioning" / "alerting" / "batchtide.yaml"
 CONFIG = parse_config(
     {
-        "models": {"slow": {"runner": "cost-model", "slo_p99_ms": 1000.0}, "fine": {"runner": "cost-model", "slo_p99_ms": 1000.0}},
+        "models": {
+            "slow": {"runner": "cost-model", "slo_p99_ms": 1000.0},
+            "fine": {"runner": "cost-model", "slo_p99_ms": 1000.0},
+        },
         "alerts": {"slo_minutes": 5, "dlq_per_s": 1.0, "lag_age_s": 60.0, "stalled_minutes": 3, "no_member_s": 60.0},
     }
 )
@@ -52,7 +55,9 @@ def evaluate(client: Client, rule: dict[str, Any], now_ms: int = NOW) -> dict[st
     (evaluator,) = [c["evaluator"] for c in condition["conditions"]]
     assert evaluator["type"] == "gt"
     window_ms = query["relativeTimeRange"]["from"] * 1000
-    sql = expand_macros(query["model"]["rawSql"], time_from_ms=now_ms - window_ms, time_to_ms=now_ms, interval_ms=60_000)
+    sql = expand_macros(
+        query["model"]["rawSql"], time_from_ms=now_ms - window_ms, time_to_ms=now_ms, interval_ms=60_000
+    )
     rows = client.query(sql).named_results()
     return {str(r["model"]): float(r["value"]) > float(evaluator["params"][0]) for r in rows}
 
@@ -142,7 +147,9 @@ def test_generate_check_covers_the_alert_rules(tmp_path: Path, monkeypatch: pyte
     alerting = tmp_path / "provisioning" / "alerting" / "batchtide.yaml"
     document = yaml.safe_load(alerting.read_text())
     assert _rule(document, "batchtide-slo-alpha")["data"][1]["model"]["conditions"][0]["evaluator"]["params"] == [321.0]
-    assert runner.invoke(dashboards_cli(), ["dashboards", "generate", "--check", "--config", str(config)]).exit_code == 0
+    assert (
+        runner.invoke(dashboards_cli(), ["dashboards", "generate", "--check", "--config", str(config)]).exit_code == 0
+    )
     alerting.write_text(alerting.read_text().replace("- 42.0", "- 43.0"))
     stale = runner.invoke(dashboards_cli(), ["dashboards", "generate", "--check", "--config", str(config)])
     assert stale.exit_code == 1 and "alerting/batchtide.yaml" in stale.output
@@ -203,7 +210,9 @@ def test_dlq_rule_reads_the_dead_letter_topics_end_offsets(store: Client, ch_dat
     assert evaluate(store, rule) == {"all models": True}
 
 
-def test_no_consumer_rule_fires_only_after_a_minute_without_members_while_records_wait(store: Client, ch_database: str) -> None:
+def test_no_consumer_rule_fires_only_after_a_minute_without_members_while_records_wait(
+    store: Client, ch_database: str
+) -> None:
     samples = []
     for t in range(NOW - 120_000, NOW, 5_000):
         gone = t >= NOW - 65_000

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from dashboards.panels import CONSUMER_LAG, FLEET, GENERATION, MODEL_VARIABLE, TAIL_LATENCY
-from pipeline.views.panel_data import Frame, TimeRange
 from pipeline.core.store.macros import expand_macros
+from pipeline.views.panel_data import Frame, TimeRange
 from tests.dashboards.conftest import SeededStore
 
 BOARD_FILE = Path(__file__).resolve().parents[2] / "dashboards" / f"{TAIL_LATENCY.uid}.json"
@@ -89,8 +89,8 @@ def test_panel_sql_returns_the_shape_its_panel_needs(seeded_store: SeededStore, 
         else:
             assert target["format"] == 1
             x_field = panel["options"].get("xField")
-            x_index = frame.columns.index(x_field) if x_field else next(
-                (i for i, k in enumerate(kinds) if k != "number"), 0
+            x_index = (
+                frame.columns.index(x_field) if x_field else next((i for i, k in enumerate(kinds) if k != "number"), 0)
             )
             values = [i for i, k in enumerate(kinds) if k == "number" and i != x_index]
             assert values, f"a bar chart needs a numeric column beside x, got {frame.columns} {frame.types}"

@@ -129,12 +129,9 @@ def test_missing_credentials_are_refused(monkeypatch: pytest.MonkeyPatch) -> Non
         grafana_credential()
 
 
-def test_cli_push_reports_outcomes_and_never_prints_secrets(
-    grafana: FakeGrafana, target: ClickHouseTarget
-) -> None:
+def test_cli_push_reports_outcomes_and_never_prints_secrets(grafana: FakeGrafana, target: ClickHouseTarget) -> None:
     from typer.testing import CliRunner
 
-    
     runner = CliRunner()
     args = ["dashboards", "push", "--grafana-url", grafana.url, "--clickhouse-url", "http://clickhouse:8123"]
     first = runner.invoke(dashboards_cli(), args)
@@ -153,10 +150,11 @@ def test_cli_push_reports_outcomes_and_never_prints_secrets(
     assert second == ["GET"] * (2 + len(BOARDS) + len(rules) + 1), "the second push only reads"
 
 
-def test_cli_push_without_clickhouse_server_explains(grafana: FakeGrafana, target: ClickHouseTarget, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_push_without_clickhouse_server_explains(
+    grafana: FakeGrafana, target: ClickHouseTarget, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from typer.testing import CliRunner
 
-    
     monkeypatch.delenv("BATCHTIDE_CLICKHOUSE_URL", raising=False)
     result = CliRunner().invoke(dashboards_cli(), ["dashboards", "push", "--grafana-url", grafana.url])
     assert result.exit_code == 2
@@ -190,7 +188,9 @@ def test_alert_rules_go_through_the_provisioning_api_and_only_changes_are_writte
     assert {r.outcome for r in again} == {"unchanged"} and grafana.writes() == []
 
     # a threshold changed, a model removed, and the group's interval edited in Grafana
-    changed = alert_rules(parse_config({**RULES_CONFIG, "models": {"a": {"runner": "cost-model", "slo_p99_ms": 250.0}}}))
+    changed = alert_rules(
+        parse_config({**RULES_CONFIG, "models": {"a": {"runner": "cost-model", "slo_p99_ms": 250.0}}})
+    )
     grafana.state.rule_groups[(FOLDER_UID, GROUP_NAME)] = 10
     grafana.clear()
     results = push_all(connect(grafana.url), target, [board], changed)

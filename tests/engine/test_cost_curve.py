@@ -8,7 +8,6 @@ import random
 from pipeline.core.config import BatchProfile
 from pipeline.core.engine import BatchingEngine
 from pipeline.core.engine.costcurve import CostCurve
-
 from tests.engine.helpers import request, run_saturated
 
 
@@ -214,7 +213,6 @@ def test_noisy_affine_curve_keeps_hard_cap_and_sees_no_shift() -> None:
     assert all(r.effective_cap == 48 for r in late)
 
 
-
 def _host_noise(count: int, seed: int = 7) -> list[float]:
     """Multiplicative compute-time noise of a heavily loaded host (lognormal, sigma 0.8)."""
     rng = random.Random(seed)
@@ -314,7 +312,8 @@ def test_after_a_shift_drops_a_prefilled_curve_the_cap_ramps_from_what_was_measu
     largest_done = PROFILED[-1][0]
     for record in records:
         assert record.size <= 2 * largest_done, (
-            f"batch {record.batch_id} of {record.size} after at most {largest_done} measured")
+            f"batch {record.batch_id} of {record.size} after at most {largest_done} measured"
+        )
         largest_done = max(largest_done, record.size)
     assert 256 <= engine.curve.cap <= 1024, "the ramp still climbs to where throughput stops rising"
     assert max(r.size for r in records) <= 2048

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pipeline.core.config import BatchProfile
 from pipeline.core.engine import BatchingEngine
-
 from tests.engine.helpers import request
 
 

@@ -23,7 +23,9 @@ FAST = affine(20.0, 2.0)
 SLOW = affine(60.0, 6.0)
 
 
-def peer(name: str, t=FAST, *, start_in: float = 0.0, capacity: float = 460.0, at: float = 0.0, parts=(0, 1)) -> MemberView:
+def peer(
+    name: str, t=FAST, *, start_in: float = 0.0, capacity: float = 460.0, at: float = 0.0, parts=(0, 1)
+) -> MemberView:
     return MemberView(name, at, start_in, t(4), capacity, tuple(parts))
 
 
@@ -38,7 +40,9 @@ def test_a_slow_consumer_hands_the_back_of_its_queue_to_a_fast_idle_peer_and_kee
     # the first kept request finishes here within twice what the peer would now need for it
     assert local_finish_ms(kept - 1, kept, local) < 2 * peer_finish_ms(fast, len(plan), rule)
     relieving = MemberView("fast", 0.0, 0.0, FAST(4), 460.0, (0, 1), load=0.3)
-    assert len(plan_forwards(10, [True] * 10, local, [relieving], 0.0, rule)) > len(plan), "a clearly less loaded peer takes more"
+    assert len(plan_forwards(10, [True] * 10, local, [relieving], 0.0, rule)) > len(plan), (
+        "a clearly less loaded peer takes more"
+    )
     assert {f.member_id for f in plan} == {"fast"}
     assert sorted({f.partition for f in plan}) == [0, 1], "spread over the peer's priority partitions"
 
@@ -96,7 +100,9 @@ def test_forwards_are_never_forwarded_again_and_a_busy_peer_stays_busy_until_it_
     assert plan and all(movable[f.index] for f in plan)
     busy_then = peer("fast", start_in=400.0, at=0.0)
     assert plan_forwards(10, [True] * 10, local, [busy_then], 0.0, ForwardRule()) == []
-    assert plan_forwards(10, [True] * 10, local, [busy_then], 400.0, ForwardRule()) == [], "a queue ahead is not aged away"
+    assert plan_forwards(10, [True] * 10, local, [busy_then], 400.0, ForwardRule()) == [], (
+        "a queue ahead is not aged away"
+    )
 
 
 def test_the_beacon_start_time_is_the_full_batches_ahead() -> None:

@@ -5,12 +5,27 @@ from __future__ import annotations
 import pytest
 
 from pipeline.core.engine.joins import (
-    LEARN_AFTER, MAX_PADDING, MIN_CHUNK, OLDEST_SHARE, RIDE_SHARE, Joiner, JoinRule, JoinSettings, LoopView, RideCredit,
-    length_groups, paced_ride, ride_allowance, ride_plan, ride_tokens,
+    LEARN_AFTER,
+    MAX_PADDING,
+    MIN_CHUNK,
+    OLDEST_SHARE,
+    RIDE_SHARE,
+    Joiner,
+    JoinRule,
+    JoinSettings,
+    LoopView,
+    RideCredit,
+    length_groups,
+    paced_ride,
+    ride_allowance,
+    ride_plan,
+    ride_tokens,
 )
 
 
-def joiner(prompt: int = 32, limit: int = 100, deadline: float | None = None, priority: int = 1, step: int = 0) -> Joiner:
+def joiner(
+    prompt: int = 32, limit: int = 100, deadline: float | None = None, priority: int = 1, step: int = 0
+) -> Joiner:
     return Joiner(prompt, prompt + limit, limit, deadline, priority, step)
 
 

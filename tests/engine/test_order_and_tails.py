@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pipeline.core.config import BatchProfile
 from pipeline.core.engine import Batch, BatchingEngine
-
 from tests.engine.helpers import request
 
 
@@ -146,8 +145,16 @@ def test_default_floor_is_max_wait_so_idle_zero_waits_mark_nothing() -> None:
 def test_default_threshold_is_the_upper_tail_not_a_multiple_of_a_zero_p50() -> None:
     """Most waits are 0 (idle dispatch), 3% waited 100 ms: 2 x p50 would be 0 and mark
     every request that waited at all; 1.5 x the p99 marks only what waited past 150 ms."""
-    engine = BatchingEngine(BatchProfile(hard_cap=4, target_size=4, tail_mark_floor_ms=0.0,
-                                         adaptive_cap=False, adaptive_window=False, max_wait_ms=0.0))
+    engine = BatchingEngine(
+        BatchProfile(
+            hard_cap=4,
+            target_size=4,
+            tail_mark_floor_ms=0.0,
+            adaptive_cap=False,
+            adaptive_window=False,
+            max_wait_ms=0.0,
+        )
+    )
     now = 0.0
     for i in range(400):
         wait = 100.0 if i % 33 == 0 else 0.0

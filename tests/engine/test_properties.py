@@ -126,9 +126,7 @@ class Ledger:
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(profile=profiles, script=events)
-def test_every_request_leaves_exactly_once_and_limits_hold(
-    profile: BatchProfile, script: list[tuple]
-) -> None:
+def test_every_request_leaves_exactly_once_and_limits_hold(profile: BatchProfile, script: list[tuple]) -> None:
     ledger = Ledger(BatchingEngine(profile))
     for event in script:
         kind = event[0]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pipeline.core.config import BatchProfile
 from pipeline.core.engine import BatchingEngine
-
 from tests.engine.helpers import request
 
 
@@ -23,9 +22,7 @@ def _teach_linear_curve(engine: BatchingEngine, fixed_ms: float, per_item_ms: fl
 
 def _window_at_rate(rate_per_ms: float, *, slots: int, backlog: int = 0) -> tuple[float, str]:
     """Window the engine opens for a stream at `rate_per_ms`, with one batch in flight."""
-    profile = BatchProfile(
-        max_inflight_batches=slots, max_wait_ms=20.0, hard_cap=48, rate_halflife_ms=2.0
-    )
+    profile = BatchProfile(max_inflight_batches=slots, max_wait_ms=20.0, hard_cap=48, rate_halflife_ms=2.0)
     engine = BatchingEngine(profile)
     _teach_linear_curve(engine, fixed_ms=40.0, per_item_ms=1.0)
     engine.offer(request(0.0), 0.0)

@@ -15,10 +15,10 @@ import time
 import pytest
 
 from pipeline.chaos.deployment import Stage
-from pipeline.harness.config_file import kafka_table, toml_text
-from pipeline.harness.processes import Proc, consume_argv
 from pipeline.core.config import KafkaSettings
 from pipeline.core.kafka.client import Topics, ensure_topics
+from pipeline.harness.config_file import kafka_table, toml_text
+from pipeline.harness.processes import Proc, consume_argv
 from tests.support.kafka import consume_n, json_values, produce_json
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
@@ -32,14 +32,22 @@ def _consumer(stage: Stage, name: str, stop_timeout_s: float) -> Proc:
     """A real `consume` process; ~100 ms batches of 8, so 400 requests keep it busy for seconds."""
     config = stage.workdir / f"{name}.toml"
     config.parent.mkdir(parents=True, exist_ok=True)
-    config.write_text(toml_text({
-        "kafka": kafka_table(stage.kafka),
-        "consumer": {"stop_timeout_s": stop_timeout_s},
-        f"models.{MODEL}": {
-            "runner": "cost-model", "cost_a_ms": 100.0, "cost_c_ms": 1.0, "hard_cap": 8,
-            "adaptive_cap": False, "partitions": 4,
-        },
-    }))
+    config.write_text(
+        toml_text(
+            {
+                "kafka": kafka_table(stage.kafka),
+                "consumer": {"stop_timeout_s": stop_timeout_s},
+                f"models.{MODEL}": {
+                    "runner": "cost-model",
+                    "cost_a_ms": 100.0,
+                    "cost_c_ms": 1.0,
+                    "hard_cap": 8,
+                    "adaptive_cap": False,
+                    "partitions": 4,
+                },
+            }
+        )
+    )
     return Proc(name, consume_argv(MODEL, config, name, "--no-create-topics"), stage.workdir)
 
 
@@ -61,7 +69,9 @@ async def _both_answering(settings: KafkaSettings) -> None:
     """Until each consumer has answered a request: both hold partitions, and work, when the broker dies."""
     results = Topics(settings.topic_prefix).results(MODEL)
     for n in range(20, REQUESTS, 20):
-        answered_by = {value["consumer_id"] for value in json_values(await consume_n(settings, results, n, timeout_s=60))}
+        answered_by = {
+            value["consumer_id"] for value in json_values(await consume_n(settings, results, n, timeout_s=60))
+        }
         if answered_by == {"patient", "stubborn"}:
             return
     raise AssertionError(f"only {answered_by} answered")

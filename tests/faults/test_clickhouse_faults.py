@@ -12,9 +12,9 @@ import pytest
 
 from pipeline.chaos.clickhouse_outage import clickhouse_outage
 from pipeline.chaos.deployment import Stage
-from pipeline.chaos.steps import ChaosSizes
 from pipeline.chaos.ledger import FaultReport
 from pipeline.chaos.sink_kill import sink_kill
+from pipeline.chaos.steps import ChaosSizes
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

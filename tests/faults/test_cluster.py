@@ -16,10 +16,10 @@ import asyncio
 import pytest
 
 from pipeline.chaos.cluster_faults import broker_freeze
-from pipeline.chaos.leader_kill import MAX_RESEATS, leader_kill
 from pipeline.chaos.deployment import Stage
-from pipeline.chaos.steps import ChaosSizes
+from pipeline.chaos.leader_kill import MAX_RESEATS, leader_kill
 from pipeline.chaos.ledger import FaultReport
+from pipeline.chaos.steps import ChaosSizes
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -57,5 +57,7 @@ def test_a_frozen_leader_comes_back_as_a_follower_and_loses_nothing(cluster_stag
     assert d["frozen_s"] >= SIZES.freeze_s, d
     assert d["victim_led_request_partitions"] >= 1
     assert d["leaders_moved_s"] is not None, "the frozen leader's partitions got no new leader while it was frozen"
-    assert d["victim_leads_only_as_preferred"], f"the zombie must rejoin as a follower (leads {d['victim_leads_after']})"
+    assert d["victim_leads_only_as_preferred"], (
+        f"the zombie must rejoin as a follower (leads {d['victim_leads_after']})"
+    )
     assert d["fetch_stalls_unblocked"] >= 0

@@ -14,11 +14,11 @@ import pytest
 
 from pipeline.chaos.consumer_kill import consumer_kill
 from pipeline.chaos.deployment import Stage
-from pipeline.chaos.steps import ChaosSizes
 from pipeline.chaos.ledger import FaultReport
 from pipeline.chaos.overload import overload
 from pipeline.chaos.poison import poison_request
 from pipeline.chaos.rebalance_storm import rebalance_storm
+from pipeline.chaos.steps import ChaosSizes
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

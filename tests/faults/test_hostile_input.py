@@ -8,8 +8,8 @@ import asyncio
 import pytest
 
 from pipeline.chaos.deployment import Stage
-from pipeline.chaos.steps import ChaosSizes
 from pipeline.chaos.hostile_input import hostile_input
+from pipeline.chaos.steps import ChaosSizes
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

@@ -52,7 +52,9 @@ def test_sigterm_ends_a_sink_whose_broker_died(own_broker_stage: Stage) -> None:
         code = sink.wait(STOP_TIMEOUT_S + MARGIN_S + 60)
         took = time.monotonic() - started
         assert code == 0, f"exit code {code} after {took:.1f} s:\n{sink.log_tail(40)}"
-        assert took <= STOP_TIMEOUT_S + MARGIN_S, f"the sink took {took:.1f} s to stop with a {STOP_TIMEOUT_S:g} s budget"
+        assert took <= STOP_TIMEOUT_S + MARGIN_S, (
+            f"the sink took {took:.1f} s to stop with a {STOP_TIMEOUT_S:g} s budget"
+        )
         log = sink.log_path.read_text(errors="replace")
         assert "Traceback" not in log, sink.log_tail(60)
     finally:

@@ -8,8 +8,8 @@ import pytest
 from consumers.intake import (
     MAX_DETAIL_CHARS,
     REASONS,
-    Rejection,
     RecentIds,
+    Rejection,
     check_reply_topic,
     decode_request,
     parse_forward_headers,
@@ -119,7 +119,9 @@ def test_deep_nesting_does_not_recurse_out() -> None:
         ([("batchtide-enqueue-ms", b"1764672000000")], None),
     ],
 )
-def test_forward_headers_that_lie_are_ignored(headers: list[tuple[str, bytes | None]] | None, expected: int | None) -> None:
+def test_forward_headers_that_lie_are_ignored(
+    headers: list[tuple[str, bytes | None]] | None, expected: int | None
+) -> None:
     assert parse_forward_headers(headers) == expected
 
 

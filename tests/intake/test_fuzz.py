@@ -24,7 +24,9 @@ absurd_numbers = st.one_of(
     st.sampled_from([0, -1, 9, 10, 2**31, 2**53, 2**53 + 1, 2**63, -(2**63)]),
     st.floats(allow_nan=True, allow_infinity=True),
 )
-huge_strings = st.builds(lambda ch, n: ch * n, st.sampled_from(["x", "é", "東", "🚀", "\\", '"']), st.integers(0, 40_000))
+huge_strings = st.builds(
+    lambda ch, n: ch * n, st.sampled_from(["x", "é", "東", "🚀", "\\", '"']), st.integers(0, 40_000)
+)
 json_leaf = st.one_of(st.none(), st.booleans(), absurd_numbers, st.text(max_size=50), huge_strings)
 json_value = st.recursive(
     json_leaf,
@@ -36,7 +38,9 @@ field_value = st.one_of(
     st.just(MODEL),
     st.lists(absurd_numbers, max_size=50),
     st.builds(lambda n: [1] * n, st.integers(0, 40_000)),
-    st.fixed_dictionaries({}, optional={"max_new_tokens": absurd_numbers, "temperature": absurd_numbers, "top_p": absurd_numbers}),
+    st.fixed_dictionaries(
+        {}, optional={"max_new_tokens": absurd_numbers, "temperature": absurd_numbers, "top_p": absurd_numbers}
+    ),
 )
 request_like = st.dictionaries(st.one_of(st.sampled_from(FIELDS), st.text(max_size=10)), field_value, max_size=8)
 valid_input = st.one_of(
@@ -137,7 +141,11 @@ def test_plausible_requests_are_served_or_precisely_rejected(doc: dict[str, Any]
 
 
 @FUZZ
-@given(st.one_of(st.none(), st.lists(st.tuples(st.text(max_size=30), st.one_of(st.none(), st.binary(max_size=40))), max_size=6)))
+@given(
+    st.one_of(
+        st.none(), st.lists(st.tuples(st.text(max_size=30), st.one_of(st.none(), st.binary(max_size=40))), max_size=6)
+    )
+)
 def test_lying_headers_never_raise(headers: list[tuple[str, bytes | None]] | None) -> None:
     ts = parse_forward_headers(headers)
     assert ts is None or 946_684_800_000 <= ts < 4_102_444_800_000

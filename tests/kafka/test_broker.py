@@ -14,9 +14,9 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import UnknownTopicOrPartitionError
 
+from pipeline.core.config import KafkaSettings
 from pipeline.core.kafka.client import client_options, create_topics
 from pipeline.devtools.localkafka import LocalKafka, port_is_free
-from pipeline.core.config import KafkaSettings
 from tests.support.kafka import consume_n, json_values, produce_json
 
 
@@ -158,7 +158,9 @@ def test_a_broker_ends_with_the_process_that_started_it_even_from_a_thread(tmp_p
     worker thread started it, as `bench pipeline` does (asyncio.to_thread)."""
     starter = subprocess.Popen(
         [sys.executable, "-c", _START_FROM_A_THREAD, str(tmp_path / "kafka")],
-        stdout=subprocess.PIPE, cwd=Path(__file__).resolve().parents[2], text=True,
+        stdout=subprocess.PIPE,
+        cwd=Path(__file__).resolve().parents[2],
+        text=True,
     )
     try:
         assert starter.stdout is not None
@@ -168,6 +170,10 @@ def test_a_broker_ends_with_the_process_that_started_it_even_from_a_thread(tmp_p
         starter.kill()
         starter.wait()
     deadline = time.monotonic() + 60
-    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+    while (
+        psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline
+    ):
         time.sleep(0.2)
-    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, "the broker outlived its starter"
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, (
+        "the broker outlived its starter"
+    )

@@ -9,9 +9,9 @@ from pathlib import Path
 import typer
 from typer.testing import CliRunner
 
-from pipeline.devtools.localkafka import LocalKafka, free_port, port_is_free
 from pipeline.commands import local
 from pipeline.core.config import KafkaSettings
+from pipeline.devtools.localkafka import LocalKafka, free_port, port_is_free
 
 
 def _app() -> typer.Typer:
@@ -50,9 +50,7 @@ def test_local_up_status_down_with_a_detached_broker(tmp_path: Path) -> None:
         LocalKafka(data_dir).stop()
 
 
-def test_topics_create_reads_models_and_partitions_from_config(
-    tmp_path: Path, kafka_settings: KafkaSettings
-) -> None:
+def test_topics_create_reads_models_and_partitions_from_config(tmp_path: Path, kafka_settings: KafkaSettings) -> None:
     config = tmp_path / "batchtide.toml"
     config.write_text(
         f'[models.alpha]\nrunner = "zero-cost"\npartitions = 3\n\n'
@@ -105,7 +103,9 @@ def test_local_up_brokers_3_replicates_topics_and_status_shows_leaders_and_isr(t
             admin = AIOKafkaAdminClient(bootstrap_servers=cluster.bootstrap)
             await admin.start()
             try:
-                resource = ConfigResource(ConfigResourceType.TOPIC, "batchtide.results.demo", {"min.insync.replicas": None})
+                resource = ConfigResource(
+                    ConfigResourceType.TOPIC, "batchtide.results.demo", {"min.insync.replicas": None}
+                )
                 response = (await admin.describe_configs([resource]))[0]
             finally:
                 await admin.close()

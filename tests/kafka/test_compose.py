@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
-from pipeline.devtools.localkafka import KAFKA_VERSION
 from pipeline.core.config import KafkaSettings, load_config
+from pipeline.devtools.localkafka import KAFKA_VERSION
 
 ROOT = Path(__file__).resolve().parents[2]
 CLICKHOUSE_HTTP_PORT = 8123

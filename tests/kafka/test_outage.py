@@ -10,9 +10,9 @@ import time
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
+from pipeline.core.config import KafkaSettings
 from pipeline.core.kafka.client import client_options, create_topics
 from pipeline.devtools.localkafka import LocalKafka
-from pipeline.core.config import KafkaSettings
 
 
 @pytest.mark.parametrize("hard", [False, True], ids=["sigterm", "sigkill"])

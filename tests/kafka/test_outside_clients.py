@@ -19,8 +19,8 @@ import jsonschema
 import pytest
 from confluent_kafka import TIMESTAMP_CREATE_TIME, Consumer, Producer
 
-from pipeline.core.kafka.client import create_topics
 from pipeline.core.config import KafkaSettings
+from pipeline.core.kafka.client import create_topics
 from tests.consumers.harness import MODEL, cost_model, make_consumer, running, topics
 from tests.support.kafka import SASL_USERS
 
@@ -42,7 +42,13 @@ def _requests_from_schema(codec: str) -> list[dict[str, Any]]:
     validator = jsonschema.Draft202012Validator(schema)
     out = []
     for i in range(PER_CODEC):
-        value = {"id": f"{codec}-{i}", "model": MODEL, "text": f"from librdkafka {i}", "priority": i % 3, "timeout_ms": 60_000}
+        value = {
+            "id": f"{codec}-{i}",
+            "model": MODEL,
+            "text": f"from librdkafka {i}",
+            "priority": i % 3,
+            "timeout_ms": 60_000,
+        }
         validator.validate(value)
         out.append(value)
     return out
@@ -78,7 +84,12 @@ def _produce(config: dict[str, Any], topic: str, codec: str, values: list[dict[s
 
 def _answers(config: dict[str, Any], topic: str, ids: set[str], timeout_s: float = 90.0) -> dict[str, Any]:
     consumer = Consumer(
-        config | {"group.id": f"outside-{uuid.uuid4().hex[:8]}", "auto.offset.reset": "earliest", "isolation.level": "read_committed"}
+        config
+        | {
+            "group.id": f"outside-{uuid.uuid4().hex[:8]}",
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+        }
     )
     consumer.subscribe([topic])
     got: dict[str, Any] = {}
@@ -99,7 +110,12 @@ def _placement(config: dict[str, Any], topic: str, keys: list[str]) -> dict[str,
     producer = Producer(config | {"partitioner": "murmur2_random"})
     placed: dict[str, int] = {}
     for key in keys:
-        producer.produce(topic, b"probe", key=key.encode(), on_delivery=lambda _e, m: placed.__setitem__(m.key().decode(), m.partition()))
+        producer.produce(
+            topic,
+            b"probe",
+            key=key.encode(),
+            on_delivery=lambda _e, m: placed.__setitem__(m.key().decode(), m.partition()),
+        )
     assert producer.flush(30) == 0
     return placed
 
@@ -117,8 +133,10 @@ def _round_trip(kafka: KafkaSettings, mechanism: str | None, codecs: tuple[str, 
     probe = f"{kafka.topic_prefix}-probe"
 
     async def scenario() -> dict[str, Any]:
-        await create_topics(kafka, {names.requests(MODEL): 4, names.priority(MODEL): 4, names.results(MODEL): 4, probe: 4})
-        await create_topics(kafka, {name: kafka.events_partitions for name in names.shared})
+        await create_topics(
+            kafka, {names.requests(MODEL): 4, names.priority(MODEL): 4, names.results(MODEL): 4, probe: 4}
+        )
+        await create_topics(kafka, dict.fromkeys(names.shared, kafka.events_partitions))
         async with running(make_consumer(model, kafka)) as consumer:
             for codec, values in sent.items():
                 await asyncio.to_thread(_produce, outside, names.requests(MODEL), codec, values, stamp_ms)

@@ -13,14 +13,16 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaConnectionError
 
-from pipeline.core.kafka.client import client_options, create_topics
 from pipeline.core.config import ConfigError, KafkaSettings
+from pipeline.core.kafka.client import client_options, create_topics
 from tests.support.kafka import SASL_USERS, consume_n, json_values, produce_json
 
 PASSWORD = SASL_USERS["batchtide"]
 
 
-async def _round_trip(settings: KafkaSettings, topic: str, partitions: int, values: list[dict[str, int]]) -> list[object]:
+async def _round_trip(
+    settings: KafkaSettings, topic: str, partitions: int, values: list[dict[str, int]]
+) -> list[object]:
     """`values` produced to a new topic and read back, with `settings`' security."""
     await create_topics(settings, {topic: partitions})
     await produce_json(settings, topic, values)

@@ -8,8 +8,8 @@ import dataclasses
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from pipeline.core.kafka.client import Topics, client_options, create_topics, ensure_topics, partition_lag
 from pipeline.core.config import KafkaSettings
+from pipeline.core.kafka.client import Topics, client_options, create_topics, ensure_topics, partition_lag
 from tests.support.kafka import produce_json
 
 

@@ -12,9 +12,9 @@ import asyncio
 import sys
 import time
 
-from pipeline.core.kafka.client import Topics
 from consumers.lag import LagProbe
 from pipeline.core.config import Config, load_config
+from pipeline.core.kafka.client import Topics
 
 TIMEOUT_S = 120.0
 

@@ -18,7 +18,9 @@ from consumers.runners.transformers_runner import TransformersRunner
 from pipeline.core.config import ModelConfig
 from schemas.messages import GenerationParams, Request
 
-PROPERTY = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+PROPERTY = settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 inputs = st.one_of(
     st.builds(lambda t: {"text": t}, st.text(max_size=300)),
     st.builds(lambda ids: {"token_ids": ids}, st.lists(st.integers(0, 2**31 - 1), max_size=40)),

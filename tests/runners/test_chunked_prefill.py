@@ -15,13 +15,15 @@ from consumers.runners.chunked_prefill import CHUNK_STEP_SHARE, ChunkedPrefill, 
 from consumers.runners.decoding import Sequence, decode_all
 from consumers.runners.fused_step import ride
 from consumers.runners.iteration import IterationScheduler
-from pipeline.core.engine.joins import MIN_CHUNK, RIDE_SHARE
 from consumers.runners.transformers_runner import TransformersRunner
 from pipeline.core.config import ConfigError, ModelConfig, parse_config
+from pipeline.core.engine.joins import MIN_CHUNK, RIDE_SHARE
 
 
 def _runner(directory: Path) -> TransformersRunner:
-    runner = make_runner(ModelConfig(name="g", model_path=str(directory), device="cpu", torch_threads=1, max_new_tokens=40))
+    runner = make_runner(
+        ModelConfig(name="g", model_path=str(directory), device="cpu", torch_threads=1, max_new_tokens=40)
+    )
     assert isinstance(runner, TransformersRunner)
     runner.load()
     return runner
@@ -168,7 +170,9 @@ def test_a_long_prompt_joins_in_chunks_between_the_running_rows_steps(runner: Tr
     got = _long_joins_a_decoding_row(scheduler, (short_prompt, 40), (long_prompt, 8))
     hook.remove()
     assert scheduler.chunks >= 60 // MIN_CHUNK
-    assert passes[0] == scheduler.steps + 1 + (0 if fused else scheduler.chunks)  # one pass a step, and the short's prefill
+    assert passes[0] == scheduler.steps + 1 + (
+        0 if fused else scheduler.chunks
+    )  # one pass a step, and the short's prefill
     assert got["long"].first_token_ms is not None and got["short"].last_token_ms is not None
     assert got["long"].first_token_ms < got["short"].last_token_ms
     assert got["short"].generated == _alone(runner, short_prompt, 40)
@@ -187,11 +191,15 @@ def test_separate_chunks_are_paced_to_half_a_step_within_the_budget() -> None:
         pacer.observe(tokens, 30.0 + 2.0 * tokens)  # a forward pass costs 30 ms + 2 ms a token
     fixed, per_token = pacer.cost() or (0.0, 0.0)
     assert (fixed, per_token) == (pytest.approx(30.0), pytest.approx(2.0))
-    assert pacer.tokens(10, 200.0) == int((CHUNK_STEP_SHARE * 200.0 - 30.0) / 2.0)  # 35 tokens: 100 ms with the fixed part
+    assert pacer.tokens(10, 200.0) == int(
+        (CHUNK_STEP_SHARE * 200.0 - 30.0) / 2.0
+    )  # 35 tokens: 100 ms with the fixed part
     assert pacer.tokens(10, 80.0) == 15  # the fixed part is over half the share: as many tokens as it costs, not fewer
 
 
-def test_a_ride_takes_short_groups_whole_within_half_and_spends_the_rest_oldest_first(runner: TransformersRunner) -> None:
+def test_a_ride_takes_short_groups_whole_within_half_and_spends_the_rest_oldest_first(
+    runner: TransformersRunner,
+) -> None:
     running = runner._running_set()
     long, a, b, c = (ChunkedPrefill(running, [Sequence([5] * n, 4)]) for n in (500, 30, 10, 80))
     assert riders([long, a, b, c], 64) == [(long, 54), (b, None)]  # a does not fit in the short groups' half
@@ -271,7 +279,9 @@ def test_a_negative_step_token_budget_is_refused_at_load() -> None:
 
 
 def test_the_model_config_budget_reaches_the_decode_loop(tiny_gpt2_dir: Path) -> None:
-    runner = make_runner(ModelConfig(name="g", model_path=str(tiny_gpt2_dir), device="cpu", batching="iteration", step_token_budget=7))
+    runner = make_runner(
+        ModelConfig(name="g", model_path=str(tiny_gpt2_dir), device="cpu", batching="iteration", step_token_budget=7)
+    )
     assert isinstance(runner, TransformersRunner)
     runner.load()
     try:
@@ -279,7 +289,9 @@ def test_the_model_config_budget_reaches_the_decode_loop(tiny_gpt2_dir: Path) ->
         assert runner.iteration.fused_chunks
     finally:
         runner.close()
-    config = ModelConfig(name="g", model_path=str(tiny_gpt2_dir), device="cpu", batching="iteration", fused_chunks=False)
+    config = ModelConfig(
+        name="g", model_path=str(tiny_gpt2_dir), device="cpu", batching="iteration", fused_chunks=False
+    )
     runner = make_runner(config)
     assert isinstance(runner, TransformersRunner)
     runner.load()

@@ -28,7 +28,9 @@ def _children(runner: ProcessRunner) -> list[int]:
 def test_isolation_setting_picks_the_runner(tiny_bert_dir: Path) -> None:
     real = ModelConfig(name="m", model_path=str(tiny_bert_dir))
     assert isinstance(serving_runner(real), ProcessRunner)
-    assert not isinstance(serving_runner(ModelConfig(name="m", model_path=str(tiny_bert_dir), isolation="thread")), ProcessRunner)
+    assert not isinstance(
+        serving_runner(ModelConfig(name="m", model_path=str(tiny_bert_dir), isolation="thread")), ProcessRunner
+    )
     assert not isinstance(serving_runner(ModelConfig(name="m", runner="zero-cost")), ProcessRunner)
     assert isinstance(serving_runner(ModelConfig(name="m", runner="zero-cost", isolation="process")), ProcessRunner)
 
@@ -68,7 +70,9 @@ def test_runner_errors_come_back_and_bisect_to_the_culprit() -> None:
 
 
 def test_a_killed_child_fails_its_batch_and_the_next_batch_gets_a_fresh_child() -> None:
-    runner = serving_runner(ModelConfig(name="m", runner="cost-model", isolation="process", cost_a_ms=3000.0, cost_c_ms=0.0))
+    runner = serving_runner(
+        ModelConfig(name="m", runner="cost-model", isolation="process", cost_a_ms=3000.0, cost_c_ms=0.0)
+    )
     try:
         runner.load()
         (first,) = _children(runner)
@@ -78,7 +82,7 @@ def test_a_killed_child_fails_its_batch_and_the_next_batch_gets_a_fresh_child() 
             try:
                 runner.run(_reqs("k", ["slow"]))
                 outcome.append(None)
-            except BaseException as e:  # noqa: BLE001 - the test inspects it
+            except BaseException as e:
                 outcome.append(e)
 
         worker = threading.Thread(target=run_one)
@@ -109,7 +113,11 @@ def test_close_stops_every_child() -> None:
 def test_one_child_per_inflight_slot_and_concurrent_batches() -> None:
     slots = 2
     model = ModelConfig(
-        name="m", runner="cost-model", isolation="process", cost_a_ms=800.0, cost_c_ms=0.0,
+        name="m",
+        runner="cost-model",
+        isolation="process",
+        cost_a_ms=800.0,
+        cost_c_ms=0.0,
         profile=BatchProfile(max_inflight_batches=slots),
     )
     runner = serving_runner(model)

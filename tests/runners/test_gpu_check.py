@@ -12,7 +12,9 @@ from pipeline.devtools import gpu_check
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: `make gpu-check` runs for real")
-def test_without_cuda_it_exits_2_with_the_reason_and_runs_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_without_cuda_it_exits_2_with_the_reason_and_runs_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "gpu-check.json"
     assert gpu_check.main(["--out", str(out)]) == 2
     assert "no CUDA device" in capsys.readouterr().err

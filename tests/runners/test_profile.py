@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.core import profile_file
 from consumers.worker import build_consumer
 from pipeline.cli import app
+from pipeline.core import profile_file
 from pipeline.core.config import load_config
 
 
@@ -22,7 +22,18 @@ def _profile(*args: str) -> tuple[str, dict]:
 
 
 def test_embedding_profile_doubles_sizes_and_recommends_a_cap(tiny_bert_dir: Path, tmp_path: Path) -> None:
-    output, data = _profile("--model", str(tiny_bert_dir), "--max-size", "8", "--tokens", "8", "--seconds", "0", "--out", str(tmp_path / "p.json"))
+    output, data = _profile(
+        "--model",
+        str(tiny_bert_dir),
+        "--max-size",
+        "8",
+        "--tokens",
+        "8",
+        "--seconds",
+        "0",
+        "--out",
+        str(tmp_path / "p.json"),
+    )
     assert data["format"] == profile_file.FORMAT and data["task"] == "embed" and data["unit"] == "requests"
     assert [p["size"] for p in data["points"]] == [1, 2, 4, 8] and data["stop_reason"] == "max_size"
     for p in data["points"]:
@@ -37,7 +48,18 @@ def test_embedding_profile_doubles_sizes_and_recommends_a_cap(tiny_bert_dir: Pat
 
 
 def test_generation_profile_has_prefill_and_decode_curves_in_tokens(tiny_gpt2_dir: Path, tmp_path: Path) -> None:
-    output, data = _profile("--model", str(tiny_gpt2_dir), "--max-size", "4", "--tokens", "8", "--decode-steps", "4", "--out", str(tmp_path / "g.json"))
+    output, data = _profile(
+        "--model",
+        str(tiny_gpt2_dir),
+        "--max-size",
+        "4",
+        "--tokens",
+        "8",
+        "--decode-steps",
+        "4",
+        "--out",
+        str(tmp_path / "g.json"),
+    )
     assert data["task"] == "generate" and data["unit"] == "tokens"
     assert [p["size"] for p in data["prefill"]] == [1, 2, 4] == [p["size"] for p in data["points"]]
     assert all(p["tokens_per_s"] == pytest.approx(p["size"] * 1000 / p["median_ms"]) for p in data["points"])
@@ -52,29 +74,68 @@ def test_generation_profile_has_prefill_and_decode_curves_in_tokens(tiny_gpt2_di
 
 
 def test_profile_stops_past_the_compute_budget(tiny_bert_dir: Path, tmp_path: Path) -> None:
-    _, data = _profile("--model", str(tiny_bert_dir), "--max-size", "64", "--budget-ms", "0.0001", "--seconds", "0", "--out", str(tmp_path / "b.json"))
+    _, data = _profile(
+        "--model",
+        str(tiny_bert_dir),
+        "--max-size",
+        "64",
+        "--budget-ms",
+        "0.0001",
+        "--seconds",
+        "0",
+        "--out",
+        str(tmp_path / "b.json"),
+    )
     assert data["stop_reason"] == "budget" and [p["size"] for p in data["points"]] == [1]
 
 
 def test_profile_labels_simulated_runners(tmp_path: Path) -> None:
     config = tmp_path / "c.toml"
     config.write_text('[models.sim]\nrunner = "cost-model"\ncost_points = [[1, 2.0], [8, 4.0]]\n')
-    output, data = _profile("--config", str(config), "--model", "sim", "--max-size", "8", "--seconds", "0", "--out", str(tmp_path / "s.json"))
+    output, data = _profile(
+        "--config",
+        str(config),
+        "--model",
+        "sim",
+        "--max-size",
+        "8",
+        "--seconds",
+        "0",
+        "--out",
+        str(tmp_path / "s.json"),
+    )
     assert "SIMULATED" in output and data["simulated"] is True
     times = {p["size"]: p["median_ms"] for p in data["points"]}
     assert times[8] > times[1] >= 2.0  # the cost model sleeps its curve
 
 
-def test_consumer_starts_from_its_profile_file(tiny_bert_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_consumer_starts_from_its_profile_file(
+    tiny_bert_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("BATCHTIDE_PROFILE_DIR", str(tmp_path / "profiles"))
     config = tmp_path / "c.toml"
-    config.write_text(f'[models.tiny]\nmodel_path = "{tiny_bert_dir}"\ntorch_threads = 1\nisolation = "thread"\nhard_cap = 48\n')
-    _profile("--config", str(config), "--model", "tiny", "--max-size", "4", "--seconds", "0", "--out", str(tmp_path / "profiles" / "tiny.json"))
+    config.write_text(
+        f'[models.tiny]\nmodel_path = "{tiny_bert_dir}"\ntorch_threads = 1\nisolation = "thread"\nhard_cap = 48\n'
+    )
+    _profile(
+        "--config",
+        str(config),
+        "--model",
+        "tiny",
+        "--max-size",
+        "4",
+        "--seconds",
+        "0",
+        "--out",
+        str(tmp_path / "profiles" / "tiny.json"),
+    )
     consumer = build_consumer(load_config(config), "tiny")
     assert consumer.engine.ceiling <= 4  # held under what the profile measured
     assert [s for s, _ in consumer.engine.curve.points()] == [1, 2, 4]  # no cold probing
     # a profile measured for another set-up is ignored
     other = tmp_path / "other.toml"
-    other.write_text(f'[models.tiny]\nmodel_path = "{tiny_bert_dir}"\ntorch_threads = 2\nisolation = "thread"\nhard_cap = 48\n')
+    other.write_text(
+        f'[models.tiny]\nmodel_path = "{tiny_bert_dir}"\ntorch_threads = 2\nisolation = "thread"\nhard_cap = 48\n'
+    )
     fresh = build_consumer(load_config(other), "tiny")
     assert fresh.engine.ceiling == 48 and fresh.engine.curve.points() == []

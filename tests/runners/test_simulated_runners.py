@@ -44,8 +44,10 @@ def test_the_runner_sleeps_the_simulators_curve() -> None:
     points = ((1, 5.0), (8, 12.0), (32, 60.0))
     runner = make_runner(ModelConfig(name="sim", runner="cost-model", cost_points=points))
     assert isinstance(runner, CostModelRunner)
-    simulated = parse_scenario({"name": "t", "phases": [{"duration_s": 1, "rate_per_s": 10}],
-                                "cost": {"points": [list(p) for p in points]}}, "t.toml").cost
+    simulated = parse_scenario(
+        {"name": "t", "phases": [{"duration_s": 1, "rate_per_s": 10}], "cost": {"points": [list(p) for p in points]}},
+        "t.toml",
+    ).cost
     assert [runner.curve.ms(b) for b in (1, 4, 8, 20, 64)] == [simulated.batch_ms(b, 0, 0.0) for b in (1, 4, 8, 20, 64)]
 
 

@@ -32,9 +32,25 @@ mix = [0.3, 0.7]
 app = typer.Typer()
 bench.register(app)
 
-FIELDS = {"policy", "config", "throughput_rps", "throughput_tokens_per_s", "p50_ms", "p99_ms", "p999_ms",
-          "queue_wait_p99_ms", "share_wait_over_1s", "hit_ratio", "hit_ratio_busy", "hit_ratio_idle",
-          "mean_batch_size", "marked_share", "marked_p99_ms", "unmarked_p99_ms", "capacity_at_slo"}
+FIELDS = {
+    "policy",
+    "config",
+    "throughput_rps",
+    "throughput_tokens_per_s",
+    "p50_ms",
+    "p99_ms",
+    "p999_ms",
+    "queue_wait_p99_ms",
+    "share_wait_over_1s",
+    "hit_ratio",
+    "hit_ratio_busy",
+    "hit_ratio_idle",
+    "mean_batch_size",
+    "marked_share",
+    "marked_p99_ms",
+    "unmarked_p99_ms",
+    "capacity_at_slo",
+}
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +58,20 @@ def report(tmp_path_factory):
     d = tmp_path_factory.mktemp("bench")
     (d / "tiny.toml").write_text(SCENARIO)
     out = d / "out.json"
-    result = CliRunner().invoke(app, ["bench", "policies", "--scenario", str(d / "tiny.toml"),
-                                      "--quick", "--json", str(out), "--plot", str(d / "plots")])
+    result = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "policies",
+            "--scenario",
+            str(d / "tiny.toml"),
+            "--quick",
+            "--json",
+            str(out),
+            "--plot",
+            str(d / "plots"),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "batchtide-default" in result.output
     assert len(list((d / "plots").glob("*.png"))) == 3
@@ -75,17 +103,24 @@ def test_ordering_facts(report):
 def test_same_run_same_json(report, tmp_path):
     (tmp_path / "tiny.toml").write_text(SCENARIO)
     out = tmp_path / "again.json"
-    CliRunner().invoke(app, ["bench", "policies", "--scenario", str(tmp_path / "tiny.toml"),
-                             "--quick", "--json", str(out)])
+    CliRunner().invoke(
+        app, ["bench", "policies", "--scenario", str(tmp_path / "tiny.toml"), "--quick", "--json", str(out)]
+    )
     again = json.loads(out.read_text())
     strip = lambda r: [{k: v for k, v in p.items()} for p in r["policies"]]  # noqa: E731
     assert strip(again) == strip(report)
 
 
 def test_best_of_family_beats_every_config_of_its_grid():
-    s = parse_scenario({"name": "g", "seed": 2, "slo_p99_ms": 300.0,
-                        "phases": [{"duration_s": 2, "rate_per_s": 300}],
-                        "cost": {"points": [[1, 5.0], [8, 20.0], [32, 120.0]]}})
+    s = parse_scenario(
+        {
+            "name": "g",
+            "seed": 2,
+            "slo_p99_ms": 300.0,
+            "phases": [{"duration_s": 2, "rate_per_s": 300}],
+            "cost": {"points": [[1, 5.0], [8, 20.0], [32, 120.0]]},
+        }
+    )
     ev = Evaluator(s)
     cands = [Candidate("fixed-window", c) for c in FIXED_WINDOW.quick_grid]
     best = ev.best_of(cands)
@@ -108,9 +143,16 @@ def test_goodput_table_where_requests_carry_deadlines():
     from pipeline.bench.goodput import GOODPUT_LOADS, goodput_table
     from pipeline.core.sim.families import families
 
-    s = parse_scenario({"name": "d", "seed": 4, "slo_p99_ms": 200.0, "deadline_ms": 300.0,
-                        "phases": [{"duration_s": 2, "rate_per_s": 500}],
-                        "cost": {"points": [[1, 5.0], [8, 20.0], [32, 60.0]]}})
+    s = parse_scenario(
+        {
+            "name": "d",
+            "seed": 4,
+            "slo_p99_ms": 200.0,
+            "deadline_ms": 300.0,
+            "phases": [{"duration_s": 2, "rate_per_s": 500}],
+            "cost": {"points": [[1, 5.0], [8, 20.0], [32, 60.0]]},
+        }
+    )
     ev = Evaluator(s)
     rows = goodput_table(ev, s, quick=True)
     assert [r["load"] for r in rows] == [round(1.02**k, 3) for k in GOODPUT_LOADS]
@@ -119,11 +161,21 @@ def test_goodput_table_where_requests_carry_deadlines():
         assert row["best_peer"]["goodput_rps"] == max(f["goodput_rps"] for f in peers.values())
         for family in families():
             for cfg in family.configs(s, True):
-                assert ev.at_load(Candidate(family.name, cfg), k).goodput_rps <= row["families"][family.name]["goodput_rps"]
+                assert (
+                    ev.at_load(Candidate(family.name, cfg), k).goodput_rps
+                    <= row["families"][family.name]["goodput_rps"]
+                )
         mine = row["batchtide_default"]
         assert row["ratio"] == pytest.approx(mine["goodput_rps"] / row["best_peer"]["goodput_rps"])
         assert 0 <= mine["good_share"] <= 1 - mine["expired_share"] + 1e-9
     assert rows[-1]["batchtide_default"]["expired_share"] > 0, "x2 load overloads the device: some are shed"
-    plain = parse_scenario({"name": "p", "seed": 4, "slo_p99_ms": 200.0,
-                            "phases": [{"duration_s": 1, "rate_per_s": 100}], "cost": {"a_ms": 1.0, "c_ms": 0.1}})
+    plain = parse_scenario(
+        {
+            "name": "p",
+            "seed": 4,
+            "slo_p99_ms": 200.0,
+            "phases": [{"duration_s": 1, "rate_per_s": 100}],
+            "cost": {"a_ms": 1.0, "c_ms": 0.1},
+        }
+    )
     assert goodput_table(Evaluator(plain), plain, quick=True) == [], "no deadlines: no goodput table"

@@ -9,26 +9,42 @@ import numpy as np
 import pytest
 
 from pipeline.core.config import ModelConfig
-from pipeline.devtools import demo_plan as plan
 from pipeline.core.sim.scenario_file import load_scenario
+from pipeline.devtools import demo_plan as plan
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _point(size: int, ms: float, per_run: int) -> dict:
-    return {"size": size, "tokens": 32 * size, "median_ms": ms, "p90_ms": ms * 1.1, "items_per_s": size * 1000 / ms,
-            "tokens_per_s": per_run * 1000 / ms, "peak_bytes": 0, "runs": 3}
+    return {
+        "size": size,
+        "tokens": 32 * size,
+        "median_ms": ms,
+        "p90_ms": ms * 1.1,
+        "items_per_s": size * 1000 / ms,
+        "tokens_per_s": per_run * 1000 / ms,
+        "peak_bytes": 0,
+        "runs": 3,
+    }
 
 
 def _encoder() -> dict:
-    return {"model": "minilm", "task": "embed", "knee": 8,
-            "points": [_point(1, 20.0, 32), _point(8, 80.0, 256), _point(32, 400.0, 1024)]}
+    return {
+        "model": "minilm",
+        "task": "embed",
+        "knee": 8,
+        "points": [_point(1, 20.0, 32), _point(8, 80.0, 256), _point(32, 400.0, 1024)],
+    }
 
 
 def _generator() -> dict:
-    return {"model": "smollm", "task": "generate", "knee": 8,
-            "prefill": [_point(1, 150.0, 32), _point(8, 600.0, 256)],
-            "points": [_point(1, 60.0, 1), _point(8, 120.0, 8)]}
+    return {
+        "model": "smollm",
+        "task": "generate",
+        "knee": 8,
+        "prefill": [_point(1, 150.0, 32), _point(8, 600.0, 256)],
+        "points": [_point(1, 60.0, 1), _point(8, 120.0, 8)],
+    }
 
 
 def test_encoder_capacity_is_the_knee_throughput() -> None:
@@ -104,7 +120,11 @@ def test_the_verdict_checks_each_goal_per_model() -> None:
     assert [c.passed for c in checks] == [True, True, True, True, True]
     slow = {**row, "e2e_p99_ms": 1500.0, "marked_share": 0.2}
     failed = [c.name for c in plan.verdict([slow], {"minilm": 1000.0}, {"minilm": (99, 100)}) if not c.passed]
-    assert failed == ["minilm: every request answered", "minilm: e2e p99 within the SLO", "minilm: tail-marked under 10%"]
+    assert failed == [
+        "minilm: every request answered",
+        "minilm: e2e p99 within the SLO",
+        "minilm: tail-marked under 10%",
+    ]
     nothing_waited = {**row, "share_wait_over_1s": 0.0, "marked_share": 0.0}
     assert all(c.passed for c in plan.verdict([nothing_waited], {"minilm": 1000.0}, {}))
     missing = plan.verdict([], {"smollm": 4000.0}, {})
@@ -122,16 +142,27 @@ def test_a_refused_request_of_the_load_fails_the_verdict_and_is_named_by_reason(
     assert [c.name for c in checks if not c.passed] == ["smollm: none refused or failed"]
     (refused,) = [c for c in checks if not c.passed]
     assert refused.detail == "5 rejected: input_too_long"
-    failed = {"a": ("error", "the answer (900 bytes) is larger than max.message.bytes (700) of topic t"),
-              "b": ("error", "CUDA error"), "c": ("expired", "deadline passed"), "d": ("rejected", "schema: id"),
-              "e": ("ok", None)}
+    failed = {
+        "a": ("error", "the answer (900 bytes) is larger than max.message.bytes (700) of topic t"),
+        "b": ("error", "CUDA error"),
+        "c": ("expired", "deadline passed"),
+        "d": ("rejected", "schema: id"),
+        "e": ("ok", None),
+    }
     assert plan.not_ok_by_reason(failed) == {
-        "error: oversize": 1, "error: runner_error": 1, "expired: deadline": 1, "rejected: schema": 1}
+        "error: oversize": 1,
+        "error: runner_error": 1,
+        "expired: deadline": 1,
+        "rejected: schema": 1,
+    }
 
 
 def test_the_speed_seen_weighs_each_profiled_size_by_its_batches() -> None:
-    rows = [{"size": 1, "batches": 30, "compute_p50_ms": 40.0}, {"size": 8, "batches": 10, "compute_p50_ms": 80.0},
-            {"size": 3, "batches": 99, "compute_p50_ms": 50.0}]
+    rows = [
+        {"size": 1, "batches": 30, "compute_p50_ms": 40.0},
+        {"size": 8, "batches": 10, "compute_p50_ms": 80.0},
+        {"size": 3, "batches": 99, "compute_p50_ms": 50.0},
+    ]
     ratio, batches = plan.speed_seen(_encoder(), rows)
     assert batches == 40, "size 3 was not profiled"
     assert ratio == pytest.approx((0.5 * 30 + 1.0 * 10) / 40)
@@ -144,8 +175,10 @@ def test_the_demo_config_carries_what_the_profiles_sized(tmp_path: Path) -> None
     from pipeline.core.config import load_config
 
     path = tmp_path / "batchtide.toml"
-    sized = {"minilm": {"slo_p99_ms": 1000.0},
-             "smollm": {"slo_p99_ms": 5000.0, "hard_cap": 96, "target_size": 48, "max_inflight_batches": 16}}
+    sized = {
+        "minilm": {"slo_p99_ms": 1000.0},
+        "smollm": {"slo_p99_ms": 5000.0, "hard_cap": 96, "target_size": 48, "max_inflight_batches": 16},
+    }
     _write_config(path, "127.0.0.1:9999", tmp_path, 1, sized)
     cfg = load_config(path)
     llm, encoder = cfg.model("smollm"), cfg.model("minilm")

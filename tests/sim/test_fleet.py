@@ -8,10 +8,10 @@ import typer
 from typer.testing import CliRunner
 
 from pipeline.commands import bench
+from pipeline.core.sim.arrivals import make_arrivals
 from pipeline.core.sim.fleet import fleet_variant, simulate_fleet
 from pipeline.core.sim.fleetmetrics import measure_fleet
 from pipeline.core.sim.fleetspec import range_assignment, weighted_assignment
-from pipeline.core.sim.arrivals import make_arrivals
 from pipeline.core.sim.scenario import ScenarioError
 from pipeline.core.sim.scenario_file import parse_scenario
 
@@ -19,7 +19,8 @@ from pipeline.core.sim.scenario_file import parse_scenario
 def fleet_scenario(fleet=None, consumers=2, rate=300.0, duration=10, **extra):
     """The live straggler's shape (t(b) = 20 + 2b ms, 4 partitions), shortened."""
     data = {
-        "name": "fleet-unit", "seed": 24,
+        "name": "fleet-unit",
+        "seed": 24,
         "phases": [{"duration_s": duration, "rate_per_s": rate}],
         "cost": {"a_ms": 20.0, "c_ms": 2.0},
         "topology": {"consumers": consumers},
@@ -40,7 +41,12 @@ def test_range_assignor_gives_contiguous_blocks_of_equal_count():
     assert range_assignment(5, 2) == [(0, 1, 2), (3, 4)]
     assert range_assignment(8, 4) == [(0, 1), (2, 3), (4, 5), (6, 7)]
     assert weighted_assignment(4, [1.0, 1 / 3]) == [(0, 1, 2), (3,)]
-    assert weighted_assignment(16, [1.0, 1.0, 1.0, 1 / 3]) == [tuple(range(0, 5)), tuple(range(5, 10)), tuple(range(10, 15)), (15,)]
+    assert weighted_assignment(16, [1.0, 1.0, 1.0, 1 / 3]) == [
+        tuple(range(5)),
+        tuple(range(5, 10)),
+        tuple(range(10, 15)),
+        (15,),
+    ]
     assert [len(b) for b in weighted_assignment(4, [1.0, 1.0, 1.0, 1 / 3])] == [1, 1, 1, 1], "at least one each"
     s = fleet_scenario(consumers=2, fleet={"partitions": 4})
     lanes = make_arrivals(s).lane
@@ -86,8 +92,9 @@ def test_a_hot_partition_on_equal_devices_is_relieved_by_its_cooler_peers():
 
 
 def test_every_request_answered_once_with_forwards_and_deadlines():
-    s = fleet_scenario({"slow": {"consumers": [0], "factor": 4.0}}, consumers=3, rate=600.0, duration=6,
-                       deadline_ms=400.0)
+    s = fleet_scenario(
+        {"slow": {"consumers": [0], "factor": 4.0}}, consumers=3, rate=600.0, duration=6, deadline_ms=400.0
+    )
     out, m = run(s, "on")
     n = len(out.arrivals)
     assert not np.isnan(out.done_ms).any()
@@ -123,26 +130,38 @@ def test_slowdown_applies_only_inside_its_window():
     assert fleet.steady_factor(1) == 1.0
 
 
-@pytest.mark.parametrize("fleet, topology, message", [
-    ({"partitions": 1}, {}, "range assignor would leave 1 consumer(s) without work"),
-    ({"partitions": 4, "assignment": "sticky"}, {}, "not one of ['range', 'capacity']"),
-    ({"partitions": 4, "slow": {"consumers": [2], "factor": 3.0}}, {}, "not a consumer index 0..1"),
-    ({"partitions": 4, "slow": {"consumers": [1], "factor": 0}}, {}, "factor: must be > 0"),
-    ({"partitions": 4, "slowdown": {"consumer": 0, "from_s": 5, "to_s": 5, "factor": 3.0}}, {},
-     "to_s (5) must be after from_s (5)"),
-    ({"partitions": 4, "slowdown": {"consumer": 0, "from_s": 50, "to_s": 60, "factor": 3.0}}, {},
-     "past the end of the run"),
-    ({"partitions": 4, "hot": {"partition": 4, "share": 0.5}}, {}, "not a partition 0..3"),
-    ({"partitions": 4, "hot": {"share": 1.0}}, {}, "must be > 0 and < 1"),
-    ({"partitions": 4, "beacon_ms": 200}, {}, "unknown key 'beacon_ms'"),
-    ({"partitions": 4, "forwarding": "yes"}, {}, "expected true or false"),
-    ({}, {}, "missing key 'partitions'"),
-    ({"partitions": 4}, {"skew": 1.0}, "takes only 'consumers'"),
-])
+@pytest.mark.parametrize(
+    "fleet, topology, message",
+    [
+        ({"partitions": 1}, {}, "range assignor would leave 1 consumer(s) without work"),
+        ({"partitions": 4, "assignment": "sticky"}, {}, "not one of ['range', 'capacity']"),
+        ({"partitions": 4, "slow": {"consumers": [2], "factor": 3.0}}, {}, "not a consumer index 0..1"),
+        ({"partitions": 4, "slow": {"consumers": [1], "factor": 0}}, {}, "factor: must be > 0"),
+        (
+            {"partitions": 4, "slowdown": {"consumer": 0, "from_s": 5, "to_s": 5, "factor": 3.0}},
+            {},
+            "to_s (5) must be after from_s (5)",
+        ),
+        (
+            {"partitions": 4, "slowdown": {"consumer": 0, "from_s": 50, "to_s": 60, "factor": 3.0}},
+            {},
+            "past the end of the run",
+        ),
+        ({"partitions": 4, "hot": {"partition": 4, "share": 0.5}}, {}, "not a partition 0..3"),
+        ({"partitions": 4, "hot": {"share": 1.0}}, {}, "must be > 0 and < 1"),
+        ({"partitions": 4, "beacon_ms": 200}, {}, "unknown key 'beacon_ms'"),
+        ({"partitions": 4, "forwarding": "yes"}, {}, "expected true or false"),
+        ({}, {}, "missing key 'partitions'"),
+        ({"partitions": 4}, {"skew": 1.0}, "takes only 'consumers'"),
+    ],
+)
 def test_bad_fleet_tables_name_the_key(fleet, topology, message):
     data = {
-        "name": "bad", "phases": [{"duration_s": 10, "rate_per_s": 100}], "cost": {"a_ms": 20.0, "c_ms": 2.0},
-        "topology": {"consumers": 2, **topology}, "fleet": fleet,
+        "name": "bad",
+        "phases": [{"duration_s": 10, "rate_per_s": 100}],
+        "cost": {"a_ms": 20.0, "c_ms": 2.0},
+        "topology": {"consumers": 2, **topology},
+        "fleet": fleet,
     }
     with pytest.raises(ScenarioError) as e:
         parse_scenario(data, "x.toml")

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from pipeline.bench.generation import bench_scenario, default_layout, figures, run_default
 from pipeline.cli import app
 from pipeline.core.sim.gencost import GenerationCost
-from pipeline.core.sim.genpeers import SGLang, TGI, VLLM, FixedWindowGen, simulate_tokens
+from pipeline.core.sim.genpeers import TGI, VLLM, FixedWindowGen, SGLang, simulate_tokens
 from pipeline.core.sim.genscenario import gen_arrivals, load_gen_scenario, parse_gen_scenario
 from pipeline.core.sim.gensim import GenArrivals
 from pipeline.core.sim.scenario import ScenarioError
@@ -19,18 +19,35 @@ from pipeline.core.sim.scenario import ScenarioError
 ROOT = Path(__file__).resolve().parents[2]
 COST = GenerationCost.linear(10.0, 0.1, 20.0, 0.2)
 SMALL = {
-    "name": "small", "seed": 3,
+    "name": "small",
+    "seed": 3,
     "phases": [{"duration_s": 8, "rate_per_s": 4}],
-    "tokens": {"prompt": {"dist": "lognormal", "median": 200, "sigma": 1.0, "min": 20, "max": 2000},
-               "output": {"dist": "lognormal", "median": 40, "sigma": 0.8, "min": 10, "max": 200}},
-    "generation": {"ttft_ms": 1500, "tpot_ms": 60, "max_new_tokens": 200, "kv_tokens": 40000,
-                   "prefill": {"a_ms": 10.0, "c_ms": 0.12}, "step": {"a_ms": 20.0, "c_ms": 0.15}},
+    "tokens": {
+        "prompt": {"dist": "lognormal", "median": 200, "sigma": 1.0, "min": 20, "max": 2000},
+        "output": {"dist": "lognormal", "median": 40, "sigma": 0.8, "min": 10, "max": 200},
+    },
+    "generation": {
+        "ttft_ms": 1500,
+        "tpot_ms": 60,
+        "max_new_tokens": 200,
+        "kv_tokens": 40000,
+        "prefill": {"a_ms": 10.0, "c_ms": 0.12},
+        "step": {"a_ms": 20.0, "c_ms": 0.15},
+    },
 }
 
 
 def one(prompt: int, emits: int, at: float = 0.0, limit: int = 64) -> GenArrivals:
-    return GenArrivals(np.array([at]), np.array([at]), np.array([prompt]), np.array([emits]), np.array([limit]),
-                       np.zeros(1, dtype=int), np.zeros(1, dtype=int), np.array([np.nan]))
+    return GenArrivals(
+        np.array([at]),
+        np.array([at]),
+        np.array([prompt]),
+        np.array([emits]),
+        np.array([limit]),
+        np.zeros(1, dtype=int),
+        np.zeros(1, dtype=int),
+        np.array([np.nan]),
+    )
 
 
 @pytest.mark.parametrize("scheduler", [VLLM(), VLLM(chunked=False), TGI(), SGLang(), FixedWindowGen(window_ms=0.0)])
@@ -42,8 +59,16 @@ def test_every_scheduler_serves_a_lone_request_as_a_prefill_and_its_steps(schedu
 
 def test_tgi_waits_for_enough_joiners_unless_it_waited_max_waiting_tokens() -> None:
     create = np.array([0.0, 0.0, 100.0])
-    arr = GenArrivals(create, create.copy(), np.array([32, 32, 32]), np.array([60, 60, 5]), np.full(3, 64),
-                      np.zeros(3, dtype=int), np.zeros(3, dtype=int), np.full(3, np.nan))
+    arr = GenArrivals(
+        create,
+        create.copy(),
+        np.array([32, 32, 32]),
+        np.array([60, 60, 5]),
+        np.full(3, 64),
+        np.zeros(3, dtype=int),
+        np.zeros(3, dtype=int),
+        np.full(3, np.nan),
+    )
     patient = simulate_tokens(arr, COST, TGI(waiting_served_ratio=1.2, max_waiting_tokens=20))
     eager = simulate_tokens(arr, COST, TGI(waiting_served_ratio=0.3, max_waiting_tokens=20))
     assert patient.first_ms[2] - 100.0 > 15 * 20.0  # waited ~20 steps for company
@@ -52,8 +77,16 @@ def test_tgi_waits_for_enough_joiners_unless_it_waited_max_waiting_tokens() -> N
 
 def test_vllm_preempts_the_newest_row_when_the_kv_cache_runs_out() -> None:
     create = np.array([0.0, 1.0])
-    arr = GenArrivals(create, create.copy(), np.array([100, 100]), np.array([100, 100]), np.full(2, 100),
-                      np.zeros(2, dtype=int), np.zeros(2, dtype=int), np.full(2, np.nan))
+    arr = GenArrivals(
+        create,
+        create.copy(),
+        np.array([100, 100]),
+        np.array([100, 100]),
+        np.full(2, 100),
+        np.zeros(2, dtype=int),
+        np.zeros(2, dtype=int),
+        np.full(2, np.nan),
+    )
     out = simulate_tokens(arr, COST, VLLM(kv_tokens=320))
     assert not np.isnan(out.done_ms).any()
     assert out.done_ms[0] < out.done_ms[1]
@@ -99,8 +132,11 @@ def test_cli_prints_the_goodput_table(tmp_path: Path) -> None:
         'prompt = { dist = "lognormal", median = 200, sigma = 1.0, min = 20, max = 2000 }\n'
         'output = { dist = "lognormal", median = 40, sigma = 0.8, min = 10, max = 200 }\n'
         "[generation]\nttft_ms = 1500\ntpot_ms = 60\nmax_new_tokens = 200\nkv_tokens = 40000\n"
-        "prefill = { a_ms = 10.0, c_ms = 0.12 }\nstep = { a_ms = 20.0, c_ms = 0.15 }\n")
-    result = CliRunner().invoke(app, ["bench", "generation", "--quick", "-s", str(path), "--json", str(tmp_path / "r.json")])
+        "prefill = { a_ms = 10.0, c_ms = 0.12 }\nstep = { a_ms = 20.0, c_ms = 0.15 }\n"
+    )
+    result = CliRunner().invoke(
+        app, ["bench", "generation", "--quick", "-s", str(path), "--json", str(tmp_path / "r.json")]
+    )
     assert result.exit_code == 0, result.output
     assert "batchtide-default / best peer goodput" in result.output
 
@@ -118,8 +154,16 @@ def test_chunked_prefill_keeps_running_rows_decoding_through_a_long_prompt() -> 
     tokens is a step and one chunk."""
     n = 9
     create = np.array([0.0] * 8 + [200.0])
-    arr = GenArrivals(create, create.copy(), np.array([32] * 8 + [2000]), np.array([40] * 8 + [4]),
-                      np.full(n, 64), np.zeros(n, dtype=int), np.zeros(n, dtype=int), np.full(n, np.nan))
+    arr = GenArrivals(
+        create,
+        create.copy(),
+        np.array([32] * 8 + [2000]),
+        np.array([40] * 8 + [4]),
+        np.full(n, 64),
+        np.zeros(n, dtype=int),
+        np.zeros(n, dtype=int),
+        np.full(n, np.nan),
+    )
     cost = GenerationCost.linear(10.0, 0.5, 20.0, 0.2)
     whole = simulate_tokens(arr, cost, VLLM(chunked=False, max_num_batched_tokens=4096))
     chunked = simulate_tokens(arr, cost, VLLM(chunked=True, max_num_batched_tokens=256))

@@ -23,20 +23,33 @@ COST = GenerationCost.linear(PREFILL_A, PREFILL_C, STEP_A, STEP_C)
 NEW = 16
 
 
-def arrivals(times: list[float], prompts: list[int], emits: list[int], deadline: float | None = None,
-             limit: int = NEW) -> GenArrivals:
+def arrivals(
+    times: list[float], prompts: list[int], emits: list[int], deadline: float | None = None, limit: int = NEW
+) -> GenArrivals:
     n = len(times)
     t = np.asarray(times, dtype=float)
     return GenArrivals(
-        create_ms=t, deliver_ms=t.copy(), prompt=np.asarray(prompts), emits=np.asarray(emits),
-        limit=np.full(n, limit), priority=np.zeros(n, dtype=int), lane=np.zeros(n, dtype=int),
+        create_ms=t,
+        deliver_ms=t.copy(),
+        prompt=np.asarray(prompts),
+        emits=np.asarray(emits),
+        limit=np.full(n, limit),
+        priority=np.zeros(n, dtype=int),
+        lane=np.zeros(n, dtype=int),
         deadline_ms=t + deadline if deadline is not None else np.full(n, np.nan),
     )
 
 
 def run(arr: GenArrivals, settings: LoopSettings | None = None, inflight: int = 16, cost: GenerationCost = COST):
-    profile = BatchProfile(cost_unit="tokens", hard_cap=512, target_size=48, max_wait_ms=0.0,
-                           max_inflight_batches=inflight, tail_mark_ratio=0.0, shed_when="never")
+    profile = BatchProfile(
+        cost_unit="tokens",
+        hard_cap=512,
+        target_size=48,
+        max_wait_ms=0.0,
+        max_inflight_batches=inflight,
+        tail_mark_ratio=0.0,
+        shed_when="never",
+    )
     engine = BatchingEngine(profile)
     return simulate_generation(arr, cost, [engine], settings or LoopSettings(reserve_tokens=NEW), inflight)
 
@@ -125,7 +138,10 @@ def test_the_loop_follows_the_consumer() -> None:
 
     assert gensim.JoinRule is joins.JoinRule and iteration.JoinRule is joins.JoinRule
     assert (gensim.JOIN_GROUP, gensim.JOIN_WAIT_STEPS, gensim.JOIN_SLOTS) == (
-        iteration.JOIN_GROUP, iteration.JOIN_WAIT_STEPS, iteration.JOIN_SLOTS)
+        iteration.JOIN_GROUP,
+        iteration.JOIN_WAIT_STEPS,
+        iteration.JOIN_SLOTS,
+    )
     assert gensim.DEAD_SHARE == decoding.DEAD_SHARE
     assert chunked_prefill.MIN_CHUNK is joins.MIN_CHUNK
     assert genchunks.RIDE_SHARE == joins.RIDE_SHARE
@@ -214,8 +230,13 @@ def test_a_hopeless_joiner_is_refused_at_once_once_answer_lengths_are_known() ->
     times = [0.0] * 8 + [2000.0, 2300.0]
     emits = [16] * 8 + [64, 16]
     arr = GenArrivals(
-        create_ms=np.array(times), deliver_ms=np.array(times), prompt=np.full(10, 32), emits=np.array(emits),
-        limit=np.array([16] * 8 + [64, 16]), priority=np.zeros(10, dtype=int), lane=np.zeros(10, dtype=int),
+        create_ms=np.array(times),
+        deliver_ms=np.array(times),
+        prompt=np.full(10, 32),
+        emits=np.array(emits),
+        limit=np.array([16] * 8 + [64, 16]),
+        priority=np.zeros(10, dtype=int),
+        lane=np.zeros(10, dtype=int),
         deadline_ms=np.array([np.nan] * 9 + [2800.0]),
     )
     out = run(arr, LoopSettings(reserve_tokens=4), inflight=4)
@@ -227,8 +248,13 @@ def test_a_hopeless_joiner_is_refused_at_once_once_answer_lengths_are_known() ->
 
 def test_nobody_is_refused_before_answer_lengths_are_known() -> None:
     arr = GenArrivals(
-        create_ms=np.array([0.0, 300.0]), deliver_ms=np.array([0.0, 300.0]), prompt=np.array([32, 32]),
-        emits=np.array([64, 4]), limit=np.array([64, 16]), priority=np.zeros(2, dtype=int), lane=np.zeros(2, dtype=int),
+        create_ms=np.array([0.0, 300.0]),
+        deliver_ms=np.array([0.0, 300.0]),
+        prompt=np.array([32, 32]),
+        emits=np.array([64, 4]),
+        limit=np.array([64, 16]),
+        priority=np.zeros(2, dtype=int),
+        lane=np.zeros(2, dtype=int),
         deadline_ms=np.array([600.0, 1000.0]),
     )
     out = run(arr, LoopSettings(reserve_tokens=4), inflight=4)
@@ -237,6 +263,8 @@ def test_nobody_is_refused_before_answer_lengths_are_known() -> None:
 
 
 def test_a_joining_prefill_shows_as_the_running_rows_longest_gap() -> None:
-    out = run(arrivals([0.0] + [200.0] * 4, [32, 400, 400, 400, 400], [30, 4, 4, 4, 4]),
-              LoopSettings(reserve_tokens=NEW, step_token_budget=0))
+    out = run(
+        arrivals([0.0] + [200.0] * 4, [32, 400, 400, 400, 400], [30, 4, 4, 4, 4]),
+        LoopSettings(reserve_tokens=NEW, step_token_budget=0),
+    )
     assert out.longest_gap_ms >= PREFILL_C * 4 * 400  # the group of four, padded, stalled the first row

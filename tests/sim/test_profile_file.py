@@ -68,8 +68,9 @@ def test_bench_policies_runs_on_a_profile_and_rejects_a_broken_one(tmp_path: Pat
     )
     runner = CliRunner()
     out = tmp_path / "r.json"
-    result = runner.invoke(app, ["bench", "policies", "-s", str(scenario), "--profile", str(path),
-                                 "--quick", "--json", str(out)])
+    result = runner.invoke(
+        app, ["bench", "policies", "-s", str(scenario), "--profile", str(path), "--quick", "--json", str(out)]
+    )
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     assert report["physical_limit_rps"] == pytest.approx(1000.0 * 8 / 94.0, rel=1e-6)

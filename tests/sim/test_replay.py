@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from pipeline.bench.replay import ReplayError, replay
 from pipeline.cli import app
 from pipeline.core.config import BatchProfile, ClickHouseSettings
 from pipeline.core.engine import BatchingEngine
-from pipeline.bench.replay import ReplayError, replay
 from pipeline.core.sim.arrivals import Arrivals, make_arrivals
 from pipeline.core.sim.scenario_file import load_scenario, parse_scenario
 from pipeline.core.sim.simulator import RunOutcome, simulate
@@ -62,28 +62,64 @@ def _record(client, database: str, arrivals: Arrivals, outcome: RunOutcome, star
     for b in range(len(log.size)):
         lane, dispatch = log.lane[b], log.dispatch_ms[b]
         consumer = f"sim-{lane}"
-        batches.append(BatchEvent(
-            batch_id=b + 1, model="m", consumer_id=consumer, dispatch_ms=start_ms + int(dispatch),
-            size=log.size[b], cost=log.size[b], reason="hard_cap", window_ms=log.window_ms[b],
-            hit_target=log.hit_target[b], target_size=24, marked_count=log.marked[b], oldest_wait_ms=0.0,
-            queue_depth=0, effective_cap=log.effective_cap[b], cap_reason="configured",
-            arrival_rate_per_s=0.0, compute_ms=log.compute_ms[b], tokens_in=0, tokens_out=0,
-            device_mem_bytes=0, device_mem_kind="none",
-        ))
+        batches.append(
+            BatchEvent(
+                batch_id=b + 1,
+                model="m",
+                consumer_id=consumer,
+                dispatch_ms=start_ms + int(dispatch),
+                size=log.size[b],
+                cost=log.size[b],
+                reason="hard_cap",
+                window_ms=log.window_ms[b],
+                hit_target=log.hit_target[b],
+                target_size=24,
+                marked_count=log.marked[b],
+                oldest_wait_ms=0.0,
+                queue_depth=0,
+                effective_cap=log.effective_cap[b],
+                cap_reason="configured",
+                arrival_rate_per_s=0.0,
+                compute_ms=log.compute_ms[b],
+                tokens_in=0,
+                tokens_out=0,
+                device_mem_bytes=0,
+                device_mem_kind="none",
+            )
+        )
         for i in members[(lane, dispatch)]:
             create, done = float(arrivals.create_ms[i]), float(outcome.done_ms[i])
-            latency.append(LatencyEvent(
-                request_id=f"r{i}", model="m", consumer_id=consumer, outcome="ok",
-                enqueue_ms=start_ms + int(round(create)), fetch_ms=start_ms + int(round(create)),
-                dispatch_ms=start_ms + int(round(dispatch)), compute_start_ms=start_ms + int(round(dispatch)),
-                compute_end_ms=start_ms + int(round(done)), produce_ms=start_ms + int(round(done + HOPS_MS)),
-                wait_ms=dispatch - create, compute_ms=done - dispatch, e2e_ms=done + HOPS_MS - create,
-                batch_id=b + 1, batch_size=log.size[b], tail_marked=bool(outcome.marked[i]),
-                priority=int(arrivals.priority[i]), tokens_in=int(arrivals.tokens[i]), tokens_out=0,
-                device_mem_bytes=0, device_mem_kind="none", partition=int(arrivals.lane[i]), offset=i,
-            ))
+            latency.append(
+                LatencyEvent(
+                    request_id=f"r{i}",
+                    model="m",
+                    consumer_id=consumer,
+                    outcome="ok",
+                    enqueue_ms=start_ms + int(round(create)),
+                    fetch_ms=start_ms + int(round(create)),
+                    dispatch_ms=start_ms + int(round(dispatch)),
+                    compute_start_ms=start_ms + int(round(dispatch)),
+                    compute_end_ms=start_ms + int(round(done)),
+                    produce_ms=start_ms + int(round(done + HOPS_MS)),
+                    wait_ms=dispatch - create,
+                    compute_ms=done - dispatch,
+                    e2e_ms=done + HOPS_MS - create,
+                    batch_id=b + 1,
+                    batch_size=log.size[b],
+                    tail_marked=bool(outcome.marked[i]),
+                    priority=int(arrivals.priority[i]),
+                    tokens_in=int(arrivals.tokens[i]),
+                    tokens_out=0,
+                    device_mem_bytes=0,
+                    device_mem_kind="none",
+                    partition=int(arrivals.lane[i]),
+                    offset=i,
+                )
+            )
     # a warm-up request (a cold model: 30 s) is stored like any other but replays nothing
-    latency.append(msgspec.structs.replace(latency[0], request_id="warm-up", e2e_ms=30_000.0, wait_ms=29_000.0, warmup=True))
+    latency.append(
+        msgspec.structs.replace(latency[0], request_id="warm-up", e2e_ms=30_000.0, wait_ms=29_000.0, warmup=True)
+    )
     assert insert_latency_events(client, database, latency) == len(arrivals) + 1
     assert insert_batch_events(client, database, batches) == len(log.size)
 
@@ -104,7 +140,7 @@ def recorded(clickhouse_client, clickhouse_settings: ClickHouseSettings, tmp_pat
     config = tmp_path_factory.mktemp("replay") / "batchtide.toml"
     config.write_text(
         f'[clickhouse]\ndata_dir = "{clickhouse_settings.data_dir}"\ndatabase = "{database}"\n\n'
-        "[models.m]\nrunner = \"cost-model\"\nhard_cap = 32\ntarget_size = 24\ntail_mark_ratio = 0\n"
+        '[models.m]\nrunner = "cost-model"\nhard_cap = 32\ntarget_size = 24\ntail_mark_ratio = 0\n'
     )
     yield {"database": database, "config": config, "arrivals": arrivals, "outcome": outcome, "start_ms": start_ms}
     clickhouse_client.command(f"DROP DATABASE IF EXISTS {database} SYNC")
@@ -126,8 +162,9 @@ def test_traffic_reads_back_exactly_what_was_recorded(recorded, clickhouse_setti
     assert np.all(traffic.batch_start_gap_ms == 0.0)
     assert np.abs(traffic.batch_publish_gap_ms - HOPS_MS).max() <= 1.0
     log = recorded["outcome"].batches
-    assert np.array_equal(np.sort(traffic.batch_dispatch_ms - recorded["start_ms"]),
-                          np.sort(np.asarray(log.dispatch_ms).astype(np.int64)))
+    assert np.array_equal(
+        np.sort(traffic.batch_dispatch_ms - recorded["start_ms"]), np.sort(np.asarray(log.dispatch_ms).astype(np.int64))
+    )
 
 
 def test_replay_predicts_the_profile_that_ran_and_ranks_candidates(recorded, clickhouse_settings) -> None:
@@ -144,19 +181,22 @@ def test_replay_predicts_the_profile_that_ran_and_ranks_candidates(recorded, cli
     names = [p.name for p in result.predictions]
     assert {"auto cap", "hard_cap 16", "hard_cap 128"} <= set(names)
     assert result.recommended().p99_ms == min(
-        p.p99_ms for p in result.predictions
+        p.p99_ms
+        for p in result.predictions
         if p.throughput_rps >= 0.99 * max(q.throughput_rps for q in result.predictions)
     )
 
 
 def test_cli_validate_passes_for_the_profile_that_ran_and_exports_a_scenario(recorded, tmp_path: Path) -> None:
     export = tmp_path / "window.toml"
-    result = CliRunner().invoke(app, ["replay", "--since", "1h", "--config", str(recorded["config"]),
-                                      "--validate", "--export", str(export)])
+    result = CliRunner().invoke(
+        app, ["replay", "--since", "1h", "--config", str(recorded["config"]), "--validate", "--export", str(export)]
+    )
     assert result.exit_code == 0, result.output
     assert "recommended:" in result.output and "within 15%: agree" in result.output
     assert "replayed 9x per candidate; added from the recording: device speed, start gap, publish gap" in (
-        " ".join(result.output.split()))
+        " ".join(result.output.split())
+    )
     scenario = load_scenario(export)
     assert scenario.topology.consumers == 2
     assert abs(sum(p.rate_per_s * p.duration_s for p in scenario.phases) - len(recorded["arrivals"])) <= 1
@@ -164,8 +204,12 @@ def test_cli_validate_passes_for_the_profile_that_ran_and_exports_a_scenario(rec
 
 def test_cli_validate_fails_when_the_config_is_not_what_ran(recorded, tmp_path: Path) -> None:
     wrong = tmp_path / "wrong.toml"
-    wrong.write_text(recorded["config"].read_text().replace("hard_cap = 32", "hard_cap = 2").replace(
-        "target_size = 24", "target_size = 2"))
+    wrong.write_text(
+        recorded["config"]
+        .read_text()
+        .replace("hard_cap = 32", "hard_cap = 2")
+        .replace("target_size = 24", "target_size = 2")
+    )
     result = CliRunner().invoke(app, ["replay", "--since", "1h", "--config", str(wrong), "--validate"])
     assert result.exit_code == 1, result.output
     assert "DISAGREE" in result.output

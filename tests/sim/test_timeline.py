@@ -18,8 +18,7 @@ def recorded_lane(start_gap_ms: float = 0.0, publish_gap_ms: float = 0.0):
     dispatch = np.arange(0.0, 5000.0, 100.0)
     compute = np.where((dispatch >= 2000.0) & (dispatch < 3000.0), 120.0, 40.0)
     n = dispatch.size
-    return lane_stamps(CURVE, np.full(n, 4.0), dispatch, compute,
-                       np.full(n, start_gap_ms), np.full(n, publish_gap_ms))
+    return lane_stamps(CURVE, np.full(n, 4.0), dispatch, compute, np.full(n, start_gap_ms), np.full(n, publish_gap_ms))
 
 
 def test_a_batch_runs_at_the_speed_recorded_at_its_moment_whatever_its_size() -> None:
@@ -47,15 +46,20 @@ def test_speed_curve_is_one_line_not_a_slow_moment_per_size() -> None:
 
 
 def test_the_device_is_held_for_the_start_gap_and_answers_leave_after_the_publish_gap() -> None:
-    scenario = parse_scenario({
-        "name": "timeline", "seed": 1, "slo_p99_ms": 10_000.0,
-        "phases": [{"duration_s": 5, "rate_per_s": 100}],
-        "cost": {"a_ms": 0.0, "c_ms": 10.0},
-    })
+    scenario = parse_scenario(
+        {
+            "name": "timeline",
+            "seed": 1,
+            "slo_p99_ms": 10_000.0,
+            "phases": [{"duration_s": 5, "rate_per_s": 100}],
+            "cost": {"a_ms": 0.0, "c_ms": 10.0},
+        }
+    )
     n = 500
     create = np.arange(n, dtype=float) * 10.0
-    arrivals = Arrivals(create, create.copy(), np.ones(n, dtype=np.int64), np.zeros(n, dtype=np.int64),
-                        np.zeros(n, dtype=np.int64))
+    arrivals = Arrivals(
+        create, create.copy(), np.ones(n, dtype=np.int64), np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+    )
     timeline = Timeline(CURVE, "requests", [recorded_lane(start_gap_ms=15.0, publish_gap_ms=7.0)])
     engine = BatchingEngine(BatchProfile(hard_cap=8, target_size=8, max_wait_ms=0.0, min_wait_ms=0.0))
     out = simulate(scenario, arrivals, [engine], timeline=timeline)

@@ -6,17 +6,19 @@ import msgspec
 from clickhouse_connect.driver.client import Client
 
 from pipeline.core.config import ClickHouseSettings
-from pipeline.views.report import run_query
 from pipeline.core.store.client import connect
 from pipeline.core.store.seed import batch_events, generate, insert_chunk, latency_events, recent_start_ms
 from pipeline.core.store.writer import insert_batch_events, insert_latency_events
+from pipeline.views.report import run_query
 
 DURATION_MS = 120_000
 
 
 def _figures(settings: ClickHouseSettings, database: str, start_ms: int) -> dict[str, object]:
     client = connect(settings, database=database)
-    window = dict(time_from_ms=start_ms - 120_000, time_to_ms=start_ms + DURATION_MS + 60_000, interval_ms=60_000, model=None)
+    window = dict(
+        time_from_ms=start_ms - 120_000, time_to_ms=start_ms + DURATION_MS + 60_000, interval_ms=60_000, model=None
+    )
     figures = {
         "raw": client.command(f"SELECT count() FROM {database}.request_latency"),
         "raw_batches": client.command(f"SELECT count() FROM {database}.batches"),
@@ -46,7 +48,9 @@ def test_replaying_events_through_the_writer_changes_nothing(
     overlapping = latency[len(latency) // 2 :] + latency[:10]  # a replay straddling stored and new
     assert insert_latency_events(clickhouse_client, ch_database, overlapping + overlapping) == 0
     rerun = msgspec.structs.replace(latency[0], produce_ms=latency[0].produce_ms + 500, e2e_ms=latency[0].e2e_ms + 500)
-    assert insert_latency_events(clickhouse_client, ch_database, [rerun]) == 0, "a re-run request keeps its first answer"
+    assert insert_latency_events(clickhouse_client, ch_database, [rerun]) == 0, (
+        "a re-run request keeps its first answer"
+    )
     assert _figures(clickhouse_settings, ch_database, start) == once
 
 

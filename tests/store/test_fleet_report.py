@@ -106,7 +106,9 @@ def test_by_consumer_splits_latency_throughput_batch_size_and_capacity(fleet: Fl
             assert [r["e2e_p50_ms"], r["e2e_p99_ms"]] == pytest.approx(
                 np.quantile(rows["e2e_ms"][chosen], [0.5, 0.99]), rel=1e-12)  # fmt: skip
             assert r["requests_per_s"] == pytest.approx(chosen.sum() / span_s, rel=1e-12)
-            assert r["mean_batch_size"] == pytest.approx(batches["size"][batches["consumer_id"] == consumer].mean(), rel=1e-12)
+            assert r["mean_batch_size"] == pytest.approx(
+                batches["size"][batches["consumer_id"] == consumer].mean(), rel=1e-12
+            )
             assert r["capacity_per_s"] == fleet.capacity.get(consumer), "the latest measured capacity, not a later 0"
             assert r["not_ok_share"] == pytest.approx(np.mean(rows["outcome"][own] != "ok"), rel=1e-12)
         assert sum(r["share"] for r in mine.values()) == pytest.approx(1.0)

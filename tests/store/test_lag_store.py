@@ -11,17 +11,27 @@ from clickhouse_connect.driver.client import Client
 from rich.console import Console
 
 from pipeline.core.config import ClickHouseSettings
-from pipeline.views.report import render, run_query, run_report
 from pipeline.core.store.client import connect
 from pipeline.core.store.lag_writer import insert_lag_events
+from pipeline.views.report import render, run_query, run_report
 from schemas.messages import LagEvent, PartitionLag
 
 T0 = (int(time.time()) // 60 - 10) * 60_000
 """A minute boundary ten minutes ago (rows older than the TTL would be dropped); ranges are explicit."""
 
 
-def lag_event(consumer: str, ts_ms: int, lags: dict[int, int], *, model: str = "m", age_ms: float = 0.0,
-              batches: int = 0, dead_letters: int = 0, last_batch_ms: int = 0, window_ms: float = 4.0) -> LagEvent:
+def lag_event(
+    consumer: str,
+    ts_ms: int,
+    lags: dict[int, int],
+    *,
+    model: str = "m",
+    age_ms: float = 0.0,
+    batches: int = 0,
+    dead_letters: int = 0,
+    last_batch_ms: int = 0,
+    window_ms: float = 4.0,
+) -> LagEvent:
     parts = [
         PartitionLag(f"p.requests.{model}", p, 100 + lag, 100 if lag else 100 + lag, lag,
                      int(ts_ms - age_ms) if lag else 0, age_ms if lag else 0.0)
@@ -38,7 +48,9 @@ def _rows(client: Client, db: str, sql: str) -> list[tuple[Any, ...]]:
     return [tuple(r) for r in client.query(sql.replace("{db}", db)).result_rows]
 
 
-def test_events_become_one_row_per_partition_and_replays_are_dropped(clickhouse_client: Client, ch_database: str) -> None:
+def test_events_become_one_row_per_partition_and_replays_are_dropped(
+    clickhouse_client: Client, ch_database: str
+) -> None:
     events = [
         lag_event("c1", T0, {0: 5, 1: 0}, age_ms=1500.0),
         lag_event("c2", T0 + 10, {2: 3}, age_ms=800.0),
@@ -57,7 +69,9 @@ def test_events_become_one_row_per_partition_and_replays_are_dropped(clickhouse_
     ]
 
 
-def test_lag_queries_sum_the_latest_sample_of_each_partition(clickhouse_client: Client, clickhouse_settings: ClickHouseSettings, ch_database: str) -> None:
+def test_lag_queries_sum_the_latest_sample_of_each_partition(
+    clickhouse_client: Client, clickhouse_settings: ClickHouseSettings, ch_database: str
+) -> None:
     # Two consumers own two partitions each; c1 samples twice in the bucket (the later one counts),
     # and partition 1 moves to c2 late in the bucket (its latest sample, from c2, counts once).
     events = [
@@ -74,7 +88,10 @@ def test_lag_queries_sum_the_latest_sample_of_each_partition(clickhouse_client: 
     assert [(r["lag"], r["lag_age_ms"]) for r in over_time] == [(10 + 20 + 5 + 0, 9_000.0), (1, 300.0)]
     (summary,) = run_query(client, "lag_summary", **span)
     assert (summary["lag_now"], summary["lag_age_now_ms"], summary["lag_max"], summary["lag_age_max_ms"]) == (
-        1, 300.0, 35, 9_000.0
+        1,
+        300.0,
+        35,
+        9_000.0,
     )
     assert summary["consumers"] == 2
     assert run_query(client, "lag_over_time", **{**span, "model": "other"}) == []

@@ -42,13 +42,19 @@ USER, PASSWORD = "reader", "live-test-pw"
 @pytest.fixture(scope="module")
 def server(seeded_clickhouse: SeededClickHouse) -> Iterator[LiveServer]:
     live = LiveServer(
-        Path(seeded_clickhouse.settings.data_dir), "127.0.0.1", 0, Credentials(USER, PASSWORD), seeded_clickhouse.database
+        Path(seeded_clickhouse.settings.data_dir),
+        "127.0.0.1",
+        0,
+        Credentials(USER, PASSWORD),
+        seeded_clickhouse.database,
     ).start()
     yield live
     live.stop()
 
 
-def _http(server: LiveServer, body: str | None = None, headers: dict[str, str] | None = None, **params: str) -> tuple[int, dict[str, str], bytes]:
+def _http(
+    server: LiveServer, body: str | None = None, headers: dict[str, str] | None = None, **params: str
+) -> tuple[int, dict[str, str], bytes]:
     auth = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
     request = urllib.request.Request(
         f"{server.url}/?{urlencode(params)}",
@@ -62,16 +68,21 @@ def _http(server: LiveServer, body: str | None = None, headers: dict[str, str] |
         return e.code, dict(e.headers), e.read()
 
 
-def test_clickhouse_connect_reads_what_the_engine_holds(server: LiveServer, seeded_clickhouse: SeededClickHouse) -> None:
+def test_clickhouse_connect_reads_what_the_engine_holds(
+    server: LiveServer, seeded_clickhouse: SeededClickHouse
+) -> None:
     client = clickhouse_connect.get_client(host="127.0.0.1", port=server.port, username=USER, password=PASSWORD)
     sql = "SELECT model, count() AS n, max(enqueue_time) AS last FROM request_latency GROUP BY model ORDER BY model"
     assert client.query(sql).result_rows == seeded_clickhouse.client.query(sql).result_rows
     model = seeded_clickhouse.summary.models[0]
     bound = "SELECT count() FROM request_latency WHERE model = {model:String}"
-    assert client.query(bound, parameters={"model": model}).result_rows == seeded_clickhouse.client.query(
-        bound, parameters={"model": model}
-    ).result_rows
-    assert client.query("SELECT count() FROM request_latency WHERE model = %(m)s", parameters={"m": "nope"}).result_rows == [(0,)]
+    assert (
+        client.query(bound, parameters={"model": model}).result_rows
+        == seeded_clickhouse.client.query(bound, parameters={"model": model}).result_rows
+    )
+    assert client.query(
+        "SELECT count() FROM request_latency WHERE model = %(m)s", parameters={"m": "nope"}
+    ).result_rows == [(0,)]
     frame = client.query_np("SELECT e2e_ms FROM request_latency LIMIT 5")
     assert len(frame) == 5
 
@@ -82,7 +93,9 @@ def test_plain_http_formats_parameters_and_compression(server: LiveServer, seede
     assert json.loads(body)["n"] == seeded_clickhouse.summary.rows
     status, headers, body = _http(server, "SELECT {x:UInt32} * 2 AS y", default_format="TSVWithNames", param_x="21")
     assert (status, body) == (200, b"y\n42\n")
-    status, headers, body = _http(server, "SELECT currentDatabase()", headers={"X-ClickHouse-Format": "CSV", "X-ClickHouse-Database": "system"})
+    status, headers, body = _http(
+        server, "SELECT currentDatabase()", headers={"X-ClickHouse-Format": "CSV", "X-ClickHouse-Database": "system"}
+    )
     assert (status, headers["X-ClickHouse-Format"], body) == (200, "CSV", b'"system"\n')
     status, headers, body = _http(
         server, "SELECT 1", headers={"Accept-Encoding": "gzip"}, enable_http_compression="1", database="system"
@@ -165,7 +178,13 @@ def test_report_answers_live_while_the_sink_runs(kafka_settings: KafkaSettings, 
         while time.monotonic() < deadline:
             assert sink.alive, sink.log_tail()
             if (data_dir / LIVE_FILE).exists():
-                done = subprocess.run(_cli("report", "--since", "1h", "--json", config=config), capture_output=True, text=True, env=env, cwd=ROOT)
+                done = subprocess.run(
+                    _cli("report", "--since", "1h", "--json", config=config),
+                    capture_output=True,
+                    text=True,
+                    env=env,
+                    cwd=ROOT,
+                )
                 assert done.returncode == 0, done.stderr
                 report = json.loads(done.stdout)
                 if sum(row["requests"] for row in report["sections"]["summary"]) == len(events):
@@ -174,7 +193,13 @@ def test_report_answers_live_while_the_sink_runs(kafka_settings: KafkaSettings, 
         assert sum(row["requests"] for row in report["sections"]["summary"]) == len(events), report
 
         board = tmp_path / "board.html"
-        done = subprocess.run(_cli("board", "--since", "1h", "--out", str(board), config=config), capture_output=True, text=True, env=env, cwd=ROOT)
+        done = subprocess.run(
+            _cli("board", "--since", "1h", "--out", str(board), config=config),
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=ROOT,
+        )
         assert done.returncode == 0, done.stderr
         page = board.read_text()
         assert all(model in page for model in {e.model for e in events}), "the board drew the live store's models"
@@ -182,7 +207,9 @@ def test_report_answers_live_while_the_sink_runs(kafka_settings: KafkaSettings, 
         endpoint = find(settings)
         assert endpoint is not None and endpoint.pid == sink.pid
         assert oct((data_dir / LIVE_FILE).stat().st_mode & 0o777) == "0o600", "the live file holds a password"
-        client = clickhouse_connect.get_client(dsn=endpoint.url, username=endpoint.user, password=endpoint.password, database="batchtide")
+        client = clickhouse_connect.get_client(
+            dsn=endpoint.url, username=endpoint.user, password=endpoint.password, database="batchtide"
+        )
         assert client.command("SELECT count() FROM request_latency FINAL") == len(events)
         with pytest.raises(Exception, match="164"):
             client.command("INSERT INTO request_latency (request_id, model) VALUES ('intruder', 'm')")

@@ -104,7 +104,9 @@ def test_same_schema_single_node_has_no_cluster_parts() -> None:
 def test_analysis_sql_names_only_tables_both_layouts_define() -> None:
     single = render_all(Layout("batchtide"))
     cluster = render_all(Layout("batchtide", cluster="prod"))
-    named = [(query.name, table) for query in QUERIES.values() for table in re.findall(r"\bFROM\s+([a-z_]+)", query.sql)]
+    named = [
+        (query.name, table) for query in QUERIES.values() for table in re.findall(r"\bFROM\s+([a-z_]+)", query.sql)
+    ]
     assert named, "no analysis query names a table: nothing would be checked"
     for name, table in named:
         assert f"batchtide.{table}\n" in single or f"batchtide.{table} " in single, (name, table)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from datetime import timezone
+from datetime import UTC
 from pathlib import Path
 
 import msgspec
@@ -38,7 +38,11 @@ def test_summary_matches_numpy(seeded_clickhouse: SeededClickHouse, report: Repo
     rows = {r["model"]: r for r in report.sections["summary"]}
     assert sorted(rows) == sorted(s.summary.models)
     for model, row in rows.items():
-        seconds = max((_column(s, "latency", model, "produce_time").max() - _column(s, "latency", model, "enqueue_time").min()) / 1000, 1)
+        seconds = max(
+            (_column(s, "latency", model, "produce_time").max() - _column(s, "latency", model, "enqueue_time").min())
+            / 1000,
+            1,
+        )
         e2e = _column(s, "latency", model, "e2e_ms")
         wait = _column(s, "latency", model, "wait_ms")
         marked = _column(s, "latency", model, "tail_marked")
@@ -66,12 +70,19 @@ def test_quantiles_per_bucket_match_numpy(seeded_clickhouse: SeededClickHouse, r
     for row in report.sections["latency_quantiles"]:
         enqueue = _column(s, "latency", row["model"], "enqueue_time")
         bucket = (enqueue // 1000) // interval_s * interval_s
-        start = int(row["time"].replace(tzinfo=timezone.utc).timestamp())
+        start = int(row["time"].replace(tzinfo=UTC).timestamp())
         chosen = bucket == start
         assert row["requests"] == int(chosen.sum())
-        e2e, wait = _column(s, "latency", row["model"], "e2e_ms")[chosen], _column(s, "latency", row["model"], "wait_ms")[chosen]
-        assert [row["e2e_p50_ms"], row["e2e_p99_ms"], row["e2e_p999_ms"]] == pytest.approx(np.quantile(e2e, QUANTILES), rel=1e-12)
-        assert [row["wait_p50_ms"], row["wait_p99_ms"], row["wait_p999_ms"]] == pytest.approx(np.quantile(wait, QUANTILES), rel=1e-12)
+        e2e, wait = (
+            _column(s, "latency", row["model"], "e2e_ms")[chosen],
+            _column(s, "latency", row["model"], "wait_ms")[chosen],
+        )
+        assert [row["e2e_p50_ms"], row["e2e_p99_ms"], row["e2e_p999_ms"]] == pytest.approx(
+            np.quantile(e2e, QUANTILES), rel=1e-12
+        )
+        assert [row["wait_p50_ms"], row["wait_p99_ms"], row["wait_p999_ms"]] == pytest.approx(
+            np.quantile(wait, QUANTILES), rel=1e-12
+        )
         checked += 1
     assert checked >= 2 * 5, "10 minutes in 2-minute buckets, two models"
     throughput = report.sections["throughput"]
@@ -87,16 +98,24 @@ def test_generation_figures_match_numpy(seeded_clickhouse: SeededClickHouse, rep
     for model, row in rows.items():
         first = _column(s, "latency", model, "first_token_time")
         chosen = first > 0
-        enqueue, produce = _column(s, "latency", model, "enqueue_time")[chosen], _column(s, "latency", model, "produce_time")[chosen]
+        enqueue, produce = (
+            _column(s, "latency", model, "enqueue_time")[chosen],
+            _column(s, "latency", model, "produce_time")[chosen],
+        )
         first, last = first[chosen], _column(s, "latency", model, "last_token_time")[chosen]
-        tokens_in, tokens_out = _column(s, "latency", model, "tokens_in")[chosen], _column(s, "latency", model, "tokens_out")[chosen]
+        tokens_in, tokens_out = (
+            _column(s, "latency", model, "tokens_in")[chosen],
+            _column(s, "latency", model, "tokens_out")[chosen],
+        )
         assert (enqueue <= first).all() and (first <= last).all() and (last <= produce).all()
         seconds = max((produce.max() - enqueue.min()) / 1000, 1)
         assert row["requests"] == int(chosen.sum())
         assert row["prompt_tokens_per_s"] == pytest.approx(tokens_in.sum() / seconds, rel=1e-12)
         assert row["generated_tokens_per_s"] == pytest.approx(tokens_out.sum() / seconds, rel=1e-12)
         assert row["generated_tokens_per_s"] != pytest.approx(row["prompt_tokens_per_s"])
-        assert [row["ttft_p50_ms"], row["ttft_p99_ms"]] == pytest.approx(np.quantile(first - enqueue, [0.5, 0.99]), rel=1e-12)
+        assert [row["ttft_p50_ms"], row["ttft_p99_ms"]] == pytest.approx(
+            np.quantile(first - enqueue, [0.5, 0.99]), rel=1e-12
+        )
         many = tokens_out > 1
         tpot = (last - first)[many] / (tokens_out[many] - 1)
         assert [row["tpot_p50_ms"], row["tpot_p99_ms"]] == pytest.approx(np.quantile(tpot, [0.5, 0.99]), rel=1e-12)
@@ -105,7 +124,9 @@ def test_generation_figures_match_numpy(seeded_clickhouse: SeededClickHouse, rep
                            interval_ms=report.interval_ms, model=model)  # fmt: skip
         interval_s = report.interval_ms / 1000
         assert len(timing) >= 5
-        assert sum(r["generated_tokens_per_s"] for r in timing) * interval_s == pytest.approx(tokens_out.sum(), rel=1e-12)
+        assert sum(r["generated_tokens_per_s"] for r in timing) * interval_s == pytest.approx(
+            tokens_out.sum(), rel=1e-12
+        )
         assert sum(r["prompt_tokens_per_s"] for r in timing) * interval_s == pytest.approx(tokens_in.sum(), rel=1e-12)
         assert all(r["ttft_p50_ms"] <= r["ttft_p99_ms"] and r["tpot_p50_ms"] <= r["tpot_p99_ms"] for r in timing)
 
@@ -180,7 +201,9 @@ def test_rollups_agree_with_raw_rows(seeded_clickhouse: SeededClickHouse) -> Non
         )
         assert row["e2e_p50_ms"] == pytest.approx(raw[key]["e2e_p50_ms"], abs=2.0), "1 ms resolution below 1 s"
     sizes = {(r["model"], r["size"]): r["batches"] for r in run_query(s.client, "batch_sizes", **common)}
-    rolled_sizes = {(r["model"], r["size"]): r["batch_count"] for r in run_query(s.client, "batch_sizes_rollup", **common)}
+    rolled_sizes = {
+        (r["model"], r["size"]): r["batch_count"] for r in run_query(s.client, "batch_sizes_rollup", **common)
+    }
     assert rolled_sizes == sizes
 
 
@@ -205,7 +228,9 @@ def test_cli_json(seeded_clickhouse: SeededClickHouse, tmp_path: Path) -> None:
     config.write_text(f'[clickhouse]\ndata_dir = "{s.settings.data_dir}"\ndatabase = "{s.database}"\n')
     app = typer.Typer()
     db.register(app)
-    result = CliRunner().invoke(app, ["report", "--config", str(config), "--since", "2h", "--model", "minilm", "--json"])
+    result = CliRunner().invoke(
+        app, ["report", "--config", str(config), "--since", "2h", "--model", "minilm", "--json"]
+    )
     assert result.exit_code == 0, result.output
     body = json.loads(result.output)
     (summary,) = body["sections"]["summary"]
@@ -233,7 +258,9 @@ def test_durations_and_buckets() -> None:
     assert pick_interval_ms(10**12) == 86_400_000
 
 
-def test_throughput_is_over_the_data_and_warmup_is_left_out(clickhouse_settings: ClickHouseSettings, ch_database: str) -> None:
+def test_throughput_is_over_the_data_and_warmup_is_left_out(
+    clickhouse_settings: ClickHouseSettings, ch_database: str
+) -> None:
     """A 20 s run asked about over 3 h: req/s over the 20 s; warm-up requests (slow, as warm-ups are)
     are counted apart and move no latency figure."""
     start = recent_start_ms(60_000)

@@ -19,13 +19,13 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from clickhouse_connect.driver.client import Client
 
-from pipeline.core.kafka.client import Topics, client_options, create_topics
 from pipeline.core.config import ClickHouseSettings, Config, KafkaSettings
-from pipeline.core.store.sink import Sink, build_sink, wait_until_ready
+from pipeline.core.kafka.client import Topics, client_options, create_topics
 from pipeline.core.store.client import ClickHouseUnavailable, connect
 from pipeline.core.store.migrations import Layout
-from pipeline.harness.processes import Proc, sink_argv
 from pipeline.core.store.seed import batch_events, generate, latency_events, recent_start_ms
+from pipeline.core.store.sink import Sink, build_sink, wait_until_ready
+from pipeline.harness.processes import Proc, sink_argv
 from schemas.messages import BatchEvent, LatencyEvent
 
 pytestmark = pytest.mark.kafka
@@ -174,7 +174,9 @@ def test_clickhouse_outage_loses_nothing_and_holds_offsets(
     sink_config: Config, clickhouse_client: Client, tmp_path: Path
 ) -> None:
     db, topics = sink_config.clickhouse.database, Topics(sink_config.kafka.topic_prefix)
-    config = dataclasses.replace(sink_config, clickhouse=dataclasses.replace(sink_config.clickhouse, max_buffer_events=1_000))
+    config = dataclasses.replace(
+        sink_config, clickhouse=dataclasses.replace(sink_config.clickhouse, max_buffer_events=1_000)
+    )
     latency, batches = _events(4_000, seed=23)
     first, second = latency[:1_000], latency[1_000:]
     outage = Outage(config.clickhouse, db)

@@ -38,7 +38,9 @@ def _latest(client: Client, database: str) -> dict[str, dict[str, Any]]:
     ).named_results()
     out: dict[str, dict[str, Any]] = {}
     for r in rows:
-        seen = out.setdefault(r["model"], {"members": r["members"], "lag": 0, "end": 0, "age_ms": 0.0, "committed": set()})
+        seen = out.setdefault(
+            r["model"], {"members": r["members"], "lag": 0, "end": 0, "age_ms": 0.0, "committed": set()}
+        )
         seen["members"] = max(seen["members"], r["members"])
         seen["lag"] += r["lag"]
         seen["end"] += r["end_offset"]
@@ -51,7 +53,9 @@ def test_sink_samples_groups_with_and_without_consumers(
     kafka_settings: KafkaSettings, clickhouse_settings: ClickHouseSettings, ch_database: str,
     clickhouse_client: Client, tmp_path: Path,
 ) -> None:  # fmt: skip
-    config = _sink_config(kafka_settings, clickhouse_settings, ch_database, events_partitions=1, group_lag_interval_ms=300.0)
+    config = _sink_config(
+        kafka_settings, clickhouse_settings, ch_database, events_partitions=1, group_lag_interval_ms=300.0
+    )
     config = dataclasses.replace(config, models=parse_config({"models": {"m": {"runner": "cost-model"}}}).models)
     kafka, topics = config.kafka, Topics(config.kafka.topic_prefix)
     sink = build_sink(config, connect=lambda: connect(config.clickhouse, database=ch_database), datadir=str(tmp_path))
@@ -93,5 +97,7 @@ def test_sink_samples_groups_with_and_without_consumers(
         await _running(sink, body)
 
     asyncio.run(scenario())
-    consumer_rows = clickhouse_client.command(f"SELECT count() FROM {ch_database}.consumer_lag WHERE source = 'consumer'")
+    consumer_rows = clickhouse_client.command(
+        f"SELECT count() FROM {ch_database}.consumer_lag WHERE source = 'consumer'"
+    )
     assert int(consumer_rows) == 0, "no consumer ran: every row is the sink's own sample"

@@ -11,10 +11,10 @@ import msgspec
 import pytest
 from clickhouse_connect.driver.client import Client
 
-from pipeline.core.kafka.client import Topics, create_topics
 from pipeline.core.config import ClickHouseSettings, KafkaSettings
-from pipeline.core.store.sink import build_sink
+from pipeline.core.kafka.client import Topics, create_topics
 from pipeline.core.store.client import connect
+from pipeline.core.store.sink import build_sink
 from tests.store.test_lag_store import T0, lag_event
 from tests.store.test_sink import _produce, _running, _sink_config, _until
 
@@ -32,10 +32,12 @@ def test_sink_stores_lag_samples_once(
     values = [msgspec.json.encode(e) for e in events]
 
     def rows() -> int:
-        return int(clickhouse_client.command(f"SELECT count() FROM {ch_database}.consumer_lag WHERE source = 'consumer'"))
+        return int(
+            clickhouse_client.command(f"SELECT count() FROM {ch_database}.consumer_lag WHERE source = 'consumer'")
+        )
 
     async def scenario() -> None:
-        await create_topics(kafka, {t: 1 for t in (topics.latency_events, topics.batch_events, topics.lag_events)})
+        await create_topics(kafka, dict.fromkeys((topics.latency_events, topics.batch_events, topics.lag_events), 1))
         await _produce(kafka, topics.lag_events, values + values[:10] + [b"{not a lag event"])
         sink = build_sink(config, connect=lambda: connect(clickhouse, database=ch_database), datadir=str(tmp_path))
         assert sink.lags is not None

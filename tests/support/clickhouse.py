@@ -100,7 +100,9 @@ def seeded_clickhouse(clickhouse_client: Client, clickhouse_settings: ClickHouse
     database = "seeded"
     clickhouse_client.command(f"DROP DATABASE IF EXISTS {database} SYNC")
     migrate(clickhouse_client, Layout(database))
-    chunks = tuple(generate(SEED_ROWS, seed=SEED, start_ms=recent_start_ms(SEED_DURATION_MS), duration_ms=SEED_DURATION_MS))
+    chunks = tuple(
+        generate(SEED_ROWS, seed=SEED, start_ms=recent_start_ms(SEED_DURATION_MS), duration_ms=SEED_DURATION_MS)
+    )
     for chunk in chunks:
         insert_chunk(clickhouse_client, database, chunk)
     low = min(min(c.latency["enqueue_time"]) for c in chunks)

@@ -21,10 +21,10 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord, RecordMetadata
 
+from pipeline.core.config import KafkaSettings
 from pipeline.core.kafka.client import client_options
 from pipeline.core.kafka.reader import Isolation, TopicReader
 from pipeline.devtools.localkafka import LocalKafka
-from pipeline.core.config import KafkaSettings
 
 SASL_USERS = {"batchtide": "s3cret-test"}
 """Users of the SASL broker (test-only credentials)."""
@@ -81,12 +81,17 @@ def kafka_settings(kafka_broker: LocalKafka, request: pytest.FixtureRequest) -> 
     return KafkaSettings(bootstrap_servers=kafka_broker.bootstrap, topic_prefix=unique_prefix(request.node.name))
 
 
-def _secured(broker: LocalKafka, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, **security: str) -> KafkaSettings:
+def _secured(
+    broker: LocalKafka, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, **security: str
+) -> KafkaSettings:
     """Settings for a secured broker; the password is set in the environment, as in production."""
     user, password = next(iter(SASL_USERS.items()))
     monkeypatch.setenv("BATCHTIDE_KAFKA_PASSWORD", password)
     return KafkaSettings(
-        bootstrap_servers=broker.bootstrap, topic_prefix=unique_prefix(request.node.name), sasl_username=user, **security
+        bootstrap_servers=broker.bootstrap,
+        topic_prefix=unique_prefix(request.node.name),
+        sasl_username=user,
+        **security,
     )
 
 

@@ -123,14 +123,10 @@ class CostCurve:
 
     def _recompute(self) -> None:
         self._stale = 0
-        self._points = monotone(
-            sorted((b.size, b.time_ms, len(b.times)) for b in self._buckets.values())
-        )
+        self._points = monotone(sorted((b.size, b.time_ms, len(b.times)) for b in self._buckets.values()))
         spreads = sorted(b.spread for b in self._buckets.values() if b.spread is not None)
         self._noise = spreads[len(spreads) // 2] if spreads else 0.0
-        self._evidence = max(
-            (b.size for b in self._buckets.values() if len(b.times) >= EVIDENCE_SAMPLES), default=0
-        )
+        self._evidence = max((b.size for b in self._buckets.values() if len(b.times) >= EVIDENCE_SAMPLES), default=0)
         if not self._enabled:
             return
         cap, reason = self._knee_cap()

@@ -270,9 +270,7 @@ class BatchingEngine:
         window = now_ms - oldest_ms + wait if wait > 0.0 else 0.0
         return min(max(window, profile.min_wait_ms), profile.max_wait_ms)
 
-    def _dispatch(
-        self, now_ms: float, reason: DispatchReason, window: float, cap: int, backlog: int
-    ) -> Batch:
+    def _dispatch(self, now_ms: float, reason: DispatchReason, window: float, cap: int, backlog: int) -> Batch:
         queue = self._queue
         curve = self._curve
         take_cap = cap
@@ -361,8 +359,15 @@ class BatchingEngine:
         curve, rate = self._curve, self._rate
         arriving = rate.cost_per_ms(now_ms) if self._tokens else rate.requests_per_ms(now_ms)
         return finish_estimate_ms(
-            now_ms, self._slot_free_ms(now_ms), cost_ahead, curve.cap, self.profile.max_inflight_batches,
-            curve.estimate_ms, self.profile.batch_overhead_ms, arriving, self._overruns.margin,
+            now_ms,
+            self._slot_free_ms(now_ms),
+            cost_ahead,
+            curve.cap,
+            self.profile.max_inflight_batches,
+            curve.estimate_ms,
+            self.profile.batch_overhead_ms,
+            arriving,
+            self._overruns.margin,
         )
 
     def _shed_heads(self, now_ms: float) -> None:

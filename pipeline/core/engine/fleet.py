@@ -152,7 +152,9 @@ def relieved(peer: MemberView, local: LocalView, rule: ForwardRule) -> bool:
     """The peer is clearly less loaded than the local consumer (a faster device, a cooler
     partition), not a twin that differs by noise."""
     return (
-        peer.load is not None and peer.capacity_per_s > 0 and local.load > 0
+        peer.load is not None
+        and peer.capacity_per_s > 0
+        and local.load > 0
         and peer.load <= rule.relief_load * local.load
     )
 
@@ -282,8 +284,13 @@ def beacon_view(
     cap = max(1, local.cap)
     partial = min(cap, queue_len % cap + 1)
     return MemberView(
-        member_id, now_ms, start_in_ms(queue_len, local), max(batch_ms or local.t_ms(1), local.t_ms(partial)),
-        capacity_per_s(local), partitions, local.load,
+        member_id,
+        now_ms,
+        start_in_ms(queue_len, local),
+        max(batch_ms or local.t_ms(1), local.t_ms(partial)),
+        capacity_per_s(local),
+        partitions,
+        local.load,
     )
 
 

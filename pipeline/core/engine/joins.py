@@ -45,8 +45,8 @@ Pure: no clock, no device; every time is an argument.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 JOIN_GROUP = 4
 """Joiners that make a join worth its prefill at once."""
@@ -231,8 +231,9 @@ def ride_allowance(step_ms: float, tpot_ms: float | None) -> float:
     return RIDE_SHARE * step_ms if slack is None else slack
 
 
-def paced_ride(budget: int, decoding: int, step_ms: float, per_token_ms: float, tpot_ms: float | None,
-               fixed_ms: float = 0.0) -> int:
+def paced_ride(
+    budget: int, decoding: int, step_ms: float, per_token_ms: float, tpot_ms: float | None, fixed_ms: float = 0.0
+) -> int:
     """Prompt tokens the next ride carries beside `decoding` rows whose plain step takes `step_ms`,
     when a ride adds `fixed_ms` plus `per_token_ms` a token to the step: what fits in the step's
     allowance (`ride_allowance`) beside the fixed part, but at least as many tokens as the fixed part

@@ -38,7 +38,9 @@ class KneeScore:
         return math.log(size / (time_ms + self._overhead_ms)) - self._doubling_penalty * math.log(size)
 
 
-def knee_cap(points: list[tuple[int, float]], score: KneeScore, noise: float, evidence: int, start_cap: int) -> tuple[int, str]:
+def knee_cap(
+    points: list[tuple[int, float]], score: KneeScore, noise: float, evidence: int, start_cap: int
+) -> tuple[int, str]:
     """The cap the measured curve supports (before hard_cap), and why: `knee` or `ramp`.
 
     `evidence` is the largest size measured often enough for "not better" to lower the cap."""

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from pipeline.core.config import ShedWhen
 from pipeline.core.engine.decisions import PendingRequest

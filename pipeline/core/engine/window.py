@@ -25,7 +25,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-
 FIRST_FILL = -math.expm1(-math.log(2.0) / 8)
 """Most the cold-start correction may scale by (~8x): one arrival reads as
 "one per halflife/8", not as an infinite rate."""
@@ -39,7 +38,7 @@ class ArrivalRate:
     (they differ when the cost unit is tokens).
     """
 
-    __slots__ = ("_k", "_requests", "_cost", "_last_ms", "_first_ms")
+    __slots__ = ("_cost", "_first_ms", "_k", "_last_ms", "_requests")
 
     def __init__(self, halflife_ms: float) -> None:
         self._k = math.log(2.0) / halflife_ms

@@ -121,7 +121,7 @@ async def _send_to_any(client: AIOKafkaClient, request: Any) -> Any:
     for broker in sorted(client.cluster.brokers(), key=lambda b: b.nodeId):
         try:
             return await client.send(broker.nodeId, request)
-        except Exception as e:  # noqa: BLE001 - a dead or frozen broker: ask the next one
+        except Exception as e:
             errors.append(f"{broker.nodeId}: {e!r}")
     raise ConnectionError("no broker answered: " + "; ".join(errors))
 

@@ -76,7 +76,7 @@ class LagProbe:
             **options, group_id=None, enable_auto_commit=False, max_partition_fetch_bytes=64 * 1024
         )  # one record is wanted; the broker still returns a first record batch larger than this
 
-    async def __aenter__(self) -> "LagProbe":
+    async def __aenter__(self) -> LagProbe:
         await self._admin.start()
         await self._reader.start()
         return self
@@ -122,7 +122,9 @@ class LagProbe:
             for p in sorted(described.get(topic, {}).get("partitions", []), key=lambda p: p["partition"])
         ]
 
-    async def measure(self, group: str, partitions: list[TopicPartition], now_ms: float | None = None) -> list[PartitionLag]:
+    async def measure(
+        self, group: str, partitions: list[TopicPartition], now_ms: float | None = None
+    ) -> list[PartitionLag]:
         """Lag and lag age of `partitions` for `group`, in the order given."""
         if not partitions:
             return []

@@ -18,9 +18,9 @@ hundreds of answered records.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
-from typing import Generic, Hashable, TypeVar
+from typing import Generic, TypeVar
 
 P = TypeVar("P", bound=Hashable)
 
@@ -57,7 +57,7 @@ class CommitPoint:
         return (f"{METADATA_TAG} {','.join(parts)}" if parts else METADATA_TAG), left_out
 
     @classmethod
-    def decode(cls, offset: int, metadata: str | None) -> "CommitPoint":
+    def decode(cls, offset: int, metadata: str | None) -> CommitPoint:
         """The commit point `offset` with what its metadata lists; none for metadata not ours or damaged."""
         tag, _, body = (metadata or "").partition(" ")
         if tag != METADATA_TAG or not body:
@@ -198,7 +198,9 @@ class OffsetTracker(Generic[P]):
             self._committed[partition] = offset
             progress = self._parts.get(partition)
             if progress is not None:
-                progress.saved = len(committed.answered) if isinstance(committed, CommitPoint) else progress.answered_past
+                progress.saved = (
+                    len(committed.answered) if isinstance(committed, CommitPoint) else progress.answered_past
+                )
 
     def forget(self, partitions: set[P]) -> None:
         """Drop revoked partitions: their unanswered records belong to the next owner now."""

@@ -117,7 +117,7 @@ class Outbox:
                 continue
             try:
                 errors = await self.send_all([m for messages, _ in queued for m in messages])
-            except Exception as error:  # noqa: BLE001 - a bug here must not leave publishers waiting forever
+            except Exception as error:
                 errors = [error] * sum(len(messages) for messages, _ in queued)
             start = 0
             for messages, future in queued:
@@ -141,7 +141,7 @@ class Outbox:
             topic, key = message.topic, message.key
             try:
                 partitions = await self._partitions_of(topic)
-            except Exception as error:  # noqa: BLE001 - unknown or forbidden topic: this record fails alone
+            except Exception as error:
                 errors[index] = error
                 continue
             if message.partition is not None:
@@ -157,7 +157,7 @@ class Outbox:
             for members in self._batches(messages, indexes, budget):
                 try:
                     sent.append((members, await self._send(messages, members, topic, partition)))
-                except Exception as error:  # noqa: BLE001 - reported per record
+                except Exception as error:
                     for index in members:
                         errors[index] = error
         outcomes = await asyncio.gather(*(future for _, future in sent), return_exceptions=True)
@@ -193,7 +193,9 @@ class Outbox:
             out.append(members)
         return out
 
-    async def _send(self, messages: Sequence[Message], members: list[int], topic: str, partition: int) -> asyncio.Future[object]:
+    async def _send(
+        self, messages: Sequence[Message], members: list[int], topic: str, partition: int
+    ) -> asyncio.Future[object]:
         producer = self._producer
         batch = producer.create_batch()
         for index in members:

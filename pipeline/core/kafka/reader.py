@@ -68,7 +68,7 @@ class TopicReader:
             raise
         if self._since_ms is not None:
             partitions = list(await self._assignment(30.0))
-            found = await self._consumer.offsets_for_times({tp: self._since_ms for tp in partitions})
+            found = await self._consumer.offsets_for_times(dict.fromkeys(partitions, self._since_ms))
             ends = await self._consumer.end_offsets(partitions)
             for tp in partitions:
                 at = found.get(tp)
@@ -86,7 +86,7 @@ class TopicReader:
     async def stop(self) -> None:
         await stop_client(self._consumer.stop, "a topic reader")
 
-    async def __aenter__(self) -> "TopicReader":
+    async def __aenter__(self) -> TopicReader:
         await self.start()
         return self
 

@@ -20,8 +20,8 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
-from pipeline.core.kafka.client import client_options
 from pipeline.core.config import KafkaSettings
+from pipeline.core.kafka.client import client_options
 
 log = logging.getLogger("batchtide.consumer")
 
@@ -73,7 +73,7 @@ class TopicLimits:
             await asyncio.wait_for(admin.start(), LOOKUP_TIMEOUT_S)
             resources = [ConfigResource(ConfigResourceType.TOPIC, t, {"max.message.bytes": None}) for t in topics]
             responses = await asyncio.wait_for(admin.describe_configs(resources), LOOKUP_TIMEOUT_S)
-        except Exception as e:  # noqa: BLE001 - no answer is an answer: assume Kafka's default
+        except Exception as e:
             log.warning("max.message.bytes of %s unknown (%r); assuming %d", topics, e, KAFKA_DEFAULT_MAX_MESSAGE_BYTES)
             return found
         finally:

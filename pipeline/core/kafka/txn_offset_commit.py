@@ -127,16 +127,27 @@ class FencedTxnOffsetCommit(Request[TxnOffsetCommitRequest_v3]):
     API_KEY = API_KEY
 
     def __init__(
-        self, transactional_id: str, group_id: str, producer_id: int, producer_epoch: int,
-        member: GroupMember, offsets: dict[Any, tuple[int, str]],
+        self,
+        transactional_id: str,
+        group_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        member: GroupMember,
+        offsets: dict[Any, tuple[int, str]],
     ) -> None:
         by_topic: dict[str, list[tuple[int, int, int, str, dict[int, bytes]]]] = defaultdict(list)
         for tp, (offset, metadata) in sorted(offsets.items()):
             by_topic[tp.topic].append((tp.partition, offset, -1, metadata, {}))
         self._args = (
-            transactional_id, group_id, producer_id, producer_epoch,
-            member.generation_id, member.member_id, member.group_instance_id,
-            [(topic, partitions, {}) for topic, partitions in by_topic.items()], {},
+            transactional_id,
+            group_id,
+            producer_id,
+            producer_epoch,
+            member.generation_id,
+            member.member_id,
+            member.group_instance_id,
+            [(topic, partitions, {}) for topic, partitions in by_topic.items()],
+            {},
         )
 
     def build(self, request_struct_class: type[TxnOffsetCommitRequest_v3]) -> TxnOffsetCommitRequest_v3:

@@ -57,8 +57,7 @@ ARRIVAL_STREAM, PROMPT_STREAM, OUTPUT_STREAM, PRIORITY_STREAM, LANE_STREAM = ran
 
 def stream_draws(seed: int, stream: int, n: int, draw: Any) -> np.ndarray:
     """Draws 0..n-1 of one stream: `draw(rng, size)` per block."""
-    blocks = [draw(np.random.default_rng([seed, stream, b]), DRAW_BLOCK)
-              for b in range(-(-n // DRAW_BLOCK))]
+    blocks = [draw(np.random.default_rng([seed, stream, b]), DRAW_BLOCK) for b in range(-(-n // DRAW_BLOCK))]
     return np.concatenate(blocks)[:n] if blocks else draw(np.random.default_rng(0), 0)
 
 
@@ -99,8 +98,9 @@ def make_arrivals(scenario: Scenario, multiplier: float = 1.0) -> Arrivals:
     create = arrival_times(scenario, multiplier)
     n = create.shape[0]
     seed = scenario.seed
-    tokens = (stream_draws(seed, PROMPT_STREAM, n, scenario.prompt.sample)
-              + stream_draws(seed, OUTPUT_STREAM, n, scenario.output.sample))
+    tokens = stream_draws(seed, PROMPT_STREAM, n, scenario.prompt.sample) + stream_draws(
+        seed, OUTPUT_STREAM, n, scenario.output.sample
+    )
     mix = np.asarray(scenario.priority_mix, dtype=float)
     priority = categorical(seed, PRIORITY_STREAM, n, mix) if len(mix) > 1 else np.zeros(n, dtype=np.int64)
     topo = scenario.topology

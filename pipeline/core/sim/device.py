@@ -89,9 +89,7 @@ class CostModel:
                 sizes.append(b + b // 2)
             b *= 2
         sizes.append(cap)
-        return tuple(
-            (b, scale * self.base.ms(b * mean_tokens if self.unit == "tokens" else b)) for b in sizes
-        )
+        return tuple((b, scale * self.base.ms(b * mean_tokens if self.unit == "tokens" else b)) for b in sizes)
 
     def physical_limit_rps(self, cap: int, mean_tokens: float = 1.0, scale: float = 1.0) -> float:
         """max over b <= cap of b / t(b), on the base and (if any) the shifted curve (the lower)."""

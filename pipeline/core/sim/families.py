@@ -8,8 +8,9 @@ bounds every cap: grid points above it are replaced by the limit itself.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from pipeline.core.config import BatchProfile
 from pipeline.core.engine.decisions import BatchPolicy
@@ -113,16 +114,28 @@ FIXED_WINDOW = Family(
 
 TRITON = Family(
     "triton",
-    lambda c, x: TritonDynamic(c["max_batch_size"], c["max_queue_delay_ms"],
-                               (c["max_batch_size"] // 2, c["max_batch_size"]) if c["preferred"] else (),
-                               x.priority_levels, x.max_inflight),
+    lambda c, x: TritonDynamic(
+        c["max_batch_size"],
+        c["max_queue_delay_ms"],
+        (c["max_batch_size"] // 2, c["max_batch_size"]) if c["preferred"] else (),
+        x.priority_levels,
+        x.max_inflight,
+    ),
     _grid(max_batch_size=CAPS, max_queue_delay_ms=(0.0, 2.0, 10.0), preferred=(False, True)),
     _grid(max_batch_size=QUICK_CAPS, max_queue_delay_ms=(0.0, 10.0), preferred=(False,)),
     cap_key="max_batch_size",
 )
 
-def _cap_and_wait(name: str, peer: Callable[[int, float, int], BatchPolicy], cap_key: str, wait_key: str,
-                  waits: tuple[float, ...], quick_waits: tuple[float, ...], wait_to_ms: float = 1.0) -> Family:
+
+def _cap_and_wait(
+    name: str,
+    peer: Callable[[int, float, int], BatchPolicy],
+    cap_key: str,
+    wait_key: str,
+    waits: tuple[float, ...],
+    quick_waits: tuple[float, ...],
+    wait_to_ms: float = 1.0,
+) -> Family:
     """A peer whose only knobs are a batch cap and one wait (in its own unit): the cap spans the shared CAPS."""
     return Family(
         name,
@@ -133,14 +146,24 @@ def _cap_and_wait(name: str, peer: Callable[[int, float, int], BatchPolicy], cap
     )
 
 
-TF_SERVING = _cap_and_wait("tf-serving", TFServingBasic, "max_batch_size", "batch_timeout_ms",
-                           (0.0, 2.0, 10.0, 50.0), (0.0, 10.0))
-TORCHSERVE = _cap_and_wait("torchserve", PollTimerBatcher, "batch_size", "max_batch_delay_ms",
-                           (0.0, 2.0, 10.0, 50.0), (0.0, 10.0))
-RAY_SERVE = _cap_and_wait("ray-serve", PollTimerBatcher, "max_batch_size", "batch_wait_timeout_s",
-                          (0.0, 0.001, 0.01, 0.05), (0.0, 0.01), wait_to_ms=1000.0)
-BENTOML = _cap_and_wait("bentoml", BentoAdaptive, "max_batch_size", "max_latency_ms",
-                        (500.0, 1000.0, 2000.0, 10000.0), (1000.0, 10000.0))
+TF_SERVING = _cap_and_wait(
+    "tf-serving", TFServingBasic, "max_batch_size", "batch_timeout_ms", (0.0, 2.0, 10.0, 50.0), (0.0, 10.0)
+)
+TORCHSERVE = _cap_and_wait(
+    "torchserve", PollTimerBatcher, "batch_size", "max_batch_delay_ms", (0.0, 2.0, 10.0, 50.0), (0.0, 10.0)
+)
+RAY_SERVE = _cap_and_wait(
+    "ray-serve",
+    PollTimerBatcher,
+    "max_batch_size",
+    "batch_wait_timeout_s",
+    (0.0, 0.001, 0.01, 0.05),
+    (0.0, 0.01),
+    wait_to_ms=1000.0,
+)
+BENTOML = _cap_and_wait(
+    "bentoml", BentoAdaptive, "max_batch_size", "max_latency_ms", (500.0, 1000.0, 2000.0, 10000.0), (1000.0, 10000.0)
+)
 
 CLIPPER = Family(
     "clipper",

@@ -44,9 +44,9 @@ from pipeline.core.engine.fleet import (
     plan_forwards,
     recent_batch_ms,
 )
+from pipeline.core.sim.arrivals import Arrivals
 from pipeline.core.sim.families import DEFAULT_DEVICE_CAP, LaneContext, build_engine
 from pipeline.core.sim.fleetspec import FleetSpec
-from pipeline.core.sim.arrivals import Arrivals
 from pipeline.core.sim.scenario import Scenario
 from pipeline.core.sim.simulator import SimulationError
 
@@ -96,9 +96,15 @@ def _engines(scenario: Scenario, fleet: FleetSpec) -> list[BatchingEngine]:
     mean_tokens = scenario.mean_tokens()
     engines = []
     for c in range(scenario.topology.consumers):
-        engine = build_engine(BatchProfile(), LaneContext(
-            1, 1, cap, cost.profile_points(cap, mean_tokens, fleet.steady_factor(c)),
-        ))
+        engine = build_engine(
+            BatchProfile(),
+            LaneContext(
+                1,
+                1,
+                cap,
+                cost.profile_points(cap, mean_tokens, fleet.steady_factor(c)),
+            ),
+        )
         assert isinstance(engine, BatchingEngine)
         engines.append(engine)
     return engines
@@ -194,8 +200,14 @@ def simulate_fleet(scenario: Scenario, arrivals: Arrivals) -> FleetOutcome:
             push(max(decision.wake_at_ms, now + 0.001), _WAKE, lane, wake_version[lane])
 
     def offer(lane: int, i: int, priority: int, now: float) -> None:
-        req = PendingRequest(str(i), create[i], tokens[i] if token_cost else 1, priority,
-                             None if deadline is None else create[i] + deadline, i)
+        req = PendingRequest(
+            str(i),
+            create[i],
+            tokens[i] if token_cost else 1,
+            priority,
+            None if deadline is None else create[i] + deadline,
+            i,
+        )
         engines[lane].offer(req, now)
         if not forwarded_in[i]:
             flows[lane].offered(now, req.cost)
@@ -305,8 +317,15 @@ def simulate_fleet(scenario: Scenario, arrivals: Arrivals) -> FleetOutcome:
     if np.isnan(done_arr).any() or answered != n:
         raise SimulationError(f"{int(np.isnan(done_arr).sum())} requests were never answered")
     if sum(sizes) + int(sum(expired)) != n:
-        raise SimulationError(f"batches hold {sum(sizes)} requests and {int(sum(expired))} expired, "
-                              f"but {n} arrived")
-    return FleetOutcome(arrivals, done_arr, np.asarray(expired, dtype=bool), np.asarray(served_by),
-                        np.asarray(forwarded, dtype=bool), np.asarray(forwards_out), np.asarray(forwards_in),
-                        sizes, consumers)
+        raise SimulationError(f"batches hold {sum(sizes)} requests and {int(sum(expired))} expired, but {n} arrived")
+    return FleetOutcome(
+        arrivals,
+        done_arr,
+        np.asarray(expired, dtype=bool),
+        np.asarray(served_by),
+        np.asarray(forwarded, dtype=bool),
+        np.asarray(forwards_out),
+        np.asarray(forwards_in),
+        sizes,
+        consumers,
+    )

@@ -77,11 +77,16 @@ def measure_fleet(scenario: Scenario, outcome: FleetOutcome) -> FleetMetrics:
     per = []
     for c in range(outcome.consumers):
         mine = outcome.served_by == c
-        per.append(ConsumerMetrics(
-            consumer=c, factor=fleet.steady_factor(c), p99_ms=_pct(latency[mine], 99),
-            share=float(mine.mean()) if n else 0.0,
-            forwards_out=int(outcome.forwards_out[c]), forwards_in=int(outcome.forwards_in[c]),
-        ))
+        per.append(
+            ConsumerMetrics(
+                consumer=c,
+                factor=fleet.steady_factor(c),
+                p99_ms=_pct(latency[mine], 99),
+                share=float(mine.mean()) if n else 0.0,
+                forwards_out=int(outcome.forwards_out[c]),
+                forwards_in=int(outcome.forwards_in[c]),
+            )
+        )
     sizes = np.asarray(outcome.batch_sizes, dtype=float)
     return FleetMetrics(
         requests=n,

@@ -140,19 +140,32 @@ def partition_owner(fleet: FleetSpec, consumers: int) -> np.ndarray:
 
 def parse_fleet(raw: Any, where: str, consumers: int, duration_ms: float, error: type[Exception]) -> FleetSpec:
     """A `[fleet]` table for a group of `consumers`; `error(message)` names the key at fault."""
-    known = {"partitions", "assignment", "slow", "slowdown", "hot", "forwarding", "beacon_interval_ms",
-             "hop_ms", "scan_interval_ms"}
+    known = {
+        "partitions",
+        "assignment",
+        "slow",
+        "slowdown",
+        "hot",
+        "forwarding",
+        "beacon_interval_ms",
+        "hop_ms",
+        "scan_interval_ms",
+    }
     _table(where, raw, known, error)
     if "partitions" not in raw:
         raise error(f"{where}: missing key 'partitions' (partitions of the request topic)")
     partitions = _whole(where, raw, "partitions", error)
     if partitions < consumers:
-        raise error(f"{where}.partitions: {partitions} partitions for {consumers} consumers: the range "
-                    f"assignor would leave {consumers - partitions} consumer(s) without work")
+        raise error(
+            f"{where}.partitions: {partitions} partitions for {consumers} consumers: the range "
+            f"assignor would leave {consumers - partitions} consumer(s) without work"
+        )
     assignment = raw.get("assignment", "range")
     if assignment not in ("range", "capacity"):
-        raise error(f"{where}.assignment: {assignment!r} is not one of ['range', 'capacity'] (Kafka's range "
-                    "assignor, or partition counts in proportion to each device's speed)")
+        raise error(
+            f"{where}.assignment: {assignment!r} is not one of ['range', 'capacity'] (Kafka's range "
+            "assignor, or partition counts in proportion to each device's speed)"
+        )
 
     def consumer_index(w: str, value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < consumers:
@@ -203,8 +216,9 @@ def parse_fleet(raw: Any, where: str, consumers: int, duration_ms: float, error:
     beacon = _positive(where, raw, "beacon_interval_ms", error, DEFAULT_BEACON_INTERVAL_MS)
     hop = _nonneg(where, raw, "hop_ms", error, DEFAULT_HOP_MS)
     scan = _positive(where, raw, "scan_interval_ms", error, DEFAULT_SCAN_INTERVAL_MS)
-    return FleetSpec(partitions, tuple(slow), tuple(slowdowns), hot_partition, hot_share, forwarding,
-                     beacon, hop, scan, assignment)
+    return FleetSpec(
+        partitions, tuple(slow), tuple(slowdowns), hot_partition, hot_share, forwarding, beacon, hop, scan, assignment
+    )
 
 
 def _table(where: str, t: Any, known: set[str], error: type[Exception]) -> None:

@@ -68,20 +68,29 @@ class GenerationCost:
             return self.ride_measured_ms
         return None if self.ride_ms_per_token is None else self.scale * self.ride_ms_per_token
 
-    def scaled(self, factor: float) -> "GenerationCost":
+    def scaled(self, factor: float) -> GenerationCost:
         return replace(self, scale=self.scale * factor)
 
-    def with_step_overhead(self, ms: float) -> "GenerationCost":
+    def with_step_overhead(self, ms: float) -> GenerationCost:
         return replace(self, step_overhead_ms=ms)
 
     @classmethod
-    def linear(cls, prefill_a_ms: float, prefill_c_ms: float, step_a_ms: float, step_c_ms: float,
-               per_row_token_ms: float = 0.0, ref_cache: float = 0.0) -> "GenerationCost":
+    def linear(
+        cls,
+        prefill_a_ms: float,
+        prefill_c_ms: float,
+        step_a_ms: float,
+        step_c_ms: float,
+        per_row_token_ms: float = 0.0,
+        ref_cache: float = 0.0,
+    ) -> GenerationCost:
         """prefill = a + c x tokens, step = a + c x rows (tests and hand-written scenarios)."""
-        return cls(DeviceCurve(prefill_a_ms, prefill_c_ms), DeviceCurve(step_a_ms, step_c_ms), ref_cache, per_row_token_ms)
+        return cls(
+            DeviceCurve(prefill_a_ms, prefill_c_ms), DeviceCurve(step_a_ms, step_c_ms), ref_cache, per_row_token_ms
+        )
 
     @classmethod
-    def from_curves(cls, curves: GenerationCurves) -> "GenerationCost":
+    def from_curves(cls, curves: GenerationCurves) -> GenerationCost:
         steps = sorted(curves.steps)
         if not curves.prefill or not steps:
             raise ValueError("a generation profile needs prefill and decode-step points")

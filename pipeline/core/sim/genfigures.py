@@ -40,11 +40,14 @@ def gen_figures(outcome: GenOutcome, tokens_out: np.ndarray, overhead_ms: float 
     many = served & (tokens_out > 1)
     tpot = (outcome.done_ms - outcome.first_ms)[many] / (tokens_out[many] - 1)
     return GenFigures(
-        requests=len(arr), served=int(served.sum()),
-        p50_ms=_pct(e2e, 50), p99_ms=_pct(e2e, 99),
+        requests=len(arr),
+        served=int(served.sum()),
+        p50_ms=_pct(e2e, 50),
+        p99_ms=_pct(e2e, 99),
         throughput_rps=float(served.sum()) / span_s,
         generated_tokens_per_s=float(tokens_out[served].sum()) / span_s,
-        ttft_p99_ms=_pct(ttft, 99), tpot_p99_ms=_pct(tpot, 99),
+        ttft_p99_ms=_pct(ttft, 99),
+        tpot_p99_ms=_pct(tpot, 99),
         expired_share=float(outcome.expired.mean()) if len(arr) else 0.0,
         mean_rows=float(np.mean(outcome.step_rows)) if outcome.step_rows else 0.0,
     )

@@ -235,8 +235,9 @@ class FixedWindowGen:
         return plan
 
 
-def iteration_ms(cost: GenerationCost, prefill: list[tuple[Row, int]], decode: list[Row], padded: bool,
-                 kernels: Kernels = "runner") -> float:
+def iteration_ms(
+    cost: GenerationCost, prefill: list[tuple[Row, int]], decode: list[Row], padded: bool, kernels: Kernels = "runner"
+) -> float:
     """One iteration: one decode step of the ready rows, and the prompt chunks.
 
     `runner` (the default): the kernels batchtide's runner measured, the same for every scheduler:
@@ -265,8 +266,9 @@ def iteration_ms(cost: GenerationCost, prefill: list[tuple[Row, int]], decode: l
     return ms
 
 
-def simulate_tokens(arrivals: GenArrivals, cost: GenerationCost, scheduler: TokenScheduler,
-                    kernels: Kernels = "runner") -> GenOutcome:
+def simulate_tokens(
+    arrivals: GenArrivals, cost: GenerationCost, scheduler: TokenScheduler, kernels: Kernels = "runner"
+) -> GenOutcome:
     """Run one scheduler on one device over the arrivals (lanes are ignored: one server), charged
     the runner's measured kernels or the servers' idealised ragged ones (`iteration_ms`)."""
     arr = arrivals

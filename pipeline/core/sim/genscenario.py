@@ -25,7 +25,12 @@ import numpy as np
 
 from pipeline.core.config import read_toml
 from pipeline.core.sim.arrivals import (
-    OUTPUT_STREAM, PRIORITY_STREAM, PROMPT_STREAM, arrival_times, categorical, stream_draws,
+    OUTPUT_STREAM,
+    PRIORITY_STREAM,
+    PROMPT_STREAM,
+    arrival_times,
+    categorical,
+    stream_draws,
 )
 from pipeline.core.sim.device import DeviceCurve
 from pipeline.core.sim.gencost import GenerationCost
@@ -68,13 +73,20 @@ def parse_gen_scenario(data: dict[str, Any], source: str = "<scenario>") -> GenS
             raise ScenarioError(f"{where}.{key}: expected a table (a_ms/c_ms or points)")
     prefill: DeviceCurve = parse_curve(f"{where}.prefill", gen["prefill"])
     step: DeviceCurve = parse_curve(f"{where}.step", gen["step"])
-    cost = GenerationCost(prefill, step, number(where, gen, "ref_cache", default=0.0, minimum=0.0),
-                          number(where, gen, "per_row_token_ms", default=0.0, minimum=0.0))
+    cost = GenerationCost(
+        prefill,
+        step,
+        number(where, gen, "ref_cache", default=0.0, minimum=0.0),
+        number(where, gen, "per_row_token_ms", default=0.0, minimum=0.0),
+    )
     max_new = int(number(where, gen, "max_new_tokens", positive=True))
-    if base.output.dist != "fixed" and base.output.max > max_new or base.output.dist == "fixed" and base.output.value > max_new:
+    if (base.output.dist != "fixed" and base.output.max > max_new) or (
+        base.output.dist == "fixed" and base.output.value > max_new
+    ):
         raise ScenarioError(f"{where}.max_new_tokens: {max_new} is below the longest answer of [tokens.output]")
     return GenScenario(
-        base=base, cost=cost,
+        base=base,
+        cost=cost,
         ttft_ms=number(where, gen, "ttft_ms", positive=True),
         tpot_ms=number(where, gen, "tpot_ms", positive=True),
         max_new_tokens=max_new,
@@ -97,5 +109,13 @@ def gen_arrivals(scenario: GenScenario, multiplier: float = 1.0) -> GenArrivals:
     mix = np.asarray(base.priority_mix, dtype=float)
     priority = categorical(base.seed, PRIORITY_STREAM, n, mix) if len(mix) > 1 else np.zeros(n, dtype=np.int64)
     deadline = create + base.deadline_ms if base.deadline_ms is not None else np.full(n, np.nan)
-    return GenArrivals(create, create.copy(), prompt, emits, np.full(n, scenario.max_new_tokens, dtype=np.int64),
-                       priority, np.zeros(n, dtype=np.int64), deadline)
+    return GenArrivals(
+        create,
+        create.copy(),
+        prompt,
+        emits,
+        np.full(n, scenario.max_new_tokens, dtype=np.int64),
+        priority,
+        np.zeros(n, dtype=np.int64),
+        deadline,
+    )

@@ -19,15 +19,26 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 
 from pipeline.core.engine.decisions import Batch, BatchPolicy, PendingRequest
-from pipeline.core.engine.joins import (JOIN_GROUP, JOIN_WAIT_STEPS, Joiner, JoinRule, JoinSettings, LoopView,
-                                        RideCredit, length_groups, paced_ride, ride_allowance, ride_plan,
-                                        ride_tokens)
+from pipeline.core.engine.joins import (
+    JOIN_GROUP,
+    JOIN_WAIT_STEPS,
+    Joiner,
+    JoinRule,
+    JoinSettings,
+    LoopView,
+    RideCredit,
+    length_groups,
+    paced_ride,
+    ride_allowance,
+    ride_plan,
+    ride_tokens,
+)
 from pipeline.core.sim.genchunks import ChunkedGroup, chunk_tokens, ride_ms, ride_token_ms
 from pipeline.core.sim.gencost import GenerationCost
 
@@ -85,8 +96,15 @@ class LoopSettings:
     refuse_hopeless: bool = True
 
     def join_settings(self) -> JoinSettings:
-        return JoinSettings(self.token_cap, self.step_budget_ms, self.join_group, self.join_wait_steps,
-                            self.tpot_ms, self.step_token_budget, self.refuse_hopeless)
+        return JoinSettings(
+            self.token_cap,
+            self.step_budget_ms,
+            self.join_group,
+            self.join_wait_steps,
+            self.tpot_ms,
+            self.step_token_budget,
+            self.refuse_hopeless,
+        )
 
 
 def running_token_cap(batch_cap: int | None, slots: int, target: int | None = None) -> int | None:
@@ -160,8 +178,13 @@ class GenOutcome:
     """The longest time between two tokens of one answer (a prefill that stalled the set shows here)."""
 
 
-def simulate_generation(arrivals: GenArrivals, cost: GenerationCost, policies: Sequence[BatchPolicy],
-                        settings: LoopSettings, max_inflight: int) -> GenOutcome:
+def simulate_generation(
+    arrivals: GenArrivals,
+    cost: GenerationCost,
+    policies: Sequence[BatchPolicy],
+    settings: LoopSettings,
+    max_inflight: int,
+) -> GenOutcome:
     """Run every request to its answer (served, expired or refused). One policy and one decode loop per lane."""
     arr = arrivals
     n = len(arr)
@@ -233,8 +256,14 @@ def simulate_generation(arrivals: GenArrivals, cost: GenerationCost, policies: S
     def joiner(row: _Row) -> Joiner:
         i = row.i
         d = deadline[i]
-        return Joiner(int(arr.prompt[i]), row.reserved, int(arr.limit[i]), None if np.isnan(d) else float(d),
-                      int(arr.priority[i]), row.group.arrived_step)
+        return Joiner(
+            int(arr.prompt[i]),
+            row.reserved,
+            int(arr.limit[i]),
+            None if np.isnan(d) else float(d),
+            int(arr.priority[i]),
+            row.group.arrived_step,
+        )
 
     def step(lane: int, now: float) -> None:
         """One decode step of the running rows; the queued groups' next chunks ride it (joins.ride_plan) when
@@ -255,8 +284,9 @@ def simulate_generation(arrivals: GenArrivals, cost: GenerationCost, policies: S
             if per_token:  # the consumer's pacer
                 tokens = paced_ride(budget, decoding, ms, per_token, settings.tpot_ms)
             else:
-                tokens = ride_tokens(chunk_tokens(budget, decoding), ms, ride_token_ms(device, budget, decoding),
-                                     settings.tpot_ms)
+                tokens = ride_tokens(
+                    chunk_tokens(budget, decoding), ms, ride_token_ms(device, budget, decoding), settings.tpot_ms
+                )
             queue: list[ChunkedGroup] = list(loop.prefills)
             fed = 0
             for k, chunk in ride_plan([p.rest_tokens() for p in queue], tokens):
@@ -381,9 +411,23 @@ def simulate_generation(arrivals: GenArrivals, cost: GenerationCost, policies: S
         now = t_arr
         lane = int(arr.lane[i])
         d = deadline[i]
-        policies[lane].offer(PendingRequest(str(i), float(arr.create_ms[i]), arr.cost(i), int(arr.priority[i]),
-                                            None if np.isnan(d) else float(d), i), now)
+        policies[lane].offer(
+            PendingRequest(
+                str(i), float(arr.create_ms[i]), arr.cost(i), int(arr.priority[i]), None if np.isnan(d) else float(d), i
+            ),
+            now,
+        )
         i += 1
         poll(lane, now)
-    return GenOutcome(arr, disp, first, done, expired, sizes, sum(lp.steps for lp in loops),
-                      sum(lp.joins for lp in loops), step_rows, gap[0])
+    return GenOutcome(
+        arr,
+        disp,
+        first,
+        done,
+        expired,
+        sizes,
+        sum(lp.steps for lp in loops),
+        sum(lp.joins for lp in loops),
+        step_rows,
+        gap[0],
+    )

@@ -50,16 +50,31 @@ class QueuedPolicy:
     def can_run(self, device_free: bool) -> bool:
         return device_free and self.inflight < self.max_inflight
 
-    def dispatch(self, requests: list[PendingRequest], now_ms: float, reason: DispatchReason,
-                 window_ms: float, target: int, cap: int) -> Decision:
+    def dispatch(
+        self,
+        requests: list[PendingRequest],
+        now_ms: float,
+        reason: DispatchReason,
+        window_ms: float,
+        target: int,
+        cap: int,
+    ) -> Decision:
         self.inflight += 1
         self.next_batch_id += 1
         oldest = min(r.enqueue_ms for r in requests)
         record = DispatchRecord(
-            batch_id=self.next_batch_id, size=len(requests), cost=sum(r.cost for r in requests),
-            reason=reason, window_ms=window_ms, hit_target=len(requests) >= target, marked_count=0,
-            oldest_wait_ms=now_ms - oldest, queue_depth=self.count, effective_cap=cap,
-            arrival_rate_per_s=0.0, dispatch_ms=now_ms,
+            batch_id=self.next_batch_id,
+            size=len(requests),
+            cost=sum(r.cost for r in requests),
+            reason=reason,
+            window_ms=window_ms,
+            hit_target=len(requests) >= target,
+            marked_count=0,
+            oldest_wait_ms=now_ms - oldest,
+            queue_depth=self.count,
+            effective_cap=cap,
+            arrival_rate_per_s=0.0,
+            dispatch_ms=now_ms,
         )
         return Decision(batch=Batch(self.next_batch_id, requests, record))
 
@@ -98,8 +113,14 @@ class TritonDynamic(QueuedPolicy):
     sends what it has. Requests are queued per priority level, highest first.
     """
 
-    def __init__(self, max_batch_size: int, max_queue_delay_ms: float,
-                 preferred: tuple[int, ...] = (), priority_levels: int = 1, max_inflight: int = 1) -> None:
+    def __init__(
+        self,
+        max_batch_size: int,
+        max_queue_delay_ms: float,
+        preferred: tuple[int, ...] = (),
+        priority_levels: int = 1,
+        max_inflight: int = 1,
+    ) -> None:
         super().__init__(max_inflight, priority_levels)
         self.max_batch = max_batch_size
         self.delay_ms = max_queue_delay_ms
@@ -186,8 +207,9 @@ class PollTimerBatcher(QueuedPolicy):
         if self.count >= self.batch_size or now_ms >= self.started + self.delay_ms:
             self.started = None
             reason: DispatchReason = "target" if self.count >= self.batch_size else "max_wait"
-            return self.dispatch(self.take(self.batch_size), now_ms, reason, self.delay_ms,
-                                 self.batch_size, self.batch_size)
+            return self.dispatch(
+                self.take(self.batch_size), now_ms, reason, self.delay_ms, self.batch_size, self.batch_size
+            )
         return Decision(wake_at_ms=self.started + self.delay_ms)
 
 
@@ -224,7 +246,9 @@ class BentoAdaptive(QueuedPolicy):
     def poll(self, now_ms: float, device_free: bool = True, backlog: int = 0) -> Decision:
         expired: list[PendingRequest] = []
         queue = self.levels[0]
-        while self.count > 1 and (now_ms - queue[0].enqueue_ms) + self.o_a * self.count + self.o_b >= self.max_latency_ms:
+        while (
+            self.count > 1 and (now_ms - queue[0].enqueue_ms) + self.o_a * self.count + self.o_b >= self.max_latency_ms
+        ):
             expired.append(queue.popleft())
             self.count -= 1
         if self.count == 1 and now_ms - queue[0].enqueue_ms >= self.max_latency_ms:
@@ -237,8 +261,14 @@ class BentoAdaptive(QueuedPolicy):
         if n < self.max_batch and n * (newest_wait + self.TICK_MS + self.o_a) <= 0.95 * self.o_w:
             return Decision(expired=expired, wake_at_ms=now_ms + self.TICK_MS)
         requests = self.take(self.max_batch)
-        decision = self.dispatch(requests, now_ms, "target" if len(requests) >= self.max_batch else "max_wait",
-                                 0.0, self.max_batch, self.max_batch)
+        decision = self.dispatch(
+            requests,
+            now_ms,
+            "target" if len(requests) >= self.max_batch else "max_wait",
+            0.0,
+            self.max_batch,
+            self.max_batch,
+        )
         decision.expired = expired
         assert decision.batch is not None
         self.waits[decision.batch.batch_id] = decision.batch.record.oldest_wait_ms

@@ -15,8 +15,15 @@ from pipeline.core.sim.fleetspec import parse_fleet
 from pipeline.core.sim.scenario import Burst, LengthDist, Phase, Scenario, ScenarioError, Topology
 
 
-def number(where: str, table: dict[str, Any], key: str, *, default: float | None = None,
-            positive: bool = False, minimum: float | None = None) -> float:
+def number(
+    where: str,
+    table: dict[str, Any],
+    key: str,
+    *,
+    default: float | None = None,
+    positive: bool = False,
+    minimum: float | None = None,
+) -> float:
     if key not in table:
         if default is None:
             raise ScenarioError(f"{where}: missing key {key!r}")
@@ -74,9 +81,13 @@ def parse_dist(where: str, table: dict[str, Any]) -> LengthDist:
         return LengthDist("uniform", min=lo, max=hi)
     if kind == "lognormal":
         lo, hi = int(number(where, table, "min", default=1)), int(number(where, table, "max", minimum=1))
-        return LengthDist("lognormal", min=lo, max=hi,
-                          median=number(where, table, "median", positive=True),
-                          sigma=number(where, table, "sigma", minimum=0.0))
+        return LengthDist(
+            "lognormal",
+            min=lo,
+            max=hi,
+            median=number(where, table, "median", positive=True),
+            sigma=number(where, table, "sigma", minimum=0.0),
+        )
     raise ScenarioError(f"{where}.dist: {kind!r} is not one of ['fixed', 'uniform', 'lognormal']")
 
 
@@ -107,8 +118,20 @@ def with_cost(scenario: Scenario, cost_table: dict[str, Any], source: str) -> Sc
 
 
 def parse_scenario(data: dict[str, Any], source: str = "<scenario>") -> Scenario:
-    top = {"name", "description", "seed", "slo_p99_ms", "deadline_ms", "phases", "tokens",
-           "cost", "topology", "priority", "profile_overrides", "fleet"}
+    top = {
+        "name",
+        "description",
+        "seed",
+        "slo_p99_ms",
+        "deadline_ms",
+        "phases",
+        "tokens",
+        "cost",
+        "topology",
+        "priority",
+        "profile_overrides",
+        "fleet",
+    }
     check_keys(source, data, top)
     if "profile_overrides" in data:
         raise ScenarioError(
@@ -135,11 +158,10 @@ def parse_scenario(data: dict[str, Any], source: str = "<scenario>") -> Scenario
                 offset_s=number(bw, b, "offset_s", default=0.0, minimum=0.0),
             )
             if bursts.duration_s > bursts.every_s:
-                raise ScenarioError(
-                    f"{bw}: duration_s ({bursts.duration_s}) is longer than every_s ({bursts.every_s})"
-                )
-        phases.append(Phase(number(where, ph, "duration_s", positive=True),
-                            number(where, ph, "rate_per_s", minimum=0.0), bursts))
+                raise ScenarioError(f"{bw}: duration_s ({bursts.duration_s}) is longer than every_s ({bursts.every_s})")
+        phases.append(
+            Phase(number(where, ph, "duration_s", positive=True), number(where, ph, "rate_per_s", minimum=0.0), bursts)
+        )
 
     tokens = data.get("tokens", {})
     check_keys(f"{source} [tokens]", tokens, {"prompt", "output"})
@@ -153,8 +175,9 @@ def parse_scenario(data: dict[str, Any], source: str = "<scenario>") -> Scenario
 
     topo_raw = data.get("topology", {})
     tw = f"{source} [topology]"
-    check_keys(tw, topo_raw, {"mode", "consumers", "assignment", "skew", "fetch_delay_ms",
-                               "model_share", "model_cost_scale"})
+    check_keys(
+        tw, topo_raw, {"mode", "consumers", "assignment", "skew", "fetch_delay_ms", "model_share", "model_cost_scale"}
+    )
     mode = topo_raw.get("mode", "own-queues")
     if mode not in ("own-queues", "shared-queue", "shared-device"):
         raise ScenarioError(f"{tw}.mode: {mode!r} is not one of ['own-queues', 'shared-queue', 'shared-device']")
@@ -166,9 +189,7 @@ def parse_scenario(data: dict[str, Any], source: str = "<scenario>") -> Scenario
     scale = tuple(float(x) for x in topo_raw.get("model_cost_scale", ()))
     for key, vals in (("model_share", share), ("model_cost_scale", scale)):
         if vals and (mode != "shared-device" or len(vals) != consumers):
-            raise ScenarioError(
-                f"{tw}.{key}: only for mode 'shared-device', one value per model ({consumers} models)"
-            )
+            raise ScenarioError(f"{tw}.{key}: only for mode 'shared-device', one value per model ({consumers} models)")
         if any(v <= 0 for v in vals):
             raise ScenarioError(f"{tw}.{key}: values must be > 0")
     skew = number(tw, topo_raw, "skew", default=0.0, minimum=0.0)
@@ -192,16 +213,26 @@ def parse_scenario(data: dict[str, Any], source: str = "<scenario>") -> Scenario
     fleet = None
     if "fleet" in data:
         if mode != "own-queues" or skew > 0 or delay > 0 or "assignment" in topo_raw:
-            raise ScenarioError(f"{tw}: a [fleet] scenario takes only 'consumers' here: mode "
-                                "own-queues, and [fleet] lays out partitions, keys and assignment")
+            raise ScenarioError(
+                f"{tw}: a [fleet] scenario takes only 'consumers' here: mode "
+                "own-queues, and [fleet] lays out partitions, keys and assignment"
+            )
         duration_ms = 1000.0 * sum(p.duration_s for p in phases)
         fleet = parse_fleet(data["fleet"], f"{source} [fleet]", consumers, duration_ms, ScenarioError)
     return Scenario(
-        name=str(name), phases=tuple(phases), cost=cost, seed=seed,
+        name=str(name),
+        phases=tuple(phases),
+        cost=cost,
+        seed=seed,
         description=str(data.get("description", "")),
         slo_p99_ms=number(source, data, "slo_p99_ms", default=1000.0, positive=True),
-        prompt=prompt, output=output, topology=topology, priority_mix=mix,
-        deadline_ms=deadline, fleet=fleet, source=source,
+        prompt=prompt,
+        output=output,
+        topology=topology,
+        priority_mix=mix,
+        deadline_ms=deadline,
+        fleet=fleet,
+        source=source,
     )
 
 

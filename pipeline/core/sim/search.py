@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
+from pipeline.core.sim.arrivals import Arrivals, make_arrivals
 from pipeline.core.sim.families import DEFAULT_DEVICE_CAP, Builder, Config, LaneContext, builder
 from pipeline.core.sim.metrics import RunMetrics, measure, slo_budget
-from pipeline.core.sim.arrivals import Arrivals, make_arrivals
 from pipeline.core.sim.scenario import Scenario
 from pipeline.core.sim.simulator import RunOutcome, simulate
 
@@ -92,18 +92,22 @@ class Evaluator:
         if self._mean_tokens is None:
             self._mean_tokens = self.scenario.mean_tokens()
         return [
-            cand.build(cand.config, LaneContext(
-                len(topo.lane_devices(lane)), max(1, levels), device_cap,
-                cost.profile_points(device_cap, self._mean_tokens, topo.lane_cost_scale(lane)),
-                self.scenario.slo_p99_ms if self.scenario.deadline_ms is not None else None,
-            ))
+            cand.build(
+                cand.config,
+                LaneContext(
+                    len(topo.lane_devices(lane)),
+                    max(1, levels),
+                    device_cap,
+                    cost.profile_points(device_cap, self._mean_tokens, topo.lane_cost_scale(lane)),
+                    self.scenario.slo_p99_ms if self.scenario.deadline_ms is not None else None,
+                ),
+            )
             for lane in range(topo.lanes)
         ]
 
     def _run(self, cand: Candidate, k: int, abort: bool) -> RunOutcome:
         arrivals = self.load(k)
-        outcome = simulate(self.scenario, arrivals, self.policies(cand),
-                           slo_budget(len(arrivals)) if abort else None)
+        outcome = simulate(self.scenario, arrivals, self.policies(cand), slo_budget(len(arrivals)) if abort else None)
         self.runs += 1
         self.requests_simulated += outcome.offered
         self.sim_seconds += outcome.wall_s

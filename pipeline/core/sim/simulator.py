@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import heapq
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -72,8 +72,13 @@ class RunOutcome:
         return len(self.arrivals)
 
 
-def simulate(scenario: Scenario, arrivals: Arrivals, policies: Sequence[BatchPolicy],
-             abort_over_slo: int | None = None, timeline: Timeline | None = None) -> RunOutcome:
+def simulate(
+    scenario: Scenario,
+    arrivals: Arrivals,
+    policies: Sequence[BatchPolicy],
+    abort_over_slo: int | None = None,
+    timeline: Timeline | None = None,
+) -> RunOutcome:
     """Run one realisation to the end (every request answered), or stop early once more
     than `abort_over_slo` requests are known to miss the SLO (capacity search)."""
     topo = scenario.topology
@@ -217,8 +222,14 @@ def simulate(scenario: Scenario, arrivals: Arrivals, policies: Sequence[BatchPol
         now = t_arr
         lane = lane_of[i]
         policies[lane].offer(
-            PendingRequest(str(i), create[i], tokens[i] if token_cost else 1, prio[i],
-                           None if deadline is None else create[i] + deadline, i),
+            PendingRequest(
+                str(i),
+                create[i],
+                tokens[i] if token_cost else 1,
+                prio[i],
+                None if deadline is None else create[i] + deadline,
+                i,
+            ),
             now,
         )
         i += 1
@@ -251,7 +262,5 @@ def conservation_problems(outcome: RunOutcome) -> list[str]:
     if int(served.sum()) + int(outcome.expired.sum()) != outcome.requests:
         problems.append("some requests were neither served nor expired")
     if int(sum(outcome.batches.size)) != int(served.sum()):
-        problems.append(
-            f"batch sizes sum to {sum(outcome.batches.size)} but {int(served.sum())} requests were served"
-        )
+        problems.append(f"batch sizes sum to {sum(outcome.batches.size)} but {int(served.sum())} requests were served")
     return problems

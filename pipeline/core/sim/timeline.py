@@ -89,8 +89,14 @@ class BatchTime:
     publish_gap_ms: float
 
 
-def lane_stamps(curve: DeviceCurve, x: np.ndarray, dispatch_ms: np.ndarray, compute_ms: np.ndarray,
-                start_gap_ms: np.ndarray, publish_gap_ms: np.ndarray) -> LaneStamps:
+def lane_stamps(
+    curve: DeviceCurve,
+    x: np.ndarray,
+    dispatch_ms: np.ndarray,
+    compute_ms: np.ndarray,
+    start_gap_ms: np.ndarray,
+    publish_gap_ms: np.ndarray,
+) -> LaneStamps:
     """Stamps of one lane from recorded batches (`x`: size or cost in the curve's unit);
     batches without a compute time are left out, unknown gaps count as 0."""
     ok = (x > 0) & (compute_ms > 0)
@@ -111,9 +117,18 @@ def lane_stamps(curve: DeviceCurve, x: np.ndarray, dispatch_ms: np.ndarray, comp
 class Timeline:
     """The recorded speed and gaps of each lane's device over the window (see the module doc)."""
 
-    def __init__(self, curve: DeviceCurve, unit: CostUnit, lanes: list[LaneStamps], *, seed: int = 0,
-                 speed: bool = True, start_gap: bool = True, publish_gap: bool = True,
-                 near_ms: float = NEAR_MS) -> None:
+    def __init__(
+        self,
+        curve: DeviceCurve,
+        unit: CostUnit,
+        lanes: list[LaneStamps],
+        *,
+        seed: int = 0,
+        speed: bool = True,
+        start_gap: bool = True,
+        publish_gap: bool = True,
+        near_ms: float = NEAR_MS,
+    ) -> None:
         self.curve = curve
         self.unit = unit
         self._lanes = lanes
@@ -122,8 +137,14 @@ class Timeline:
         self.start_gap = start_gap
         self.publish_gap = publish_gap
         self._near_ms = near_ms
-        self._pace = [(stamps.start_ms.tolist(), stamps.speed.tolist(),
-                       float(np.median(stamps.speed)) if stamps.speed.size else 1.0) for stamps in lanes]
+        self._pace = [
+            (
+                stamps.start_ms.tolist(),
+                stamps.speed.tolist(),
+                float(np.median(stamps.speed)) if stamps.speed.size else 1.0,
+            )
+            for stamps in lanes
+        ]
 
     @property
     def parts(self) -> tuple[str, ...]:
@@ -131,9 +152,17 @@ class Timeline:
         named = (("device speed", self.speed), ("start gap", self.start_gap), ("publish gap", self.publish_gap))
         return tuple(name for name, on in named if on)
 
-    def reseeded(self, seed: int) -> "Timeline":
-        return Timeline(self.curve, self.unit, self._lanes, seed=seed, speed=self.speed,
-                        start_gap=self.start_gap, publish_gap=self.publish_gap, near_ms=self._near_ms)
+    def reseeded(self, seed: int) -> Timeline:
+        return Timeline(
+            self.curve,
+            self.unit,
+            self._lanes,
+            seed=seed,
+            speed=self.speed,
+            start_gap=self.start_gap,
+            publish_gap=self.publish_gap,
+            near_ms=self._near_ms,
+        )
 
     def _draw(self, lane: int, now_ms: float) -> int:
         stamps = self._lanes[lane]

@@ -25,6 +25,7 @@ from pipeline.core.config import ClickHouseSettings
 from pipeline.core.store.identifiers import checked_identifier
 from pipeline.core.store.live import connect_live, find
 
+
 class ClickHouseUnavailable(RuntimeError):
     """The configured ClickHouse could not be reached or opened; the message says which."""
 
@@ -67,6 +68,6 @@ def connect_reader(settings: ClickHouseSettings, *, database: str | None = None)
                 checked_identifier(database)
             try:
                 return connect_live(endpoint, database)
-            except Exception as e:  # noqa: BLE001 - same contract as connect(): "not usable now"
+            except Exception as e:
                 raise ClickHouseUnavailable(f"cannot read the running sink's store at {endpoint.url}: {e}") from e
     return connect(settings, database=database)

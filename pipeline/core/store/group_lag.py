@@ -52,7 +52,7 @@ class GroupSample:
 async def sample_groups(probe: LagProbe, topics: Topics, models: Iterable[str]) -> list[GroupSample]:
     """A sample of each model's group (configured or found on the broker), then the DLQ's."""
     prefix = topics.group("")
-    found = {group[len(prefix):] for group in await probe.group_ids(prefix)}
+    found = {group[len(prefix) :] for group in await probe.group_ids(prefix)}
     samples = []
     for model in sorted(set(models) | found):
         group = topics.group(model)
@@ -92,7 +92,7 @@ class GroupLagSampler:
             try:
                 async with LagProbe(self.settings) as probe:
                     await self._sample_every_interval(probe)
-            except Exception as e:  # noqa: BLE001 - the sampler must outlive any broker outage
+            except Exception as e:
                 self.failures += 1
                 log.warning("group lag sampler restarting after %s", str(e) or type(e).__name__)
                 await asyncio.sleep(self.interval_s)
@@ -103,7 +103,7 @@ class GroupLagSampler:
             timeout = max(self.interval_s, MIN_SAMPLE_TIMEOUT_S)
             try:
                 samples = await asyncio.wait_for(sample_groups(probe, self.topics, self.models), timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self.failures += 1
                 log.warning("group lag sample skipped: it took more than %.0f s", timeout)
             else:

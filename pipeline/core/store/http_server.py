@@ -113,7 +113,11 @@ def check_read_only(sql: str) -> None:
     code = code_only(sql).lstrip("(").strip()
     if not READING.match(code):
         first = code.split(None, 1)[0] if code else "(empty)"
-        raise Refused(READONLY_CODE, HTTPStatus.FORBIDDEN, f"{first} is not a read: this server runs SELECT, WITH, SHOW, DESCRIBE, EXISTS and EXPLAIN only")
+        raise Refused(
+            READONLY_CODE,
+            HTTPStatus.FORBIDDEN,
+            f"{first} is not a read: this server runs SELECT, WITH, SHOW, DESCRIBE, EXISTS and EXPLAIN only",
+        )
     if OUTFILE.search(code):
         raise Refused(READONLY_CODE, HTTPStatus.FORBIDDEN, "INTO OUTFILE writes a file: refused")
     if ";" in code.rstrip().rstrip(";"):
@@ -127,7 +131,9 @@ class ReadOnlyEngine:
         self._conn = chdb.connect(str(data_dir.resolve()))
         self._conn.query("SET readonly = 1")
         self._lock = threading.Lock()
-        tz, version = self._conn.query("SELECT timezone(), version()", "TabSeparated").bytes().decode().strip().split("\t")
+        tz, version = (
+            self._conn.query("SELECT timezone(), version()", "TabSeparated").bytes().decode().strip().split("\t")
+        )
         self.timezone, self.version = tz, version
 
     def run(self, sql: str, fmt: str, database: str | None, params: dict[str, str]) -> tuple[bytes, dict[str, Any]]:
@@ -152,15 +158,15 @@ class ReadOnlyEngine:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    server: "ReadOnlyHTTPServer"
+    server: ReadOnlyHTTPServer
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
+    def log_message(self, format: str, *args: Any) -> None:
         """Quiet: a dashboard polls often, and the sink's log is about events."""
 
-    def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+    def do_GET(self) -> None:
         self._serve(post=False)
 
-    def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+    def do_POST(self) -> None:
         self._serve(post=True)
 
     def _body(self) -> bytes:
@@ -182,7 +188,11 @@ class _Handler(BaseHTTPRequestHandler):
         if encoding == "deflate":
             return zlib.decompress(raw)
         if encoding:
-            raise Refused(SYNTAX_CODE, HTTPStatus.BAD_REQUEST, f"request Content-Encoding {encoding} is not supported (gzip, deflate)")
+            raise Refused(
+                SYNTAX_CODE,
+                HTTPStatus.BAD_REQUEST,
+                f"request Content-Encoding {encoding} is not supported (gzip, deflate)",
+            )
         return raw
 
     def _serve(self, *, post: bool) -> None:
@@ -197,21 +207,32 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             self._authenticate(params)
             if params.get("compress") == "1":
-                raise Refused(SYNTAX_CODE, HTTPStatus.BAD_REQUEST, "compress=1 (ClickHouse block compression) is not supported; use HTTP compression")
+                raise Refused(
+                    SYNTAX_CODE,
+                    HTTPStatus.BAD_REQUEST,
+                    "compress=1 (ClickHouse block compression) is not supported; use HTTP compression",
+                )
             check_read_only(sql)
             named = TRAILING_FORMAT.search(code_only(sql))
-            fmt = named.group(1) if named else (
-                params.get("default_format") or self.headers.get("X-ClickHouse-Format") or "TabSeparated"
+            fmt = (
+                named.group(1)
+                if named
+                else (params.get("default_format") or self.headers.get("X-ClickHouse-Format") or "TabSeparated")
             )
             database = params.get("database") or self.headers.get("X-ClickHouse-Database") or self.server.database
-            bound = {k[len("param_"):]: v for k, v in params.items() if k.startswith("param_")}
+            bound = {k[len("param_") :]: v for k, v in params.items() if k.startswith("param_")}
             data, summary = self.server.engine.run(sql, fmt, database, bound)
         except Refused as e:
             self._error(e.status, e.code, str(e), query_id)
             return
-        except Exception as e:  # noqa: BLE001 - the engine's own error goes back to the client as ClickHouse would send it
+        except Exception as e:
             found = ERROR_CODE.search(str(e))
-            self._error(HTTPStatus.INTERNAL_SERVER_ERROR if found else HTTPStatus.BAD_REQUEST, int(found.group(1)) if found else 0, str(e), query_id)
+            self._error(
+                HTTPStatus.INTERNAL_SERVER_ERROR if found else HTTPStatus.BAD_REQUEST,
+                int(found.group(1)) if found else 0,
+                str(e),
+                query_id,
+            )
             return
         headers = {
             "Content-Type": CONTENT_TYPES.get(fmt, BINARY),
@@ -231,10 +252,18 @@ class _Handler(BaseHTTPRequestHandler):
         user = params.get("user", user)
         password = params.get("password", password)
         if not self.server.credentials.accepts(user, password):
-            raise Refused(AUTH_CODE, HTTPStatus.FORBIDDEN, f"{user or 'default'}: Authentication failed: password is incorrect, or there is no user with such name")
+            raise Refused(
+                AUTH_CODE,
+                HTTPStatus.FORBIDDEN,
+                f"{user or 'default'}: Authentication failed: password is incorrect, or there is no user with such name",
+            )
 
     def _error(self, status: HTTPStatus, code: int, message: str, query_id: str) -> None:
-        text = message if message.startswith("Code:") else f"Code: {code}. DB::Exception: {message}. (batchtide read-only server)"
+        text = (
+            message
+            if message.startswith("Code:")
+            else f"Code: {code}. DB::Exception: {message}. (batchtide read-only server)"
+        )
         headers = {
             "Content-Type": "text/plain; charset=UTF-8",
             "X-ClickHouse-Exception-Code": str(code),
@@ -260,7 +289,9 @@ class _Handler(BaseHTTPRequestHandler):
 class ReadOnlyHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], engine: ReadOnlyEngine, credentials: Credentials, database: str) -> None:
+    def __init__(
+        self, address: tuple[str, int], engine: ReadOnlyEngine, credentials: Credentials, database: str
+    ) -> None:
         super().__init__(address, _Handler)
         self.engine = engine
         self.credentials = credentials
@@ -278,7 +309,7 @@ class LiveServer:
         self._server: ReadOnlyHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
-    def start(self) -> "LiveServer":
+    def start(self) -> LiveServer:
         engine = ReadOnlyEngine(self.data_dir)
         self._server = ReadOnlyHTTPServer(self._address, engine, self.credentials, self.database)
         self._thread = threading.Thread(target=self._server.serve_forever, name="clickhouse-http", daemon=True)

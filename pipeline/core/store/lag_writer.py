@@ -25,7 +25,9 @@ LAG_COLUMNS = (
     "capacity_per_s", "source", "members",
 )  # fmt: skip
 
-NO_PARTITION = PartitionLag(topic="", partition=-1, end_offset=0, committed_offset=-1, lag=0, oldest_ms=0, lag_age_ms=0.0)
+NO_PARTITION = PartitionLag(
+    topic="", partition=-1, end_offset=0, committed_offset=-1, lag=0, oldest_ms=0, lag_age_ms=0.0
+)
 """The row of a consumer that holds no partition: its state and counters still count."""
 
 
@@ -36,10 +38,30 @@ def sample_key(e: LagEvent) -> str:
 def lag_rows(e: LagEvent) -> list[list[Any]]:
     return [
         [
-            e.ts_ms, e.model, e.consumer_id, p.topic, p.partition, p.end_offset, p.committed_offset, p.lag,
-            p.oldest_ms, p.lag_age_ms, e.queue, e.inflight, e.window_ms, e.effective_cap, e.cap_reason,
-            e.marked_share, e.arrival_rate_per_s, e.batches, e.last_batch_ms, e.dead_letters, e.v,
-            e.capacity_per_s, "consumer", 0,
+            e.ts_ms,
+            e.model,
+            e.consumer_id,
+            p.topic,
+            p.partition,
+            p.end_offset,
+            p.committed_offset,
+            p.lag,
+            p.oldest_ms,
+            p.lag_age_ms,
+            e.queue,
+            e.inflight,
+            e.window_ms,
+            e.effective_cap,
+            e.cap_reason,
+            e.marked_share,
+            e.arrival_rate_per_s,
+            e.batches,
+            e.last_batch_ms,
+            e.dead_letters,
+            e.v,
+            e.capacity_per_s,
+            "consumer",
+            0,
         ]  # fmt: skip
         for p in (e.partitions or [NO_PARTITION])
     ]
@@ -49,9 +71,30 @@ def group_rows(s: GroupSample) -> list[list[Any]]:
     """A broker-side sample's rows: the consumer's engine state and counters are not known here (0)."""
     return [
         [
-            s.ts_ms, s.model, "", p.topic, p.partition, p.end_offset, p.committed_offset, p.lag,
-            p.oldest_ms, p.lag_age_ms, 0, 0, 0.0, 0, "", 0.0, 0.0, 0, 0, 0, SCHEMA_VERSION,
-            0.0, "broker", s.members,
+            s.ts_ms,
+            s.model,
+            "",
+            p.topic,
+            p.partition,
+            p.end_offset,
+            p.committed_offset,
+            p.lag,
+            p.oldest_ms,
+            p.lag_age_ms,
+            0,
+            0,
+            0.0,
+            0,
+            "",
+            0.0,
+            0.0,
+            0,
+            0,
+            0,
+            SCHEMA_VERSION,
+            0.0,
+            "broker",
+            s.members,
         ]  # fmt: skip
         for p in (s.partitions or [NO_PARTITION])
     ]
@@ -80,7 +123,11 @@ def insert_lag_events(client: Client, database: str, events: Sequence[LagEvent])
             f"SELECT DISTINCT concat(consumer_id, ':', toString(toUnixTimestamp64Milli(ts))) FROM {table} "
             "WHERE ts BETWEEN fromUnixTimestamp64Milli({lo:Int64}, 'UTC') AND fromUnixTimestamp64Milli({hi:Int64}, 'UTC') "
             "AND consumer_id IN (SELECT arrayJoin({consumers:Array(String)}))",
-            parameters={"lo": min(times), "hi": max(times), "consumers": sorted({e.consumer_id for e in unique.values()})},
+            parameters={
+                "lo": min(times),
+                "hi": max(times),
+                "consumers": sorted({e.consumer_id for e in unique.values()}),
+            },
         ).result_rows
     }
     fresh = [e for key, e in unique.items() if key not in stored]

@@ -67,7 +67,11 @@ class Published:
         password = os.environ.get(PASSWORD_ENV) or secrets.token_urlsafe(18)
         self.path = live_file(settings)
         self.server = LiveServer(
-            Path(settings.data_dir), settings.http_host, settings.http_port, Credentials(settings.http_user, password), settings.database
+            Path(settings.data_dir),
+            settings.http_host,
+            settings.http_port,
+            Credentials(settings.http_user, password),
+            settings.database,
         ).start()
         record = {"url": self.server.url, "user": settings.http_user, "pid": os.getpid()}
         if not os.environ.get(PASSWORD_ENV):

@@ -109,7 +109,7 @@ class Loader(Generic[T]):
         while True:
             try:
                 rows = await loop.run_in_executor(self._executor, self._insert, batch)
-            except Exception as e:  # noqa: BLE001 - any failure means "not stored yet": retry
+            except Exception as e:
                 self.stats.failures += 1
                 self.stats.last_error = f"{type(e).__name__}: {e}"[:500]
                 if self.stats.failing_since is None:
@@ -122,7 +122,9 @@ class Loader(Generic[T]):
                 delay = min(delay * 2, self.backoff_max_s)
                 continue
             if self.stats.failing_since is not None:
-                log.warning("%s: ClickHouse is back after %.1f s", self.name, time.monotonic() - self.stats.failing_since)
+                log.warning(
+                    "%s: ClickHouse is back after %.1f s", self.name, time.monotonic() - self.stats.failing_since
+                )
                 self.stats.failing_since = None
             return rows
 

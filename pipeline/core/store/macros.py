@@ -31,7 +31,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 
 class MacroError(ValueError):
@@ -149,7 +149,7 @@ def _template_variables(sql: str, variables: Mapping[str, VariableValue]) -> str
 
 
 def _utc(ms: int) -> datetime:
-    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+    return datetime.fromtimestamp(ms / 1000, tz=UTC)
 
 
 def _backend_macros(time_from_ms: int, time_to_ms: int, interval_ms: int) -> dict[str, Callable[[list[str]], str]]:
@@ -183,7 +183,9 @@ def _backend_macros(time_from_ms: int, time_to_ms: int, interval_ms: int) -> dic
         "timeFilter": one("timeFilter", lambda c: f"{c} >= toDateTime({f_s}) AND {c} <= toDateTime({t_s})"),
         "timeFilter_ms": one(
             "timeFilter_ms",
-            lambda c: f"{c} >= fromUnixTimestamp64Milli({time_from_ms}) AND {c} <= fromUnixTimestamp64Milli({time_to_ms})",
+            lambda c: (
+                f"{c} >= fromUnixTimestamp64Milli({time_from_ms}) AND {c} <= fromUnixTimestamp64Milli({time_to_ms})"
+            ),
         ),
         "dateFilter": one("dateFilter", lambda c: f"{c} >= toDate('{f_date}') AND {c} <= toDate('{t_date}')"),
         "dateTimeFilter": date_time_filter,

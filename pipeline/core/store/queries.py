@@ -59,7 +59,9 @@ OUTCOME_ROWS = f"FROM request_latency FINAL\nWHERE $__timeFilter(enqueue_time) A
 LATENCY_ROWS = f"{OUTCOME_ROWS} AND {SERVED}"
 """The rows every latency figure reads: refusals and warm-up requests are left out (the `warmup` query counts
 warm-up, `summary` and `not_ok_reasons` count refusals)."""
-DATA_SPAN_S = "greatest((toUnixTimestamp64Milli(max(produce_time)) - toUnixTimestamp64Milli(min(enqueue_time))) / 1000, 1)"
+DATA_SPAN_S = (
+    "greatest((toUnixTimestamp64Milli(max(produce_time)) - toUnixTimestamp64Milli(min(enqueue_time))) / 1000, 1)"
+)
 """Seconds from the first request to the last answer in the range (at least 1): throughput is over
 the span that has data, not over the range asked for (a 2-minute run reported over 3 h is not 0.3 req/s)."""
 GENERATED_ROWS = f"{LATENCY_ROWS} AND toUnixTimestamp64Milli(first_token_time) > 0"
@@ -403,12 +405,15 @@ ORDER BY time, model, consumer_id
 """),
 ]  # fmt: skip
 
-SLO = _q("slo", "Requests within their SLO", "table",
-         "Share of requests (refusals included, as misses) answered ok within slo_p99_ms + tokens_out x slo_ms_per_new_token of their model, and "
-         "the p99 of e2e over that SLO (<= 1: the objective held). Report only: the objectives come from the config "
-         "as bound arrays, and tokens_out (what was generated) stands for the requested max_new_tokens, which "
-         "judges a request that stopped early by EOS against the tighter SLO.",
-         f"""
+SLO = _q(
+    "slo",
+    "Requests within their SLO",
+    "table",
+    "Share of requests (refusals included, as misses) answered ok within slo_p99_ms + tokens_out x slo_ms_per_new_token of their model, and "
+    "the p99 of e2e over that SLO (<= 1: the objective held). Report only: the objectives come from the config "
+    "as bound arrays, and tokens_out (what was generated) stands for the requested max_new_tokens, which "
+    "judges a request that stopped early by EOS against the tighter SLO.",
+    f"""
 SELECT
     model,
     count() AS requests,
@@ -426,7 +431,8 @@ FROM (
 )
 GROUP BY model
 ORDER BY model
-""")
+""",
+)
 """Not a board panel (Grafana has no config to bind); `batchtide report` runs it with the config's objectives."""
 
 QUERIES: dict[str, AnalysisQuery] = {q.name: q for q in _ALL + _LAG + _CONSUMERS}

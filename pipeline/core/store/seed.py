@@ -158,7 +158,9 @@ def _model_chunk(
     starts = np.concatenate(([0], np.cumsum(size)[:-1]))
     batch_id = first_batch + np.arange(keep) // 2
     tok_in = rng.integers(shape.tokens_in[0], shape.tokens_in[1] + 1, n)
-    tok_out = rng.integers(shape.tokens_out[0], shape.tokens_out[1] + 1, n) if shape.tokens_out[1] else np.zeros(n, np.int64)
+    tok_out = (
+        rng.integers(shape.tokens_out[0], shape.tokens_out[1] + 1, n) if shape.tokens_out[1] else np.zeros(n, np.int64)
+    )
     mem = (shape.mem_base_bytes + shape.mem_per_request_bytes * size * rng.uniform(0.95, 1.05, keep)).astype(np.int64)
     row_index = first_row + np.arange(n)
 
@@ -251,13 +253,22 @@ def _add_refusals(latency: dict[str, Any], share: float, rng: np.random.Generato
         "request_id": [f"{latency['request_id'][i]}-refused" for i in pick.tolist()],
         "outcome": ["rejected"] * extra,
         "reason": [REFUSAL_REASONS[i % len(REFUSAL_REASONS)] for i in range(extra)],
-        "dispatch_time": answered, "compute_start_time": answered, "compute_end_time": answered,
+        "dispatch_time": answered,
+        "compute_start_time": answered,
+        "compute_end_time": answered,
         "produce_time": answered,
-        "wait_ms": zeros.astype(np.float64), "compute_ms": zeros.astype(np.float64),
+        "wait_ms": zeros.astype(np.float64),
+        "compute_ms": zeros.astype(np.float64),
         "e2e_ms": (answered - enqueue).astype(np.float64),
-        "batch_id": zeros + NO_BATCH_ID, "batch_size": zeros, "tail_marked": zeros.astype(bool), "tokens_out": zeros,
-        "device_mem_bytes": zeros, "device_mem_kind": ["none"] * extra, "forwarded": zeros.astype(bool),
-        "first_token_time": zeros, "last_token_time": zeros,
+        "batch_id": zeros + NO_BATCH_ID,
+        "batch_size": zeros,
+        "tail_marked": zeros.astype(bool),
+        "tokens_out": zeros,
+        "device_mem_bytes": zeros,
+        "device_mem_kind": ["none"] * extra,
+        "forwarded": zeros.astype(bool),
+        "first_token_time": zeros,
+        "last_token_time": zeros,
     }
     for column, values in list(latency.items()):
         added = refused.get(column)
@@ -266,11 +277,17 @@ def _add_refusals(latency: dict[str, Any], share: float, rng: np.random.Generato
         if isinstance(values, np.ndarray):
             latency[column] = np.concatenate([values, np.asarray(added, dtype=values.dtype)])
         else:
-            latency[column] = list(values) + list(np.asarray(added).tolist() if isinstance(added, np.ndarray) else added)
+            latency[column] = list(values) + list(
+                np.asarray(added).tolist() if isinstance(added, np.ndarray) else added
+            )
 
 
 def _token_times(
-    start: np.ndarray, end: np.ndarray, tokens_out: np.ndarray, starts: np.ndarray, batch_of: np.ndarray,
+    start: np.ndarray,
+    end: np.ndarray,
+    tokens_out: np.ndarray,
+    starts: np.ndarray,
+    batch_of: np.ndarray,
     generated: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
     """First/last token stamps as a static batch decodes: prefill takes the first 15% of the
@@ -319,8 +336,18 @@ def generate(
             rng = np.random.default_rng([seed, index, part])
             span = slice_ms if part < slices - 1 else duration_ms - slice_ms * part
             chunk = _model_chunk(
-                name, shape, part_rows, start_ms + part * slice_ms, span, start_ms, duration_ms, first_batch, done,
-                seed, rng, fleet,
+                name,
+                shape,
+                part_rows,
+                start_ms + part * slice_ms,
+                span,
+                start_ms,
+                duration_ms,
+                first_batch,
+                done,
+                seed,
+                rng,
+                fleet,
             )
             done += part_rows
             first_batch = int(chunk.batches["batch_id"].max()) + 1

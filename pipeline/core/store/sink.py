@@ -43,16 +43,16 @@ import faust
 import msgspec
 from clickhouse_connect.driver.client import Client
 
-from pipeline.core.kafka.client import Topics, create_topics, resolve_replication
 from pipeline.core.config import Config, KafkaSettings
+from pipeline.core.kafka.client import Topics, create_topics, resolve_replication
 from pipeline.core.store.client import connect as connect_clickhouse
 from pipeline.core.store.client import describe
-from pipeline.core.store.loader import Loader
-from pipeline.core.store.migrations import Layout, migrate
-from pipeline.core.store.writer import insert_batch_events, insert_latency_events
 from pipeline.core.store.group_lag import GroupLagSampler, GroupSample
 from pipeline.core.store.lag_writer import insert_group_samples, insert_lag_events
+from pipeline.core.store.loader import Loader
+from pipeline.core.store.migrations import Layout, migrate
 from pipeline.core.store.sink_stop import bound_consumer_thread
+from pipeline.core.store.writer import insert_batch_events, insert_latency_events
 from schemas.messages import BatchEvent, LagEvent, LatencyEvent
 
 log = logging.getLogger("batchtide.sink")
@@ -105,7 +105,7 @@ async def _retry(what: str, attempt: Callable[[], Any], first_s: float, max_s: f
     while True:
         try:
             await asyncio.wait_for(attempt(), READY_ATTEMPT_S)
-        except Exception as e:  # noqa: BLE001 - whatever the outage looks like, wait and try again
+        except Exception as e:
             failures += 1
             log.warning("sink waiting for %s: %s; next try in %.1f s", what, str(e) or type(e).__name__, delay)
             await asyncio.sleep(delay)
@@ -139,7 +139,7 @@ class StoreConnection:
         if client is not None:
             try:
                 client.close()
-            except Exception:  # noqa: BLE001 - closing a broken client may fail too
+            except Exception:
                 pass
 
     def close(self) -> None:
@@ -188,8 +188,8 @@ class Sink:
             high = consumer.highwater(tp)
             if high is None:
                 continue
-            read = consumer._read_offset.get(tp)  # noqa: SLF001 - faust exposes no public accessor
-            committed = consumer._committed_offset.get(tp)  # noqa: SLF001
+            read = consumer._read_offset.get(tp)
+            committed = consumer._committed_offset.get(tp)
             unread += max(high - (read + 1 if read is not None else 0), 0)
             uncommitted += max(high - (committed if committed is not None else 0), 0)
         return {"unread": unread, "uncommitted": uncommitted}
@@ -328,4 +328,3 @@ def build_sink(
         log.info(sink.status_line())
 
     return sink
-

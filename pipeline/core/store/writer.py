@@ -88,7 +88,12 @@ def _stored_ids(
             f"AND {time_col} BETWEEN fromUnixTimestamp64Milli({{lo:Int64}}, 'UTC') "
             f"AND fromUnixTimestamp64Milli({{hi:Int64}}, 'UTC') "
             f"AND {id_expr} IN (SELECT arrayJoin({{ids:Array(String)}}))",
-            parameters={"models": models, "lo": min(times), "hi": max(times), "ids": ids[start : start + ID_LOOKUP_CHUNK]},
+            parameters={
+                "models": models,
+                "lo": min(times),
+                "hi": max(times),
+                "ids": ids[start : start + ID_LOOKUP_CHUNK],
+            },
         ).result_rows
         found.update(str(r[0]) for r in rows)
     return found
