@@ -71,7 +71,7 @@ bench-triton: setup
 # and exits 2 at once. Needs `make setup` done on the machine (venv, model wheel, Kafka jars).
 gpu-check: setup
 	@mkdir -p out
-	$(PY) -m pipeline.devtools.gpu_check --out out/gpu-check.json
+	$(PY) -m pipeline.tools.devtools.gpu_check --out out/gpu-check.json
 
 clean-venv:
 	rm -rf $(VENV)

@@ -4,7 +4,7 @@ Every `fleet_beacon_ms` a consumer publishes a `FleetBeacon` to
 `<prefix>.fleet` (one partition, shared by every model): how soon it could
 start one more request, its small-batch time, its capacity and the priority
 partitions it owns. It also tails that topic and keeps the newest beacon of
-each peer in its own group, which `pipeline.core.engine.fleet.plan_forwards`
+each peer in its own group, which `pipeline.core.engine.peer_forwarding.plan_forwards`
 compares with its own queue. A beacon's age on arrival is one Kafka hop
 (produce, then fetch), the same path a forwarded request takes, so its
 median is the hop the plan charges a forward. Times are wall-clock ms:
@@ -29,7 +29,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from consumers.clock import Clock
 from pipeline.core.config import KafkaSettings
-from pipeline.core.engine.fleet import MemberView
+from pipeline.core.engine.peer_forwarding import MemberView
 from pipeline.core.kafka.client import Topics, client_options, stop_client
 from schemas.messages import FleetBeacon
 

@@ -1,6 +1,6 @@
 """Forwards: a waiting request handed to a faster peer through a priority partition it owns.
 
-Which requests go, and to whom, is `pipeline.core.engine.fleet.plan_forwards`,
+Which requests go, and to whom, is `pipeline.core.engine.peer_forwarding.plan_forwards`,
 from the peers' beacons (`consumers.fleet` publishes this consumer's and
 reads theirs). `PeerForwarding` is this consumer's side of that balance:
 what its beacon says (how soon it could start one more request, from the
@@ -31,7 +31,7 @@ from consumers.fleet import Fleet
 from consumers.intake import ORIG_TS_HEADER
 from pipeline.core.config import ConsumerSettings, KafkaSettings
 from pipeline.core.engine.decisions import Batch, PendingRequest, ServingPolicy
-from pipeline.core.engine.fleet import (
+from pipeline.core.engine.peer_forwarding import (
     Flow,
     ForwardRule,
     LocalView,

@@ -1,7 +1,7 @@
 """The tail-latency board, declared once: which panels, where, reading which query.
 
 Both renderers read this list: `dashboards/build.py` turns it into Grafana JSON
-and `pipeline/views/board.py` into a local HTML page. The SQL itself is never written
+and `pipeline/tools/views/board.py` into a local HTML page. The SQL itself is never written
 here: every panel names a query of `pipeline.core.store.queries.QUERIES`, the same
 text `batchtide report` runs, so Grafana, the local board and the report cannot
 disagree.

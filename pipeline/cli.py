@@ -1,4 +1,4 @@
-"""The `batchtide` command line. Each command group lives in pipeline/commands/."""
+"""The `batchtide` command line. Each command group lives in pipeline/tools/commands/."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 
 import typer
 
-from pipeline.commands import (
+from pipeline.tools.commands import (
     bench,
     bench_generation,
     chaos,
@@ -15,7 +15,7 @@ from pipeline.commands import (
     demo,
     local,
     profile,
-    replay,
+    profiles,
     serve,
     settings,
     status,
@@ -33,7 +33,7 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 
-for module in (local, serve, status, bench, bench_generation, db, dashboards, chaos, demo, settings, replay, profile):
+for module in (local, serve, status, bench, bench_generation, db, dashboards, chaos, demo, settings, profiles, profile):
     module.register(app)
 
 if __name__ == "__main__":

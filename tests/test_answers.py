@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from pipeline.views.answers import Answer
+from pipeline.tools.views.answer_lines import Answer
 
 
 def _answer(record: dict, timestamp_ms: int = 2_000) -> Answer:

@@ -23,30 +23,33 @@ LAYERS: dict[str, int] = {
     # 1: plumbing: Kafka clients and topics, the ClickHouse store
     "pipeline.core.kafka": 1,
     "pipeline.core.store": 1,
-    # 2: the product's processes, and the tools that stand in for the world around them
+    # 2: the product's processes
     "consumers": 2,
-    "pipeline.core.store.sink": 2,
-    "pipeline.devtools": 2,
-    # 3: what people look at
+    "pipeline.sink": 2,
+    # 3: what people look at, and the tools that stand in for the world around the processes
     "dashboards": 3,
-    "pipeline.views": 3,
+    "pipeline.tools.views": 3,
+    "pipeline.tools.devtools": 3,
     # 4: the end-to-end harness: the pipeline's processes run as a user runs them, and read back
-    "pipeline.harness": 4,
+    "pipeline.tools.harness": 4,
     # 5: what measures, breaks and demonstrates the rest
-    "pipeline.bench": 5,
-    "pipeline.chaos": 5,
+    "pipeline.tools.bench": 5,
+    "pipeline.tools.chaos": 5,
     # 6: the command line
-    "pipeline.commands": 6,
+    "pipeline.tools.commands": 6,
     "pipeline.cli": 6,
 }
 """Module prefix -> layer; the longest matching prefix wins."""
 
+PROCESSES = 2
+"""The layer of the product's processes (the consumers and the sink): every folder under pipeline/ lies on one side."""
+
 APART = {
-    ("consumers", "pipeline.devtools"),
-    ("pipeline.core.store.sink", "pipeline.devtools"),
-    ("pipeline.devtools", "consumers"),
+    ("pipeline.tools.devtools", "consumers"),
+    ("pipeline.tools.devtools", "pipeline.sink"),
 }
-"""Same-layer neighbours that must not import each other: the product never leans on a dev tool."""
+"""Pairs that must not import each other although the layers allow it: the dev tools stand in for the world
+around the processes and so never lean on them (the processes, a layer below, cannot import the dev tools at all)."""
 
 
 def module_name(path: Path) -> str:
@@ -126,6 +129,22 @@ def test_the_check_sees_an_upward_arrow(tmp_path: Path) -> None:
     assert found == {"consumers.worker", "pipeline.core.config"}
     assert LAYERS[placed("consumers.worker")] > LAYERS[placed("pipeline.core.engine.engine")]  # type: ignore[index]
     assert (
-        placed("pipeline.core.store.sink") == "pipeline.core.store.sink"
-        and placed("pipeline.core.store.client") == "pipeline.core.store"
+        placed("pipeline.sink.app") == "pipeline.sink" and placed("pipeline.core.store.writer") == "pipeline.core.store"
     )
+
+
+def test_each_folder_under_pipeline_lies_on_one_side_of_the_processes() -> None:
+    """A folder under pipeline/ is wholly below the processes (core), wholly the process layer (sink) or wholly
+    above it (tools), so the tree itself shows the layering."""
+    sides: dict[str, set[str]] = {}
+    for module in sources():
+        parts = module.split(".")
+        if parts[0] == "pipeline" and len(parts) > 2:
+            layer = LAYERS[placed(module)]  # type: ignore[index]
+            side = "below" if layer < PROCESSES else "process" if layer == PROCESSES else "above"
+            sides.setdefault(parts[1], set()).add(side)
+    assert {folder: sorted(found) for folder, found in sides.items()} == {
+        "core": ["below"],
+        "sink": ["process"],
+        "tools": ["above"],
+    }

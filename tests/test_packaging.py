@@ -48,7 +48,7 @@ def test_wheel_has_every_package_data_file(wheel: zipfile.ZipFile) -> None:
     read_at_run_time = {
         "schemas/lag_event.schema.json",
         "dashboards/batchtide-consumer-lag.json",
-        "pipeline/devtools/broker/pom.xml",
+        "pipeline/tools/devtools/broker/pom.xml",
     }
     assert read_at_run_time <= names
 

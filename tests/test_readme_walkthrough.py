@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.devtools.localkafka import LocalKafka
+from pipeline.tools.devtools.localkafka import LocalKafka
 from tests.support.kafka import unique_prefix
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]

@@ -1,7 +1,7 @@
 """Runners: what computes a batch. `make_runner` picks one from a model's config.
 
 - `transformers`: a real model (see `transformers_runner`).
-- `cost-model`: sleeps t(b) of the simulated device (pipeline/core/sim/device.py); simulated.
+- `cost-model`: sleeps t(b) of the simulated device (pipeline/core/sim/device_curve.py); simulated.
 - `zero-cost`: returns at once, to measure the pipeline itself; simulated.
 """
 

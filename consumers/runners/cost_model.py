@@ -1,7 +1,7 @@
 """Simulated runners for load tests: a device that costs t(b), and one that costs nothing.
 
 `CostModelRunner` sleeps the batch's compute time t(b) of the simulated device
-(pipeline/core/sim/device.py, the curve the simulator charges): the model's
+(pipeline/core/sim/device_curve.py, the curve the simulator charges): the model's
 `cost_points` (measured (batch size, ms) pairs, interpolated, extended along
 the end segments) or `cost_a_ms + cost_c_ms * b`.
 `ZeroCostRunner` returns at once, so a pipeline run with it measures the
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Final
 
 from pipeline.core.config import ModelConfig
-from pipeline.core.sim.device import DeviceCurve
+from pipeline.core.sim.device_curve import DeviceCurve
 from schemas.messages import Request
 
 from .base import MemoryKind, Output, process_rss

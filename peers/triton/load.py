@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-# batchtide's load generator (pipeline/devtools/producer.py), replayed exactly: the same word list,
+# batchtide's load generator (pipeline/tools/devtools/producer.py), replayed exactly: the same word list,
 # the same schedule and the same text for every request of a given seed.
 WORDS = (
     "river stone light batch queue window token cloud signal model request answer "

@@ -30,7 +30,7 @@ from pipeline.core.kafka.client import Topics, client_options, ensure_topics
 from pipeline.core.kafka.outbox import Outbox
 from pipeline.core.kafka.reader import Isolation, Record, TopicReader
 from pipeline.core.kafka.topic_limits import TopicLimits
-from pipeline.harness.offsets import committed_offsets as group_offsets
+from pipeline.tools.harness.group_offsets import committed_offsets as group_offsets
 from tests.support.kafka import produce_json
 
 MODEL = "m"

@@ -7,8 +7,8 @@ import dataclasses
 from pathlib import Path
 
 from pipeline.core.config import ConsumerSettings, KafkaSettings
-from pipeline.harness.config_file import kafka_table, toml_text
-from pipeline.harness.processes import Proc, consume_argv
+from pipeline.tools.harness.config_file import kafka_table, toml_text
+from pipeline.tools.harness.processes import Proc, consume_argv
 from tests.consumers.harness import (
     MODEL,
     collect,

@@ -14,14 +14,14 @@ from dataclasses import replace
 from pathlib import Path
 
 from consumers.runners.cost_model import Slowdown
-from pipeline.bench.fleet_live import CASES, median_trial, recovered_after_s
-from pipeline.bench.pipeline import run_bench
-from pipeline.bench.pipeline_events import STAGES
-from pipeline.bench.pipeline_options import BenchOptions
-from pipeline.bench.pipeline_trial import WINDOW_S, Trial
 from pipeline.core.config import KafkaSettings, load_config
-from pipeline.harness.events import stored_rows
-from pipeline.harness.processes import REPO_ROOT, child_env, cli
+from pipeline.tools.bench.fleet_live import CASES, median_trial, recovered_after_s
+from pipeline.tools.bench.pipeline.event_figures import STAGES
+from pipeline.tools.bench.pipeline.options import BenchOptions
+from pipeline.tools.bench.pipeline.run import run_bench
+from pipeline.tools.bench.pipeline.trial import WINDOW_S, Trial
+from pipeline.tools.harness.events import stored_rows
+from pipeline.tools.harness.processes import REPO_ROOT, child_env, cli
 
 
 def test_a_short_run_answers_every_request_and_breaks_its_latency_down(kafka_settings: KafkaSettings) -> None:

@@ -4,7 +4,7 @@ latest lag event say (the live path is covered in test_lag.py against the real b
 
 from __future__ import annotations
 
-from pipeline.commands.status import ModelStatus, render
+from pipeline.tools.commands.status import ModelStatus, render
 from schemas.messages import LagEvent, PartitionLag
 
 

@@ -3,7 +3,7 @@ depend on other command groups importing cleanly."""
 
 import typer
 
-from pipeline.commands import dashboards
+from pipeline.tools.commands import dashboards
 
 
 def dashboards_cli() -> typer.Typer:

@@ -10,7 +10,7 @@ from urllib.parse import urlencode
 
 import pytest
 
-from pipeline.views.panel_data import TimeRange
+from pipeline.tools.views.panel_data import TimeRange
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from dashboards import build
 from dashboards.alerts import alert_rules, provisioning
 from dashboards.lint import lint_alert_rules
 from pipeline.core.config import ClickHouseSettings, load_config, parse_config
-from pipeline.core.store.client import connect
+from pipeline.core.store.connection import connect
 from pipeline.core.store.group_lag import GroupSample
 from pipeline.core.store.lag_writer import insert_group_samples
 from pipeline.core.store.macros import expand_macros

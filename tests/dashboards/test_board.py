@@ -15,8 +15,8 @@ from PIL import Image, ImageStat
 from typer.testing import CliRunner
 
 from dashboards.panels import CONSUMER_LAG, GENERATION, TAIL_LATENCY, PanelSpec
-from pipeline.views.board import LOCAL_BOARD, build_page, make_server
-from pipeline.views.panel_data import TimeRange, time_range
+from pipeline.tools.views.board import LOCAL_BOARD, build_page, make_server
+from pipeline.tools.views.panel_data import TimeRange, time_range
 from tests.dashboards.browser import dump_dom, screenshot
 from tests.dashboards.cli import dashboards_cli
 from tests.dashboards.conftest import SeededStore

@@ -13,8 +13,8 @@ import pytest
 from dashboards.charts import format_value
 from dashboards.panels import FLEET, MODEL_VARIABLE
 from pipeline.core.store.macros import expand_macros
-from pipeline.views.board import build_page
-from pipeline.views.panel_data import Frame, TimeRange
+from pipeline.tools.views.board import build_page
+from pipeline.tools.views.panel_data import Frame, TimeRange
 from tests.support.fleet_store import SLOW, FleetStore, fleet_clickhouse  # noqa: F401 - a fixture
 
 BOARD_FILE = Path(__file__).resolve().parents[2] / "dashboards" / f"{FLEET.uid}.json"

@@ -13,7 +13,7 @@ import pytest
 
 from dashboards.panels import CONSUMER_LAG, FLEET, GENERATION, MODEL_VARIABLE, TAIL_LATENCY
 from pipeline.core.store.macros import expand_macros
-from pipeline.views.panel_data import Frame, TimeRange
+from pipeline.tools.views.panel_data import Frame, TimeRange
 from tests.dashboards.conftest import SeededStore
 
 BOARD_FILE = Path(__file__).resolve().parents[2] / "dashboards" / f"{TAIL_LATENCY.uid}.json"

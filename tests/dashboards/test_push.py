@@ -13,7 +13,13 @@ from dashboards.alerts import GROUP_NAME, alert_rules
 from dashboards.build import default_config_path
 from dashboards.panels import BOARDS, DATASOURCE_TYPE, DATASOURCE_UID, FOLDER_UID, TAIL_LATENCY
 from pipeline.core.config import load_config, parse_config
-from pipeline.views.grafana_push import ClickHouseTarget, GrafanaAuthMissing, connect, grafana_credential, push_all
+from pipeline.tools.views.grafana_push import (
+    ClickHouseTarget,
+    GrafanaAuthMissing,
+    connect,
+    grafana_credential,
+    push_all,
+)
 from tests.dashboards.cli import dashboards_cli
 from tests.dashboards.grafana_server import FakeGrafana
 

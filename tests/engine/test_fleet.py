@@ -1,8 +1,8 @@
-"""Group-relative forwarding (pipeline.core.engine.fleet): who gets the back of a queue, and when nobody does."""
+"""Group-relative forwarding (pipeline.core.engine.peer_forwarding): who gets the back of a queue, and when nobody does."""
 
 from __future__ import annotations
 
-from pipeline.core.engine.fleet import (
+from pipeline.core.engine.peer_forwarding import (
     Forward,
     ForwardRule,
     LocalView,
@@ -136,7 +136,7 @@ def test_a_clearly_less_loaded_peer_relieves_a_hot_consumer_but_a_twin_at_the_sa
 
 
 def test_load_in_the_view_is_offered_rate_over_capacity() -> None:
-    from pipeline.core.engine.fleet import Flow, beacon_view, curve_view
+    from pipeline.core.engine.peer_forwarding import Flow, beacon_view, curve_view
 
     class Curve:
         cap = 10
@@ -168,7 +168,7 @@ def test_a_running_batch_ages_with_the_beacon_down_to_half_a_batch_but_a_queue_d
 
 
 def test_a_beacon_says_the_batch_its_waiting_queue_makes_not_only_its_recent_one() -> None:
-    from pipeline.core.engine.fleet import beacon_view
+    from pipeline.core.engine.peer_forwarding import beacon_view
 
     view = LocalView(busy_for_ms=10.0, cap=128, t_ms=FAST)
     assert beacon_view("b", 0.0, 3, view, 40.0, (0,)).batch_ms == 40.0, "a short queue: the recent batch time"

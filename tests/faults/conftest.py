@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.chaos.deployment import Stage
 from pipeline.core.config import KafkaSettings
-from pipeline.devtools.localcluster import LocalCluster
-from pipeline.devtools.localkafka import LocalKafka
+from pipeline.tools.chaos.deployment import Stage
+from pipeline.tools.devtools.localcluster import LocalCluster
+from pipeline.tools.devtools.localkafka import LocalKafka
 from tests.support.kafka import unique_prefix
 
 

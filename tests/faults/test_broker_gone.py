@@ -14,11 +14,11 @@ import time
 
 import pytest
 
-from pipeline.chaos.deployment import Stage
 from pipeline.core.config import KafkaSettings
 from pipeline.core.kafka.client import Topics, ensure_topics
-from pipeline.harness.config_file import kafka_table, toml_text
-from pipeline.harness.processes import Proc, consume_argv
+from pipeline.tools.chaos.deployment import Stage
+from pipeline.tools.harness.config_file import kafka_table, toml_text
+from pipeline.tools.harness.processes import Proc, consume_argv
 from tests.support.kafka import consume_n, json_values, produce_json
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]

@@ -11,9 +11,9 @@ import asyncio
 
 import pytest
 
-from pipeline.chaos.broker_restart import broker_restart
-from pipeline.chaos.deployment import Stage
-from pipeline.chaos.steps import ChaosSizes
+from pipeline.tools.chaos.broker_restart import broker_restart
+from pipeline.tools.chaos.deployment import Stage
+from pipeline.tools.chaos.steps import ChaosSizes
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

@@ -10,11 +10,11 @@ import asyncio
 
 import pytest
 
-from pipeline.chaos.clickhouse_outage import clickhouse_outage
-from pipeline.chaos.deployment import Stage
-from pipeline.chaos.ledger import FaultReport
-from pipeline.chaos.sink_kill import sink_kill
-from pipeline.chaos.steps import ChaosSizes
+from pipeline.tools.chaos.clickhouse_outage import clickhouse_outage
+from pipeline.tools.chaos.deployment import Stage
+from pipeline.tools.chaos.ledger import FaultReport
+from pipeline.tools.chaos.sink_kill import sink_kill
+from pipeline.tools.chaos.steps import ChaosSizes
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

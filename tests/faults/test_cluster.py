@@ -15,11 +15,11 @@ import asyncio
 
 import pytest
 
-from pipeline.chaos.cluster_faults import broker_freeze
-from pipeline.chaos.deployment import Stage
-from pipeline.chaos.leader_kill import MAX_RESEATS, leader_kill
-from pipeline.chaos.ledger import FaultReport
-from pipeline.chaos.steps import ChaosSizes
+from pipeline.tools.chaos.cluster_faults import broker_freeze
+from pipeline.tools.chaos.deployment import Stage
+from pipeline.tools.chaos.leader_kill import MAX_RESEATS, leader_kill
+from pipeline.tools.chaos.ledger import FaultReport
+from pipeline.tools.chaos.steps import ChaosSizes
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

@@ -1,6 +1,6 @@
 """Faults of the consumer side: killed mid-batch, poison input, overload, rebalance storm.
 
-Each test runs a scenario of `pipeline.chaos` (the same code `batchtide
+Each test runs a scenario of `pipeline.tools.chaos` (the same code `batchtide
 chaos` runs) against the real broker with consumers as real subprocesses,
 and asserts the promise of the reliability issue: nothing lost, duplicates
 within the at-least-once bound, and the scenario's own checks.
@@ -12,13 +12,13 @@ import asyncio
 
 import pytest
 
-from pipeline.chaos.consumer_kill import consumer_kill
-from pipeline.chaos.deployment import Stage
-from pipeline.chaos.ledger import FaultReport
-from pipeline.chaos.overload import overload
-from pipeline.chaos.poison import poison_request
-from pipeline.chaos.rebalance_storm import rebalance_storm
-from pipeline.chaos.steps import ChaosSizes
+from pipeline.tools.chaos.consumer_kill import consumer_kill
+from pipeline.tools.chaos.deployment import Stage
+from pipeline.tools.chaos.ledger import FaultReport
+from pipeline.tools.chaos.overload import overload
+from pipeline.tools.chaos.poison import poison_request
+from pipeline.tools.chaos.rebalance_storm import rebalance_storm
+from pipeline.tools.chaos.steps import ChaosSizes
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

@@ -18,9 +18,9 @@ import pytest
 from clickhouse_connect.driver.client import Client
 
 from dashboards.alerts import provisioning
-from pipeline.chaos.deployment import CHAOS_MODEL, Deployment, Device, Stage
 from pipeline.core.config import ClickHouseSettings, parse_config
-from pipeline.core.store.client import connect_reader
+from pipeline.core.store.connection import connect_reader
+from pipeline.tools.chaos.deployment import CHAOS_MODEL, Deployment, Device, Stage
 from tests.dashboards.test_alerts import _rule, evaluate
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]

@@ -1,4 +1,4 @@
-"""Bad input as a fault: the hostile corpus of `pipeline.chaos.hostile_input` mixed into steady traffic
+"""Bad input as a fault: the hostile corpus of `pipeline.tools.chaos.hostile_input` mixed into steady traffic
 (the same code `batchtide chaos hostile-input` runs)."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
-from pipeline.chaos.deployment import Stage
-from pipeline.chaos.hostile_input import hostile_input
-from pipeline.chaos.steps import ChaosSizes
+from pipeline.tools.chaos.deployment import Stage
+from pipeline.tools.chaos.hostile_input import hostile_input
+from pipeline.tools.chaos.steps import ChaosSizes
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from pipeline.chaos.deployment import Deployment, Device, Stage
+from pipeline.tools.chaos.deployment import Deployment, Device, Stage
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

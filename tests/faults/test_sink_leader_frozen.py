@@ -25,13 +25,13 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from clickhouse_connect.driver.client import Client
 
-from pipeline.chaos.deployment import Stage
 from pipeline.core.config import ClickHouseSettings, Config
 from pipeline.core.kafka.client import Topics, client_options
 from pipeline.core.kafka.cluster import group_coordinator
-from pipeline.core.store.client import connect
+from pipeline.core.store.connection import connect
 from pipeline.core.store.seed import generate, latency_events, recent_start_ms
-from pipeline.core.store.sink import build_sink
+from pipeline.sink.app import build_sink
+from pipeline.tools.chaos.deployment import Stage
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 ENCODE = msgspec.json.Encoder().encode

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.core.config import KafkaSettings
-from pipeline.harness.config_file import kafka_table, toml_text
-from pipeline.harness.processes import Proc, Processes, child_env
+from pipeline.tools.harness.config_file import kafka_table, toml_text
+from pipeline.tools.harness.processes import Proc, Processes, child_env
 
 STUBBORN = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('re' + 'ady', flush=True)\ntime.sleep(60)\n"
 PARENT = (

@@ -16,7 +16,7 @@ from aiokafka.errors import UnknownTopicOrPartitionError
 
 from pipeline.core.config import KafkaSettings
 from pipeline.core.kafka.client import client_options, create_topics
-from pipeline.devtools.localkafka import LocalKafka, port_is_free
+from pipeline.tools.devtools.localkafka import LocalKafka, port_is_free
 from tests.support.kafka import consume_n, json_values, produce_json
 
 
@@ -142,7 +142,7 @@ def test_topic_auto_creation_is_off(kafka_settings: KafkaSettings) -> None:
 
 _START_FROM_A_THREAD = """
 import sys, threading
-from pipeline.devtools.localkafka import LocalKafka
+from pipeline.tools.devtools.localkafka import LocalKafka
 broker = LocalKafka(sys.argv[1])
 starter = threading.Thread(target=broker.start, args=(90.0,))
 starter.start()

@@ -9,9 +9,9 @@ from pathlib import Path
 import typer
 from typer.testing import CliRunner
 
-from pipeline.commands import local
 from pipeline.core.config import KafkaSettings
-from pipeline.devtools.localkafka import LocalKafka, free_port, port_is_free
+from pipeline.tools.commands import local
+from pipeline.tools.devtools.localkafka import LocalKafka, free_port, port_is_free
 
 
 def _app() -> typer.Typer:
@@ -85,7 +85,7 @@ def test_local_up_brokers_3_replicates_topics_and_status_shows_leaders_and_isr(t
     from aiokafka.admin import AIOKafkaAdminClient
     from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-    from pipeline.devtools.localcluster import LocalCluster
+    from pipeline.tools.devtools.localcluster import LocalCluster
 
     runner, app, data_dir = CliRunner(), _app(), tmp_path / "cluster"
     cluster = LocalCluster(data_dir, brokers=3)

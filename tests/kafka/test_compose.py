@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from pipeline.core.config import KafkaSettings, load_config
-from pipeline.devtools.localkafka import KAFKA_VERSION
+from pipeline.tools.devtools.localkafka import KAFKA_VERSION
 
 ROOT = Path(__file__).resolve().parents[2]
 CLICKHOUSE_HTTP_PORT = 8123

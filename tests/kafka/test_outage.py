@@ -12,7 +12,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from pipeline.core.config import KafkaSettings
 from pipeline.core.kafka.client import client_options, create_topics
-from pipeline.devtools.localkafka import LocalKafka
+from pipeline.tools.devtools.localkafka import LocalKafka
 
 
 @pytest.mark.parametrize("hard", [False, True], ids=["sigterm", "sigkill"])

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 from consumers.runners.iteration import JOIN_SLOTS
-from pipeline.bench.pipeline_consumers import consumer_config
-from pipeline.bench.pipeline_events import token_timing
-from pipeline.bench.pipeline_llm import machine_limit
-from pipeline.bench.pipeline_options import MIXED_NEW_TOKENS, BenchOptions
-from pipeline.bench.pipeline_trial import with_new_tokens
 from pipeline.core.config import KafkaSettings, parse_config
-from pipeline.devtools.producer import LoadProducer, poisson_load
+from pipeline.tools.bench.pipeline.consumers import consumer_config
+from pipeline.tools.bench.pipeline.event_figures import token_timing
+from pipeline.tools.bench.pipeline.llm import machine_limit
+from pipeline.tools.bench.pipeline.options import MIXED_NEW_TOKENS, BenchOptions
+from pipeline.tools.bench.pipeline.trial import with_new_tokens
+from pipeline.tools.devtools.producer import LoadProducer, poisson_load
 from schemas.messages import Request
 
 
@@ -98,7 +98,7 @@ def test_machine_limit_is_the_best_batch_of_the_measured_curves() -> None:
 
 
 def test_tokens_in_window_spreads_each_request_over_its_token_stamps() -> None:
-    from pipeline.bench.pipeline_events import tokens_in_window
+    from pipeline.tools.bench.pipeline.event_figures import tokens_in_window
 
     inside = {"tokens_out": 5, "first_token_ms": 1100.0, "last_token_ms": 1500.0}  # 1100, 1200, ..., 1500
     straddles_start = {"tokens_out": 11, "first_token_ms": 500.0, "last_token_ms": 1500.0}  # every 100 ms
@@ -114,7 +114,7 @@ def test_tokens_in_window_spreads_each_request_over_its_token_stamps() -> None:
 
 
 def test_length_mixes_draw_long_tailed_and_long_prompts() -> None:
-    from pipeline.bench.pipeline_lengths import (
+    from pipeline.tools.bench.pipeline.lengths import (
         LOGNORMAL_OUTPUT,
         LOGNORMAL_PROMPT,
         LONG_SHARE,
@@ -136,7 +136,7 @@ def test_length_mixes_draw_long_tailed_and_long_prompts() -> None:
 
 
 def test_the_long_prompt_mixes_serve_one_request_a_batch_with_room_for_the_long_prompt() -> None:
-    from pipeline.bench.pipeline_lengths import LONG_INPUT_TOKENS
+    from pipeline.tools.bench.pipeline.lengths import LONG_INPUT_TOKENS
 
     options = BenchOptions(runner="smollm", llm_mode="iteration", lengths="long", step_token_budget=32)
     model = parse_config(tomllib.loads(consumer_config(options, KafkaSettings()))).model("bench")
@@ -153,8 +153,8 @@ def test_the_long_prompt_mixes_serve_one_request_a_batch_with_room_for_the_long_
 
 
 def test_the_bench_sets_chunk_fusion_and_reports_the_long_prompts_ttft() -> None:
-    from pipeline.bench.pipeline_events import long_ttft_p99
-    from pipeline.bench.pipeline_report import label, llm_table
+    from pipeline.tools.bench.pipeline.event_figures import long_ttft_p99
+    from pipeline.tools.bench.pipeline.printout import label, llm_table
 
     for fused in (True, False):
         options = BenchOptions(
@@ -177,7 +177,7 @@ def test_the_bench_sets_chunk_fusion_and_reports_the_long_prompts_ttft() -> None
 
 
 def test_goodput_counts_requests_within_both_objectives() -> None:
-    from pipeline.bench.pipeline_events import meets_objectives
+    from pipeline.tools.bench.pipeline.event_figures import meets_objectives
 
     ok = {"outcome": "ok", "enqueue_ms": 0, "first_token_ms": 900, "last_token_ms": 900 + 9 * 100, "tokens_out": 10}
     assert meets_objectives(ok, 1000, 100)

@@ -10,7 +10,7 @@ from consumers.runners import make_runner
 from consumers.runners.base import Runner
 from consumers.runners.cost_model import POISON_MARKER, SIMULATED_TEXT, CostModelRunner, PoisonError
 from pipeline.core.config import BatchProfile, ModelConfig
-from pipeline.core.sim.device import DeviceCurve
+from pipeline.core.sim.device_curve import DeviceCurve
 from pipeline.core.sim.scenario_file import parse_scenario
 from schemas.messages import GenerationParams, Request
 

@@ -7,10 +7,10 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from pipeline.commands import bench
 from pipeline.core.sim.families import FIXED_WINDOW
 from pipeline.core.sim.scenario_file import parse_scenario
 from pipeline.core.sim.search import Candidate, Evaluator
+from pipeline.tools.commands import bench
 
 SCENARIO = """
 name = "tiny"
@@ -140,8 +140,8 @@ def test_bad_scenario_exits_with_a_message(tmp_path):
 
 
 def test_goodput_table_where_requests_carry_deadlines():
-    from pipeline.bench.goodput import GOODPUT_LOADS, goodput_table
     from pipeline.core.sim.families import families
+    from pipeline.tools.bench.goodput import GOODPUT_LOADS, goodput_table
 
     s = parse_scenario(
         {

@@ -10,7 +10,7 @@ import pytest
 
 from pipeline.core.config import ModelConfig
 from pipeline.core.sim.scenario_file import load_scenario
-from pipeline.devtools import demo_plan as plan
+from pipeline.tools.devtools import demo_plan as plan
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -171,8 +171,8 @@ def test_the_speed_seen_weighs_each_profiled_size_by_its_batches() -> None:
 
 
 def test_the_demo_config_carries_what_the_profiles_sized(tmp_path: Path) -> None:
-    from pipeline.commands.demo import _write_config
     from pipeline.core.config import load_config
+    from pipeline.tools.commands.demo import _write_config
 
     path = tmp_path / "batchtide.toml"
     sized = {
@@ -192,8 +192,8 @@ def test_the_demo_config_carries_what_the_profiles_sized(tmp_path: Path) -> None
 def test_a_cached_profile_for_this_set_up_is_reused(tmp_path: Path) -> None:
     import json
 
-    from pipeline.commands.demo import MINILM, _profile, _write_config
     from pipeline.core.config import load_config
+    from pipeline.tools.commands.demo import MINILM, _profile, _write_config
 
     config = tmp_path / "batchtide.toml"
     _write_config(config, "127.0.0.1:9999", tmp_path, 1, {})

@@ -7,13 +7,13 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from pipeline.commands import bench
 from pipeline.core.sim.arrivals import make_arrivals
-from pipeline.core.sim.fleet import fleet_variant, simulate_fleet
+from pipeline.core.sim.consumer_group import fleet_variant, simulate_fleet
 from pipeline.core.sim.fleetmetrics import measure_fleet
 from pipeline.core.sim.fleetspec import range_assignment, weighted_assignment
 from pipeline.core.sim.scenario import ScenarioError
 from pipeline.core.sim.scenario_file import parse_scenario
+from pipeline.tools.commands import bench
 
 
 def fleet_scenario(fleet=None, consumers=2, rate=300.0, duration=10, **extra):
@@ -213,7 +213,7 @@ def test_bench_fleet_cli_prints_every_run_and_writes_json(tmp_path):
 
 
 def test_policy_suite_leaves_fleet_scenarios_to_bench_fleet(tmp_path):
-    from pipeline.bench.policy import scenario_files
+    from pipeline.tools.bench.policy import scenario_files
 
     (tmp_path / "a-fleet.toml").write_text(FLEET_TOML)
     (tmp_path / "plain.toml").write_text(FLEET_TOML.split("[topology]")[0])

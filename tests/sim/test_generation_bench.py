@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.bench.generation import bench_scenario, default_layout, figures, run_default
 from pipeline.cli import app
-from pipeline.core.sim.gencost import GenerationCost
-from pipeline.core.sim.genpeers import TGI, VLLM, FixedWindowGen, SGLang, simulate_tokens
-from pipeline.core.sim.genscenario import gen_arrivals, load_gen_scenario, parse_gen_scenario
-from pipeline.core.sim.gensim import GenArrivals
+from pipeline.core.sim.generation.cost import GenerationCost
+from pipeline.core.sim.generation.decode_loop import GenArrivals
+from pipeline.core.sim.generation.gen_scenario import gen_arrivals, load_gen_scenario, parse_gen_scenario
+from pipeline.core.sim.generation.peer_schedulers import TGI, VLLM, FixedWindowGen, SGLang, simulate_tokens
 from pipeline.core.sim.scenario import ScenarioError
+from pipeline.tools.bench.generation import bench_scenario, default_layout, figures, run_default
 
 ROOT = Path(__file__).resolve().parents[2]
 COST = GenerationCost.linear(10.0, 0.1, 20.0, 0.2)

@@ -9,14 +9,14 @@ from pipeline.core.config import BatchProfile
 from pipeline.core.engine import BatchingEngine
 from pipeline.core.engine.joins import JOIN_WAIT_STEPS
 from pipeline.core.profile_file import GenerationCurves
-from pipeline.core.sim.gencost import GenerationCost
-from pipeline.core.sim.genfigures import gen_figures
-from pipeline.core.sim.gensim import (
+from pipeline.core.sim.generation.cost import GenerationCost
+from pipeline.core.sim.generation.decode_loop import (
     GenArrivals,
     LoopSettings,
     running_token_cap,
     simulate_generation,
 )
+from pipeline.core.sim.generation.figures import gen_figures
 
 PREFILL_A, PREFILL_C, STEP_A, STEP_C = 40.0, 2.0, 50.0, 5.0
 COST = GenerationCost.linear(PREFILL_A, PREFILL_C, STEP_A, STEP_C)
@@ -134,25 +134,25 @@ def test_the_loop_follows_the_consumer() -> None:
     rides in the decode step's forward pass for RIDE_SHARE of a step)."""
     from consumers.runners import chunked_prefill, decoding, iteration
     from pipeline.core.engine import joins
-    from pipeline.core.sim import genchunks, gensim
+    from pipeline.core.sim.generation import chunks, decode_loop
 
-    assert gensim.JoinRule is joins.JoinRule and iteration.JoinRule is joins.JoinRule
-    assert (gensim.JOIN_GROUP, gensim.JOIN_WAIT_STEPS, gensim.JOIN_SLOTS) == (
+    assert decode_loop.JoinRule is joins.JoinRule and iteration.JoinRule is joins.JoinRule
+    assert (decode_loop.JOIN_GROUP, decode_loop.JOIN_WAIT_STEPS, decode_loop.JOIN_SLOTS) == (
         iteration.JOIN_GROUP,
         iteration.JOIN_WAIT_STEPS,
         iteration.JOIN_SLOTS,
     )
-    assert gensim.DEAD_SHARE == decoding.DEAD_SHARE
+    assert decode_loop.DEAD_SHARE == decoding.DEAD_SHARE
     assert chunked_prefill.MIN_CHUNK is joins.MIN_CHUNK
-    assert genchunks.RIDE_SHARE == joins.RIDE_SHARE
+    assert chunks.RIDE_SHARE == joins.RIDE_SHARE
     # one pacing rule and one spreading rule: the consumer's pacer and the simulator call the same
-    assert chunked_prefill.paced_ride is gensim.paced_ride is joins.paced_ride
-    assert gensim.ride_tokens is joins.ride_tokens
-    assert chunked_prefill.ride_plan is gensim.ride_plan is joins.ride_plan
-    assert chunked_prefill.RideCredit is gensim.RideCredit is joins.RideCredit  # and one spacing rule
+    assert chunked_prefill.paced_ride is decode_loop.paced_ride is joins.paced_ride
+    assert decode_loop.ride_tokens is joins.ride_tokens
+    assert chunked_prefill.ride_plan is decode_loop.ride_plan is joins.ride_plan
+    assert chunked_prefill.RideCredit is decode_loop.RideCredit is joins.RideCredit  # and one spacing rule
     pacer = chunked_prefill.RidePacer(128, tpot_ms=100.0)
     pacer.observe_ride(128, 50.0 * 1.35, 50.0)  # the simulator's ride cost: a chunk adds RIDE_SHARE
-    per_token = genchunks.ride_token_ms(50.0, 128, 4)
+    per_token = chunks.ride_token_ms(50.0, 128, 4)
     assert pacer.cost() == (0.0, pytest.approx(per_token))
     assert pacer.tokens(4, 50.0) == joins.ride_tokens(124, 50.0, per_token, 100.0) == int(50.0 / per_token)
     plain = chunked_prefill.RidePacer(128)
@@ -160,7 +160,7 @@ def test_the_loop_follows_the_consumer() -> None:
     assert plain.tokens(4, 50.0) == 124  # no objective: within the budget beside the rows
     from pipeline.core.config import ModelConfig
 
-    assert gensim.STEP_TOKEN_BUDGET == ModelConfig(name="m").step_token_budget
+    assert decode_loop.STEP_TOKEN_BUDGET == ModelConfig(name="m").step_token_budget
     for args in ((272, 24, 48), (272, 4, None), (None, 8, 48)):
         assert running_token_cap(*args) == iteration.running_token_cap(*args)
 

@@ -18,16 +18,16 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.bench.replay import ReplayError, replay
 from pipeline.cli import app
 from pipeline.core.config import BatchProfile, ClickHouseSettings
 from pipeline.core.engine import BatchingEngine
 from pipeline.core.sim.arrivals import Arrivals, make_arrivals
 from pipeline.core.sim.scenario_file import load_scenario, parse_scenario
 from pipeline.core.sim.simulator import RunOutcome, simulate
-from pipeline.core.store.client import connect
+from pipeline.core.store.connection import connect
 from pipeline.core.store.traffic import read_traffic
 from pipeline.core.store.writer import insert_batch_events, insert_latency_events
+from pipeline.tools.bench.replay import ReplayError, replay
 from schemas.messages import BatchEvent, LatencyEvent
 from tests.support.clickhouse import SeededClickHouse
 

@@ -13,14 +13,14 @@ import time
 import numpy as np
 import pytest
 
-from pipeline.bench.replay_generation import GenSetup, join_pace, replay_generation
 from pipeline.core.config import BatchProfile, ClickHouseSettings, ModelConfig
 from pipeline.core.profile_file import parse_profile
-from pipeline.core.sim.gencost import GenerationCost
-from pipeline.core.sim.gensim import GenArrivals, simulate_generation
-from pipeline.core.store.client import connect
+from pipeline.core.sim.generation.cost import GenerationCost
+from pipeline.core.sim.generation.decode_loop import GenArrivals, simulate_generation
+from pipeline.core.store.connection import connect
 from pipeline.core.store.traffic import read_traffic
 from pipeline.core.store.writer import insert_latency_events
+from pipeline.tools.bench.replay_generation import GenSetup, join_pace, replay_generation
 from schemas.messages import LatencyEvent
 
 HOPS_MS = 4.0

@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from pipeline.bench.replay import replay
 from pipeline.core.config import ClickHouseSettings, KafkaSettings
 from pipeline.core.kafka.client import client_options
-from pipeline.core.store.client import connect
+from pipeline.core.store.connection import connect
 from pipeline.core.store.traffic import read_traffic
 from pipeline.core.store.writer import insert_batch_events, insert_latency_events
+from pipeline.tools.bench.replay import replay
 from schemas.messages import BatchEvent, LatencyEvent
 from tests.consumers.harness import (
     MODEL,

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from pipeline.core.sim.arrivals import make_arrivals
-from pipeline.core.sim.device import DeviceCurve
+from pipeline.core.sim.device_curve import DeviceCurve
 from pipeline.core.sim.scenario import ScenarioError
 from pipeline.core.sim.scenario_file import parse_scenario
 

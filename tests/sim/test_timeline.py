@@ -5,7 +5,7 @@ import numpy as np
 from pipeline.core.config import BatchProfile
 from pipeline.core.engine import BatchingEngine
 from pipeline.core.sim.arrivals import Arrivals
-from pipeline.core.sim.device import DeviceCurve
+from pipeline.core.sim.device_curve import DeviceCurve
 from pipeline.core.sim.scenario_file import parse_scenario
 from pipeline.core.sim.simulator import conservation_problems, simulate
 from pipeline.core.sim.timeline import Timeline, lane_stamps, speed_curve

@@ -6,10 +6,10 @@ import msgspec
 from clickhouse_connect.driver.client import Client
 
 from pipeline.core.config import ClickHouseSettings
-from pipeline.core.store.client import connect
+from pipeline.core.store.connection import connect
 from pipeline.core.store.seed import batch_events, generate, insert_chunk, latency_events, recent_start_ms
 from pipeline.core.store.writer import insert_batch_events, insert_latency_events
-from pipeline.views.report import run_query
+from pipeline.tools.views.report import run_query
 
 DURATION_MS = 120_000
 

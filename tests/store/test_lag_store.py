@@ -11,9 +11,9 @@ from clickhouse_connect.driver.client import Client
 from rich.console import Console
 
 from pipeline.core.config import ClickHouseSettings
-from pipeline.core.store.client import connect
+from pipeline.core.store.connection import connect
 from pipeline.core.store.lag_writer import insert_lag_events
-from pipeline.views.report import render, run_query, run_report
+from pipeline.tools.views.report import render, run_query, run_report
 from schemas.messages import LagEvent, PartitionLag
 
 T0 = (int(time.time()) // 60 - 10) * 60_000

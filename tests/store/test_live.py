@@ -31,8 +31,8 @@ from pipeline.core.kafka.client import Topics, client_options, create_topics
 from pipeline.core.store.http_server import Credentials, LiveServer
 from pipeline.core.store.live import LIVE_FILE, find
 from pipeline.core.store.seed import generate, latency_events, recent_start_ms
-from pipeline.harness.config_file import kafka_table, toml_text
-from pipeline.harness.processes import SINK_ENV, Proc, child_env, cli, sink_argv
+from pipeline.tools.harness.config_file import kafka_table, toml_text
+from pipeline.tools.harness.processes import SINK_ENV, Proc, child_env, cli, sink_argv
 from tests.support.clickhouse import SeededClickHouse
 
 ROOT = Path(__file__).resolve().parents[2]

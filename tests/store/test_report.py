@@ -13,10 +13,10 @@ import pytest
 from typer.testing import CliRunner
 
 from pipeline.core.config import ClickHouseSettings
-from pipeline.core.store.client import connect
+from pipeline.core.store.connection import connect
 from pipeline.core.store.seed import generate, latency_events, recent_start_ms
 from pipeline.core.store.writer import insert_latency_events
-from pipeline.views.report import Objective, Report, pick_interval_ms, run_query, run_report
+from pipeline.tools.views.report import Objective, Report, pick_interval_ms, run_query, run_report
 from tests.support.clickhouse import SeededClickHouse
 
 QUANTILES = [0.5, 0.99, 0.999]
@@ -221,7 +221,7 @@ def test_model_filter_is_bound_and_injection_finds_nothing(seeded_clickhouse: Se
 def test_cli_json(seeded_clickhouse: SeededClickHouse, tmp_path: Path) -> None:
     import typer
 
-    from pipeline.commands import db
+    from pipeline.tools.commands import db
 
     s = seeded_clickhouse
     config = tmp_path / "batchtide.toml"
@@ -246,7 +246,7 @@ def test_cli_json(seeded_clickhouse: SeededClickHouse, tmp_path: Path) -> None:
 
 
 def test_durations_and_buckets() -> None:
-    from pipeline.views.report import parse_duration_ms
+    from pipeline.tools.views.report import parse_duration_ms
 
     assert parse_duration_ms("15m") == 900_000 and parse_duration_ms("1.5h") == 5_400_000
     assert parse_duration_ms("250ms") == 250

@@ -21,11 +21,11 @@ from clickhouse_connect.driver.client import Client
 
 from pipeline.core.config import ClickHouseSettings, Config, KafkaSettings
 from pipeline.core.kafka.client import Topics, client_options, create_topics
-from pipeline.core.store.client import ClickHouseUnavailable, connect
+from pipeline.core.store.connection import ClickHouseUnavailable, connect
 from pipeline.core.store.migrations import Layout
 from pipeline.core.store.seed import batch_events, generate, latency_events, recent_start_ms
-from pipeline.core.store.sink import Sink, build_sink, wait_until_ready
-from pipeline.harness.processes import Proc, sink_argv
+from pipeline.sink.app import Sink, build_sink, wait_until_ready
+from pipeline.tools.harness.processes import Proc, sink_argv
 from schemas.messages import BatchEvent, LatencyEvent
 
 pytestmark = pytest.mark.kafka

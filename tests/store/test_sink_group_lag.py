@@ -17,8 +17,8 @@ from clickhouse_connect.driver.client import Client
 
 from pipeline.core.config import ClickHouseSettings, KafkaSettings, parse_config
 from pipeline.core.kafka.client import Topics, client_options, create_topics
-from pipeline.core.store.client import connect
-from pipeline.core.store.sink import build_sink
+from pipeline.core.store.connection import connect
+from pipeline.sink.app import build_sink
 from tests.store.test_sink import _running, _sink_config, _until
 from tests.support.kafka import consume_n, produce_json
 

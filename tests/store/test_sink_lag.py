@@ -13,8 +13,8 @@ from clickhouse_connect.driver.client import Client
 
 from pipeline.core.config import ClickHouseSettings, KafkaSettings
 from pipeline.core.kafka.client import Topics, create_topics
-from pipeline.core.store.client import connect
-from pipeline.core.store.sink import build_sink
+from pipeline.core.store.connection import connect
+from pipeline.sink.app import build_sink
 from tests.store.test_lag_store import T0, lag_event
 from tests.store.test_sink import _produce, _running, _sink_config, _until
 

@@ -23,7 +23,7 @@ import pytest
 from clickhouse_connect.driver.client import Client
 
 from pipeline.core.config import ClickHouseSettings
-from pipeline.core.store.client import ClickHouseUnavailable, connect
+from pipeline.core.store.connection import ClickHouseUnavailable, connect
 from pipeline.core.store.lag_writer import insert_lag_events
 from pipeline.core.store.migrations import Layout, migrate
 from pipeline.core.store.seed import SeedChunk, SeedSummary, generate, insert_chunk, recent_start_ms

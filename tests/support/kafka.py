@@ -24,7 +24,7 @@ from aiokafka.structs import ConsumerRecord, RecordMetadata
 from pipeline.core.config import KafkaSettings
 from pipeline.core.kafka.client import client_options
 from pipeline.core.kafka.reader import Isolation, TopicReader
-from pipeline.devtools.localkafka import LocalKafka
+from pipeline.tools.devtools.localkafka import LocalKafka
 
 SASL_USERS = {"batchtide": "s3cret-test"}
 """Users of the SASL broker (test-only credentials)."""

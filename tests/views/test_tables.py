@@ -18,8 +18,8 @@ import pytest
 from rich.console import Console
 from rich.table import Table
 
-from pipeline.views.report import _ms, _num, _pct
-from pipeline.views.tables import print_table
+from pipeline.tools.views.report import _ms, _num, _pct
+from pipeline.tools.views.tables import print_table
 
 ROOT = Path(__file__).resolve().parents[2]
 WIDTH = 80

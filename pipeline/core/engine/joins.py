@@ -1,7 +1,7 @@
 """Who joins a running decode set, and how its prompts are prefilled: the decode loop's admission rule.
 
 One rule for the consumer's decode loop (consumers/runners/iteration.py) and the generation
-simulator (pipeline/core/sim/gensim.py), so the bench runs the consumer's own decisions:
+simulator (pipeline/core/sim/generation/decode_loop.py), so the bench runs the consumer's own decisions:
 
 - hopeless joiners are refused (`cannot_meet_deadline`): one whose answer could not end by its
   deadline at the current time per step. An answer's length is judged by the p75 of the recent

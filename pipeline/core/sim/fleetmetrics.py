@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from pipeline.core.sim.fleet import FleetOutcome
+from pipeline.core.sim.consumer_group import FleetOutcome
 from pipeline.core.sim.scenario import Scenario
 
 RECOVERY_S = 15.0

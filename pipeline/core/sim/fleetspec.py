@@ -6,7 +6,7 @@ more when it does not divide), and the priority topic, with the same count,
 the same blocks. Keys hash evenly, or one hot partition carries a share of
 them. Devices differ: some consumers are steadily slower (`slow`), one may
 slow down for a while (`slowdown`). Forwarding follows
-pipeline/core/engine/fleet.py with beacons every `beacon_interval_ms` and one
+pipeline/core/engine/peer_forwarding.py with beacons every `beacon_interval_ms` and one
 Kafka hop of `hop_ms` for a forward and for a beacon. Documented in
 docs/benchmarks.md.
 """

@@ -15,7 +15,7 @@ from typing import Literal
 
 import numpy as np
 
-from pipeline.core.sim.device import CostModel
+from pipeline.core.sim.device_curve import CostModel
 from pipeline.core.sim.fleetspec import FleetSpec
 
 TopologyMode = Literal["own-queues", "shared-queue", "shared-device"]

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 from pipeline.core.config import CostUnit, read_toml
-from pipeline.core.sim.device import CostModel, DeviceCurve
+from pipeline.core.sim.device_curve import CostModel, DeviceCurve
 from pipeline.core.sim.fleetspec import parse_fleet
 from pipeline.core.sim.scenario import Burst, LengthDist, Phase, Scenario, ScenarioError, Topology
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.core.config import CostUnit
-from pipeline.core.sim.device import DeviceCurve
+from pipeline.core.sim.device_curve import DeviceCurve
 
 NEAR_MS = 250.0
 """Recorded batches running this close to a replayed one's dispatch are its candidates."""

@@ -1,0 +1,1 @@
+"""Iteration-level generation, simulated: what generating costs, the decode loop, peer LLM schedulers, scenarios, figures."""

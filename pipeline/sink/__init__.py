@@ -1,0 +1,1 @@
+"""The sink: the process that loads the consumers' events from Kafka into ClickHouse."""

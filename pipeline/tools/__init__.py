@@ -1,0 +1,2 @@
+"""What stands above the consumers and the sink: it runs, watches, measures and breaks them from outside;
+nothing below imports it."""

@@ -1,0 +1,225 @@
+"""The generation bench: batchtide's engine and decode loop against LLM servers' schedulers, by goodput.
+
+On a generation scenario (pipeline/core/sim/generation/gen_scenario.py) every system runs the same
+arrivals on the same simulated device. batchtide-default is untuned: the engine with the
+layout `batchtide profile` recommends for that device (a batch is one request at the profiled
+prompt of 32 tokens, the cap is the longest admissible request, the running set is the decode
+curve's knee within the KV cache, 8 more batches wait to join), driving the consumer's decode
+loop (decode_loop.py). Each peer is grid-searched over its own documented knobs and reported at its
+best (its oracle for this scenario). Goodput is DistServe's and Sarathi-Serve's measure: answered
+requests per second that met both the time-to-first-token and the time-per-output-token
+objective (an answer of one token has no TPOT and needs only the first).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from pipeline.core.config import BatchProfile, ModelConfig
+from pipeline.core.engine import BatchingEngine
+from pipeline.core.sim.generation.decode_loop import (
+    JOIN_SLOTS,
+    GenArrivals,
+    GenOutcome,
+    LoopSettings,
+    running_token_cap,
+    simulate_generation,
+)
+from pipeline.core.sim.generation.gen_scenario import GenScenario, gen_arrivals
+from pipeline.core.sim.generation.peer_schedulers import (
+    TGI,
+    VLLM,
+    FixedWindowGen,
+    Kernels,
+    SGLang,
+    TokenScheduler,
+    simulate_tokens,
+)
+
+PROFILED_PROMPT = 32
+"""Prompt tokens `batchtide profile` measures at by default (its --tokens)."""
+PROFILED_MAX_ROWS = 256
+"""Largest batch `batchtide profile` tries by default (its --max-size)."""
+KNEE_TOLERANCE = 0.02
+
+
+@dataclass(frozen=True)
+class GenRow:
+    system: str
+    config: str
+    goodput_rps: float
+    throughput_rps: float
+    attained: float
+    """Share of all requests that met both objectives."""
+    ttft_p99_ms: float
+    tpot_p99_ms: float
+    e2e_p99_ms: float
+    expired_share: float
+    longest_gap_ms: float
+    """The longest wait between two tokens of one answer (a prefill that stalled the running set)."""
+    runs: int
+    wall_s: float
+
+
+def _pct(values: np.ndarray, q: float) -> float:
+    return float(np.percentile(values, q)) if values.size else math.nan
+
+
+def figures(scn: GenScenario, outcome: GenOutcome) -> dict[str, float]:
+    arr = outcome.arrivals
+    served = ~outcome.expired & ~np.isnan(outcome.done_ms)
+    ttft = outcome.first_ms - arr.create_ms
+    many = arr.emits > 1
+    tpot = np.where(many, (outcome.done_ms - outcome.first_ms) / np.maximum(arr.emits - 1, 1), 0.0)
+    good = served & (ttft <= scn.ttft_ms) & (tpot <= scn.tpot_ms)
+    span_s = max(1e-9, (float(np.nanmax(outcome.done_ms)) - float(arr.create_ms.min())) / 1000.0)
+    return {
+        "goodput_rps": float(good.sum()) / span_s,
+        "throughput_rps": float(served.sum()) / span_s,
+        "attained": float(good.mean()) if len(arr) else math.nan,
+        "ttft_p99_ms": _pct(ttft[served], 99),
+        "tpot_p99_ms": _pct(tpot[served & many], 99),
+        "e2e_p99_ms": _pct((outcome.done_ms - arr.create_ms)[served], 99),
+        "expired_share": float(outcome.expired.mean()) if len(arr) else 0.0,
+        "longest_gap_ms": outcome.longest_gap_ms,
+    }
+
+
+def knee_rows(scn: GenScenario) -> int:
+    """The decode curve's knee as `batchtide profile` finds it (doubling rows up to its max size)."""
+    penalty = math.log(1.0 + KNEE_TOLERANCE) / math.log(2.0)
+    best, best_score, rows = 1, -math.inf, 1
+    while rows <= PROFILED_MAX_ROWS:
+        ms = scn.cost.step_ms(rows, PROFILED_PROMPT)
+        score = math.log(rows * 1000.0 / ms) - penalty * math.log(rows)
+        if score > best_score + 1e-12:
+            best, best_score = rows, score
+        rows *= 2
+    return best
+
+
+def default_layout(scn: GenScenario) -> tuple[BatchProfile, LoopSettings, int, list[tuple[int, float]]]:
+    """batchtide-default: the profile file's recommended layout for this device and model, with
+    every other knob at its default (measured_profile.build and profile_file.apply)."""
+    new = scn.max_new_tokens
+    typical = PROFILED_PROMPT + new
+    longest = scn.base.prompt.max + new if scn.base.prompt.dist != "fixed" else scn.base.prompt.value + new
+    rows = max(1, min(knee_rows(scn), scn.kv_tokens // typical))
+    profile = BatchProfile(
+        cost_unit="tokens",
+        hard_cap=longest,
+        target_size=min(typical, longest),
+        max_inflight_batches=rows + JOIN_SLOTS,
+        slo_p99_ms=scn.ttft_ms,
+        slo_ms_per_new_token=scn.tpot_ms,
+    )
+    model = ModelConfig(name="generation", task="generate", batching="iteration", max_new_tokens=new, profile=profile)
+    loop = LoopSettings(
+        token_cap=running_token_cap(longest, rows + JOIN_SLOTS, typical),
+        step_budget_ms=profile.slo_ms_per_new_token,
+        reserve_tokens=new,
+        tpot_ms=scn.tpot_ms,
+        step_token_budget=model.step_token_budget,
+    )
+    profile = model.engine_profile()
+    points = []
+    b = 1
+    while b <= rows:
+        points.append(
+            (b * typical, scn.cost.prefill_ms(b, PROFILED_PROMPT) + new * scn.cost.step_ms(b, PROFILED_PROMPT))
+        )
+        b *= 2
+    return profile, loop, longest, [(x, ms) for x, ms in points if x <= longest]
+
+
+def run_default(scn: GenScenario, arr: GenArrivals) -> GenOutcome:
+    profile, loop, cap, points = default_layout(scn)
+    engine = BatchingEngine(profile, device_cap=cap, prior_costs=points)
+    return simulate_generation(arr, scn.cost, [engine], loop, profile.max_inflight_batches)
+
+
+def grids(scn: GenScenario, quick: bool) -> dict[str, list[tuple[str, Callable[[], TokenScheduler]]]]:
+    """Each peer's knobs (as documented), a coarser grid with `quick`. Like the servers themselves,
+    vLLM without chunked prefill and TGI need a prefill budget of at least the longest prompt."""
+    kv = scn.kv_tokens
+    longest = scn.base.prompt.max if scn.base.prompt.dist != "fixed" else scn.base.prompt.value
+    seqs = (32, 128, 512) if quick else (16, 32, 64, 128, 256, 512)
+    budgets = (512, 2048, 4096) if quick else (256, 512, 1024, 2048, 4096, 8192)
+    vllm = [
+        (
+            f"max_num_seqs={s} max_num_batched_tokens={t} chunked={c} {p}",
+            lambda s=s, t=t, c=c, p=p: VLLM(s, t, c, p, kv),
+        )
+        for s, t, c, p in itertools.product(seqs, budgets, (True, False), ("fcfs", "priority"))
+        if c or t >= longest
+    ]
+    total = (kv // 2, kv) if quick else (kv // 4, kv // 2, kv)
+    prefill = [b for b in ((2048, 4096) if quick else (512, 1024, 2048, 4096, 8192)) if b >= longest] or [longest]
+    ratios = (0.3, 1.2) if quick else (0.3, 0.6, 1.2, 2.0)
+    waits = (5, 20) if quick else (2, 5, 10, 20, 50)
+    tgi = [
+        (
+            f"max_batch_total_tokens={a} max_batch_prefill_tokens={b} waiting_served_ratio={r} max_waiting_tokens={w}",
+            lambda a=a, b=b, r=r, w=w: TGI(a, b, r, w),
+        )
+        for a, b, r, w in itertools.product(total, prefill, ratios, waits)
+    ]
+    chunks = (512, 4096) if quick else (256, 512, 1024, 2048, 4096, 8192)
+    cons = (0.3, 1.0) if quick else (0.3, 0.6, 1.0, 1.3, 1.6)
+    sglang = [
+        (f"chunked_prefill_size={c} schedule_conservativeness={k}", lambda c=c, k=k: SGLang(c, k, kv))
+        for c, k in itertools.product(chunks, cons)
+    ]
+    windows = (0.0, 20.0) if quick else (0.0, 5.0, 20.0, 50.0, 100.0)
+    caps = (16, 48) if quick else (8, 16, 32, 48, 64, 128)
+    fixed = [
+        (f"window={w:g} ms cap={c}", lambda w=w, c=c: FixedWindowGen(w, c, kv))
+        for w, c in itertools.product(windows, caps)
+    ]
+    return {"vllm": vllm, "tgi": tgi, "sglang": sglang, "fixed-window": fixed}
+
+
+def bench_scenario(
+    scn: GenScenario,
+    quick: bool = False,
+    on_run: Callable[[str], None] = lambda _: None,
+    peer_kernels: Kernels = "runner",
+) -> dict[str, Any]:
+    """batchtide-default and every peer's best configuration on one scenario, the peers charged
+    the runner's measured kernels (or their own idealised ragged ones: peer_schedulers.iteration_ms)."""
+    arr = gen_arrivals(scn)
+    rows: list[GenRow] = []
+    start = time.perf_counter()
+    out = figures(scn, run_default(scn, arr))
+    rows.append(GenRow("batchtide-default", "profile layout", runs=1, wall_s=time.perf_counter() - start, **out))
+    on_run("batchtide-default")
+    for family, grid in grids(scn, quick).items():
+        start = time.perf_counter()
+        best: tuple[str, dict[str, float]] | None = None
+        for label, make in grid:
+            got = figures(scn, simulate_tokens(arr, scn.cost, make(), peer_kernels))
+            if best is None or got["goodput_rps"] > best[1]["goodput_rps"] + 1e-9:
+                best = (label, got)
+        assert best is not None
+        rows.append(
+            GenRow(f"{family} (oracle)", best[0], runs=len(grid), wall_s=time.perf_counter() - start, **best[1])
+        )
+        on_run(family)
+    peers = [r.goodput_rps for r in rows[1:]]
+    top = max(peers) if peers else math.nan
+    return {
+        "scenario": scn.name,
+        "requests": len(arr),
+        "peer_kernels": peer_kernels,
+        "ttft_ms": scn.ttft_ms,
+        "tpot_ms": scn.tpot_ms,
+        "rows": [asdict(r) for r in rows],
+        "default_vs_best_peer": rows[0].goodput_rps / top if top > 0 else math.nan,
+    }

@@ -1,0 +1,1 @@
+"""`bench pipeline`: the real pipeline (producer -> Kafka -> consumer processes -> results) measured end to end."""
