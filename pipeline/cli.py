@@ -1,4 +1,4 @@
-"""The `batchtide` command line. Each command group lives in pipeline/tools/commands/."""
+"""The `batchtide` command line. Each command group lives in one module of pipeline/tools/commands/."""
 
 from __future__ import annotations
 
@@ -8,17 +8,16 @@ import typer
 
 from pipeline.tools.commands import (
     bench,
-    bench_generation,
     chaos,
     dashboards,
     db,
     demo,
     local,
-    profile,
     profiles,
     serve,
     settings,
     status,
+    topics,
 )
 
 # Nothing is downloaded at run time (models come from wheels or local directories), whichever
@@ -33,7 +32,7 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 
-for module in (local, serve, status, bench, bench_generation, db, dashboards, chaos, demo, settings, profiles, profile):
+for module in (local, topics, serve, status, bench, db, dashboards, chaos, demo, settings, profiles):
     module.register(app)
 
 if __name__ == "__main__":

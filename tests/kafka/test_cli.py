@@ -10,13 +10,14 @@ import typer
 from typer.testing import CliRunner
 
 from pipeline.core.config import KafkaSettings
-from pipeline.tools.commands import local
+from pipeline.tools.commands import local, topics
 from pipeline.tools.devtools.localkafka import LocalKafka, free_port, port_is_free
 
 
 def _app() -> typer.Typer:
     app = typer.Typer()
     local.register(app)
+    topics.register(app)
     return app
 
 

@@ -1,11 +1,11 @@
-"""CLI commands: `batchtide bench policies`, `bench suite` (simulated policy bench) and
-`bench fleet` (a simulated consumer group, balanced or not).
-
-Other bench commands (`bench pipeline`) attach themselves to `bench_app`.
+"""CLI command group `batchtide bench`: `policies`, `suite` (the simulated policy bench), `fleet` (a simulated
+consumer group, balanced or not), `pipeline` and `fleet-live` (the real pipeline end to end, on a broker) and
+`generation` (batchtide's decode loop against LLM servers' schedulers, by goodput).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from pathlib import Path
@@ -25,6 +25,8 @@ bench_app = typer.Typer(
 )
 
 console = Console(width=max(Console().width, 120))
+wide_console = Console(width=max(Console().width, 140))
+"""`bench generation`'s tables are wider."""
 
 
 def _fmt(v: Any, digits: int = 0) -> str:
@@ -357,6 +359,349 @@ def fleet(
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(reports, indent=2))
         console.print(f"wrote {json_out}")
+
+
+@bench_app.command("pipeline")
+def bench_pipeline(
+    find_max: bool = typer.Option(
+        False, "--find-max", help="Zero-cost runner: ramp the rate to the max sustained req/s."
+    ),
+    rates: str | None = typer.Option(None, "--rates", help="Comma-separated offered rates (req/s) for --runner."),
+    runner: str = typer.Option(
+        "minilm", "--runner", help="Runner for --rates: minilm, smollm (generation), zero-cost or cost-model."
+    ),
+    duration: float = typer.Option(30.0, "--duration", help="Seconds per offered rate of --rates."),
+    find_max_duration: float = typer.Option(8.0, "--find-max-duration", help="Seconds per --find-max trial."),
+    seed: int = typer.Option(1, "--seed"),
+    torch_threads: int = typer.Option(1, "--torch-threads", help="torch threads of each consumer (minilm)."),
+    bootstrap: str | None = typer.Option(None, "--bootstrap", help="Use this broker instead of starting a local one."),
+    consumers: int = typer.Option(1, "--consumers", help="Consumer processes in the group."),
+    partitions: int = typer.Option(4, "--partitions", help="Partitions of the request topic."),
+    hot_share: float = typer.Option(0.0, "--hot-share", help="Share of requests sent to partition 0 (skewed load)."),
+    forwarding: bool = typer.Option(True, "--forwarding/--no-forwarding", help="Tail forwarding in the consumers."),
+    tokens: int = typer.Option(24, "--tokens", help="Approximate tokens per request text."),
+    late_consumer_s: float | None = typer.Option(
+        None, "--late-consumer-s", help="Start the last consumer this many seconds into the load (rebalance cost)."
+    ),
+    adaptive_cap: bool = typer.Option(
+        True, "--adaptive-cap/--no-adaptive-cap", help="Engine learns the cap (default) or holds --hard-cap."
+    ),
+    hard_cap: int = typer.Option(48, "--hard-cap", help="Batch size cap of the consumers' profile."),
+    cost_a_ms: float = typer.Option(5.0, "--cost-a-ms", help="cost-model runner: fixed ms per batch."),
+    cost_c_ms: float = typer.Option(0.5, "--cost-c-ms", help="cost-model runner: ms per request."),
+    isolation: str = typer.Option(
+        "auto", "--isolation", help="Where the consumers run batches: auto, process or thread."
+    ),
+    json_out: Path | None = typer.Option(None, "--json", help="Write the figures as JSON here."),
+    modes: str = typer.Option(
+        "static,iteration,fixed", "--modes", help="smollm: batching modes to run (static, iteration, fixed)."
+    ),
+    equal_tokens: int = typer.Option(64, "--equal-tokens", help="smollm: max_new_tokens of the all-equal load."),
+    lengths: str = typer.Option(
+        "mixed,equal", "--lengths", help="smollm: length mixes to run (mixed, equal, lognormal, short, long)."
+    ),
+    step_token_budget: str | None = typer.Option(
+        None,
+        "--step-token-budget",
+        help="smollm, iteration: the consumer's step_token_budget (chunked prefill; 0 off); several (0,64) run each.",
+    ),
+    chunk_fusion: str | None = typer.Option(
+        None,
+        "--chunk-fusion",
+        help="smollm, iteration: the consumer's fused_chunks, on or off (chunks ride in decode steps, or run as passes of their own); on,off runs each (not for budget 0).",
+    ),
+    ttft_slo_ms: float = typer.Option(5000.0, "--ttft-slo-ms", help="smollm: TTFT objective of the goodput column."),
+    tpot_slo_ms: float = typer.Option(500.0, "--tpot-slo-ms", help="smollm: TPOT objective of the goodput column."),
+    profile_in_run: bool = typer.Option(
+        False,
+        "--profile-in-run",
+        help="smollm: profile the model first, in this run, for the machine limit and token cap.",
+    ),
+    llm_profile: Path | None = typer.Option(
+        Path("var/profiles/smollm.json"), "--profile", help="smollm: profile file (token cap, machine limit)."
+    ),
+    timeout_ms: int | None = typer.Option(
+        None,
+        "--timeout-ms",
+        help="Deadline of every request (expired past it): overload with deadlines; RSS is printed per run.",
+    ),
+    straggler: float = typer.Option(
+        1.0, "--straggler", help="cost-model: consumer 0's t(b) multiplied by this (a slower device in the group)."
+    ),
+    slowdown: str | None = typer.Option(
+        None,
+        "--slowdown",
+        help="cost-model: FROM:TO:FACTOR, consumer 0's t(b) times FACTOR from FROM to TO seconds into the load.",
+    ),
+    record: Path | None = typer.Option(
+        None,
+        "--record",
+        help="Keep each trial in a directory of its own under this one for `batchtide replay`: the consumers' config and profile, and an embedded ClickHouse store the sink fills from the trial's events; the replay commands are printed at the end.",
+    ),
+) -> None:
+    """Real pipeline bench: open-loop producer -> Kafka -> consumer process(es) -> results, end to end."""
+    import logging
+
+    from pipeline.tools.bench.pipeline.lengths import MIXES
+    from pipeline.tools.bench.pipeline.options import BenchOptions
+    from pipeline.tools.bench.pipeline.run import run_bench
+
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # new topics log transient leader errors
+    if runner not in ("minilm", "smollm", "zero-cost", "cost-model"):
+        typer.echo(f"error: --runner must be minilm, smollm, zero-cost or cost-model (got {runner!r})", err=True)
+        raise typer.Exit(2)
+    if isolation not in ("auto", "process", "thread"):
+        typer.echo(f"error: --isolation must be auto, process or thread (got {isolation!r})", err=True)
+        raise typer.Exit(2)
+    if timeout_ms is not None and timeout_ms <= 0:
+        typer.echo(f"error: --timeout-ms must be > 0 (got {timeout_ms})", err=True)
+        raise typer.Exit(2)
+    window = parse_slowdown(slowdown) if slowdown else None
+    if (straggler != 1.0 or window) and runner != "cost-model":
+        typer.echo("error: --straggler and --slowdown need --runner cost-model", err=True)
+        raise typer.Exit(2)
+    if straggler <= 0:
+        typer.echo(f"error: --straggler must be > 0 (got {straggler})", err=True)
+        raise typer.Exit(2)
+    if not find_max and rates is None:
+        typer.echo("error: give --find-max and/or --rates R1,R2,...", err=True)
+        raise typer.Exit(2)
+    try:
+        offered = tuple(float(r) for r in rates.split(",")) if rates else ()
+    except ValueError:
+        typer.echo(f"error: --rates must be numbers separated by commas (got {rates!r})", err=True)
+        raise typer.Exit(2) from None
+    options = BenchOptions(
+        runner=runner,  # type: ignore[arg-type]
+        rates=offered,
+        duration_s=duration,
+        find_max_duration_s=find_max_duration,
+        seed=seed,
+        torch_threads=torch_threads,
+        bootstrap=bootstrap,
+        partitions=partitions,
+        consumers=consumers,
+        tokens=tokens,
+        hot_share=hot_share,
+        tail_forwarding=forwarding,
+        cost_a_ms=cost_a_ms,
+        cost_c_ms=cost_c_ms,
+        adaptive_cap=adaptive_cap,
+        hard_cap=hard_cap,
+        late_consumer_s=late_consumer_s,
+        isolation=isolation,  # type: ignore[arg-type]
+        llm_profile=str(llm_profile) if llm_profile else None,
+        timeout_ms=timeout_ms,
+        straggler=straggler,
+        slowdown=window,
+        ttft_slo_ms=ttft_slo_ms,
+        tpot_slo_ms=tpot_slo_ms,
+        record_dir=str(record) if record else None,
+    )
+    mix_list = tuple(m.strip() for m in lengths.split(",") if m.strip())
+    if runner == "smollm" and not set(mix_list) <= set(MIXES):
+        typer.echo(f"error: --lengths takes {', '.join(MIXES)} (got {lengths!r})", err=True)
+        raise typer.Exit(2)
+    try:
+        budgets: tuple[int | None, ...] = (
+            tuple(int(b) for b in step_token_budget.split(",")) if step_token_budget else (None,)
+        )
+    except ValueError:
+        budgets = (-1,)
+    if any(b is not None and b < 0 for b in budgets):
+        typer.echo(
+            f"error: --step-token-budget takes whole numbers >= 0 separated by commas (got {step_token_budget!r})",
+            err=True,
+        )
+        raise typer.Exit(2)
+    switch = {"on": True, "off": False}
+    fusion_words = [w.strip() for w in chunk_fusion.split(",") if w.strip()] if chunk_fusion else []
+    if not set(fusion_words) <= set(switch) or (chunk_fusion and not fusion_words):
+        typer.echo(f"error: --chunk-fusion takes on and off separated by commas (got {chunk_fusion!r})", err=True)
+        raise typer.Exit(2)
+    fusions: tuple[bool | None, ...] = tuple(switch[w] for w in fusion_words) or (None,)
+    mode_list = tuple(m.strip() for m in modes.split(",") if m.strip())
+    if runner == "smollm" and not set(mode_list) <= {"static", "iteration", "fixed"}:
+        typer.echo(f"error: --modes takes static, iteration and fixed (got {modes!r})", err=True)
+        raise typer.Exit(2)
+    figures = asyncio.run(
+        run_bench(
+            options,
+            find_max_mode=find_max,
+            rates_mode=bool(offered),
+            say=typer.echo,
+            llm_modes_list=mode_list,
+            equal_tokens=equal_tokens,
+            llm_mixes=mix_list,
+            profile_now=profile_in_run,
+            budgets=budgets,
+            fusions=fusions,
+        )
+    )
+    if find_max:
+        typer.echo(
+            f"zero-cost: max sustained {figures['zero_cost_max_rps']:.0f} req/s; "
+            f"added latency at half: p50 {figures.get('zero_cost_added_p50_ms', float('nan')):.1f} ms, "
+            f"p99 {figures.get('zero_cost_added_p99_ms', float('nan')):.1f} ms"
+        )
+    if offered and runner != "smollm":
+        for rate in figures["model_p99_ms"]:
+            typer.echo(
+                f"{runner} @ {rate} req/s: p50 {figures['model_p50_ms'][rate]:.1f} ms, p99 {figures['model_p99_ms'][rate]:.1f} ms, "
+                f"p999 {figures['model_p999_ms'][rate]:.1f} ms, {figures['model_rps_by_rate'][rate]:.1f} req/s, "
+                f"{figures['model_tokens_per_s_by_rate'][rate]:.0f} tokens/s"
+            )
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(figures, indent=2))
+        typer.echo(f"wrote {json_out}")
+
+
+@bench_app.command("fleet-live")
+def bench_fleet_live(
+    cases: str | None = typer.Option(
+        None, "--cases", help="Comma-separated case names (default: every case); their baselines run too."
+    ),
+    duration_scale: float = typer.Option(
+        1.0, "--duration-scale", help="Multiply every case's duration (and slowdown window) by this."
+    ),
+    seed: int = typer.Option(1, "--seed"),
+    bootstrap: str | None = typer.Option(None, "--bootstrap", help="Use this broker instead of starting a local one."),
+    partitions: int = typer.Option(4, "--partitions", help="Partitions of the request topic."),
+    repeats: int = typer.Option(
+        1,
+        "--repeats",
+        help="Run each case's off/on pair this many times (alternating, a new seed each) and report the median trial.",
+    ),
+    json_out: Path | None = typer.Option(None, "--json", help="Write every row, with its whole trial, as JSON here."),
+) -> None:
+    """A consumer group with a slow member, on the real pipeline: each case with the group's balance
+    off (Kafka's equal partition counts) and on, p99 against the all-fast group of the same run."""
+    import logging
+    import tempfile
+
+    from pipeline.tools.bench.fleet_live import CASES, fleet_table, run_fleet
+    from pipeline.tools.bench.pipeline.options import BenchOptions
+    from pipeline.tools.bench.pipeline.run import bench_broker
+
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    names = tuple(c.strip() for c in cases.split(",") if c.strip()) if cases else ()
+    unknown = set(names) - {c.name for c in CASES}
+    if unknown:
+        typer.echo(f"error: unknown case(s) {sorted(unknown)}; cases: {[c.name for c in CASES]}", err=True)
+        raise typer.Exit(2)
+    if duration_scale <= 0:
+        typer.echo(f"error: --duration-scale must be > 0 (got {duration_scale})", err=True)
+        raise typer.Exit(2)
+    if repeats < 1:
+        typer.echo(f"error: --repeats must be >= 1 (got {repeats})", err=True)
+        raise typer.Exit(2)
+    base = BenchOptions(seed=seed, bootstrap=bootstrap, partitions=partitions)
+
+    async def main() -> dict[str, Any]:
+        workdir = Path(tempfile.mkdtemp(prefix="batchtide-fleet-"))
+        async with bench_broker(bootstrap, workdir, typer.echo) as kafka:
+            return await run_fleet(base, kafka, workdir, typer.echo, names, duration_scale, repeats)
+
+    figures = asyncio.run(main())
+    for line in fleet_table(figures["fleet"]):
+        typer.echo(line)
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(figures, indent=2))
+        typer.echo(f"wrote {json_out}")
+
+
+def parse_slowdown(text: str) -> tuple[float, float, float]:
+    """FROM:TO:FACTOR (seconds into the load, and the multiplier), or a usage error."""
+    try:
+        start, end, factor = (float(part) for part in text.split(":"))
+    except ValueError:
+        typer.echo(f"error: --slowdown takes FROM:TO:FACTOR, e.g. 30:90:3 (got {text!r})", err=True)
+        raise typer.Exit(2) from None
+    if not 0 <= start < end or factor <= 0:
+        typer.echo(f"error: --slowdown needs 0 <= FROM < TO and FACTOR > 0 (got {text!r})", err=True)
+        raise typer.Exit(2)
+    return start, end, factor
+
+
+@bench_app.command("generation")
+def bench_generation(
+    scenario_opts: list[Path] = typer.Option(
+        ..., "--scenario", "-s", help="Generation scenario TOML (scenarios/generation/); repeat for several."
+    ),
+    quick: bool = typer.Option(False, "--quick", help="Coarser peer grids."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write the reports as JSON here."),
+    peer_kernels: str = typer.Option(
+        "runner",
+        "--peer-kernels",
+        help="What the peers' iterations cost: runner (the runner's measured kernels, as "
+        "batchtide's loop) or ragged (the servers' own idealised kernels).",
+    ),
+) -> None:
+    """Goodput (requests/s meeting both the TTFT and the TPOT objective), p99 TTFT and TPOT of
+    batchtide-default (untuned) and of vLLM's, TGI's, SGLang's and the fixed window's scheduler,
+    each at its best configuration of its grid, on the same simulated device."""
+    from pipeline.core.sim.generation.gen_scenario import load_gen_scenario
+    from pipeline.core.sim.scenario import ScenarioError
+    from pipeline.tools.bench.generation import bench_scenario
+    from pipeline.tools.views.tables import print_table
+
+    if peer_kernels not in ("runner", "ragged"):
+        wide_console.print(f"[red]error:[/red] --peer-kernels must be runner or ragged (got {escape(peer_kernels)})")
+        raise typer.Exit(2)
+    reports = []
+    for path in scenario_opts:
+        try:
+            scn = load_gen_scenario(path)
+        except ScenarioError as e:
+            wide_console.print(f"[red]error:[/red] {escape(str(e))}")
+            raise typer.Exit(2) from None
+        with wide_console.status(f"{scn.name}: batchtide-default and the peers' grids ..."):
+            report = bench_scenario(scn, quick=quick, peer_kernels=peer_kernels)  # type: ignore[arg-type]
+        reports.append(report)
+        table = Table(
+            title=f"{scn.name}: {report['requests']} requests; objectives TTFT <= {scn.ttft_ms:g} ms, "
+            f"TPOT <= {scn.tpot_ms:g} ms; peers on {peer_kernels} kernels"
+        )
+        for column in (
+            "system",
+            "goodput req/s",
+            "req/s",
+            "met both",
+            "TTFT p99 ms",
+            "TPOT p99 ms",
+            "e2e p99 ms",
+            "expired",
+            "longest gap ms",
+            "runs",
+            "best configuration",
+        ):
+            table.add_column(column, justify="left" if column in ("system", "best configuration") else "right")
+        for row in report["rows"]:
+            table.add_row(
+                row["system"],
+                f"{row['goodput_rps']:.2f}",
+                f"{row['throughput_rps']:.2f}",
+                f"{row['attained']:.1%}",
+                _ms(row["ttft_p99_ms"]),
+                _ms(row["tpot_p99_ms"], 1),
+                _ms(row["e2e_p99_ms"]),
+                f"{row['expired_share']:.1%}",
+                _ms(row["longest_gap_ms"]),
+                str(row["runs"]),
+                row["config"],
+            )
+        print_table(wide_console, table)
+        wide_console.print(f"  batchtide-default / best peer goodput: {report['default_vs_best_peer']:.2f}")
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(reports, indent=2))
+        wide_console.print(f"wrote {json_out}")
+
+
+def _ms(value: float, digits: int = 0) -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:,.{digits}f}"
 
 
 def register(app: typer.Typer) -> None:

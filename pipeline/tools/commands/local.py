@@ -1,9 +1,8 @@
-"""CLI commands: `batchtide local ...` (a local Kafka broker or cluster) and `batchtide topics create`."""
+"""CLI command group `batchtide local`: a local Kafka broker or KRaft cluster for development."""
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import os
 import time
@@ -12,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from pipeline.core.config import ConfigError, KafkaSettings, load_config
+from pipeline.core.config import KafkaSettings
 
 DEFAULT_DATA_DIR = Path("var/kafka")
 DEFAULT_PORT = 9092
@@ -21,7 +20,6 @@ STATE_FILE = "state.json"
 local_app = typer.Typer(
     help="Run a local Kafka broker, or a KRaft cluster of them, for development.", no_args_is_help=True
 )
-topics_app = typer.Typer(help="Kafka topics of the pipeline.", no_args_is_help=True)
 
 DataDirOption = Annotated[Path, typer.Option("--data-dir", help="Broker data directory (topics, offsets, logs).")]
 
@@ -222,42 +220,6 @@ def _cluster_status(data_dir: Path) -> None:
             typer.echo(f"    p{s.partition}  leader={s.leader}  replicas={list(s.replicas)}  isr={list(s.isr)}")
 
 
-@topics_app.command("create")
-def create(
-    config: Annotated[Path | None, typer.Option("--config", help="batchtide TOML config.")] = None,
-    model: Annotated[list[str] | None, typer.Option("--model", help="Model name (repeatable).")] = None,
-    partitions: Annotated[
-        list[int] | None, typer.Option("--partitions", help="Partitions of the --model at the same position.")
-    ] = None,
-    bootstrap: Annotated[str | None, typer.Option(help="Override kafka.bootstrap_servers.")] = None,
-) -> None:
-    """Create the request, priority and result topics of every model, plus events and DLQ topics."""
-    from pipeline.core.kafka.client import ensure_topics
-
-    try:
-        cfg = load_config(config)
-    except ConfigError as e:
-        raise _fail(str(e)) from None
-    models = {name: m.partitions for name, m in cfg.models.items()}
-    names, counts = model or [], partitions or []
-    if counts and len(counts) != len(names):
-        raise _fail("give one --partitions per --model (or none to use 4 each)")
-    for i, name in enumerate(names):
-        models[name] = counts[i] if counts else models.get(name, 4)
-    if not models:
-        raise _fail("no models: pass --config FILE with [models.*] tables, or --model NAME")
-    settings = cfg.kafka if bootstrap is None else dataclasses.replace(cfg.kafka, bootstrap_servers=bootstrap)
-    try:
-        created = asyncio.run(ensure_topics(settings, models))
-    except ConfigError as e:
-        raise _fail(str(e)) from None
-    except Exception as e:
-        raise _fail(f"could not create topics on {settings.bootstrap_servers}: {e!r}") from None
-    for name, count in sorted(created.items()):
-        typer.echo(f"{name}  partitions={count}")
-
-
 def register(app: typer.Typer) -> None:
     """Attach this module's commands to the root app."""
     app.add_typer(local_app, name="local")
-    app.add_typer(topics_app, name="topics")
