@@ -53,7 +53,7 @@ def _requested_new_tokens(req: Request, cap: int) -> int:
     return min(req.params.max_new_tokens, cap) if req.params is not None else 0
 
 
-class Slowdown:
+class SlowdownHook:
     """The slowdown hook: the factor in force now, from a file re-read at most every SLOWDOWN_REREAD_S."""
 
     def __init__(self, path: str | None) -> None:
@@ -128,7 +128,7 @@ class CostModelRunner(ZeroCostRunner):
         super().__init__(model, poison_marker=poison_marker)
         self.curve = DeviceCurve(a_ms=model.cost_a_ms, c_ms=model.cost_c_ms, points=model.cost_points)
         self._tokens = model.profile.cost_unit == "tokens"
-        self._slowdown = Slowdown(os.environ.get(SLOWDOWN_FILE_ENV))
+        self._slowdown = SlowdownHook(os.environ.get(SLOWDOWN_FILE_ENV))
 
     def batch_cost(self, reqs: list[Request]) -> float:
         """Batch size in the profile's cost unit (requests, or tokens in + out)."""

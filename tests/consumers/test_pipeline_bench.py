@@ -13,7 +13,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from consumers.runners.cost_model import Slowdown
+from consumers.runners.cost_model import SlowdownHook
 from pipeline.core.config import KafkaSettings, load_config
 from pipeline.tools.bench.fleet_live import CASES, median_trial, recovered_after_s
 from pipeline.tools.bench.pipeline.event_figures import STAGES
@@ -123,13 +123,13 @@ def test_a_straggler_run_reports_each_consumer_and_the_forwards(kafka_settings: 
 
 def test_the_slowdown_hook_and_the_recovery_measure(tmp_path: Path) -> None:
     hook = tmp_path / "slowdown"
-    slowdown = Slowdown(str(hook))
+    slowdown = SlowdownHook(str(hook))
     assert slowdown.factor() == 1.0, "no file: full speed"
     now = time.time() * 1000.0
     hook.write_text(f"{now - 1000} {now + 60_000} 3\n")
-    assert Slowdown(str(hook)).factor() == 3.0
+    assert SlowdownHook(str(hook)).factor() == 3.0
     hook.write_text(f"{now + 60_000} {now + 120_000} 3\n")
-    assert Slowdown(str(hook)).factor() == 1.0, "not yet"
+    assert SlowdownHook(str(hook)).factor() == 1.0, "not yet"
     case = next(c for c in CASES if c.slowdown is not None)
     end = case.slowdown[1]
     first_after = int(end // WINDOW_S)

@@ -20,7 +20,7 @@ from clickhouse_connect.driver.client import Client
 from dashboards.alerts import provisioning
 from pipeline.core.config import ClickHouseSettings, parse_config
 from pipeline.core.store.connection import connect_reader
-from pipeline.tools.chaos.deployment import CHAOS_MODEL, Deployment, Device, Stage
+from pipeline.tools.chaos.deployment import CHAOS_MODEL, CostModelDevice, Deployment, Stage
 from tests.dashboards.test_alerts import _rule, evaluate
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
@@ -60,7 +60,7 @@ async def _watch(d: Deployment, seconds: float) -> list[dict[str, bool]]:
 
 
 async def _scenario(stage: Stage) -> dict[str, Any]:
-    async with Deployment(stage, Device(), clickhouse={"group_lag_interval_ms": SAMPLE_MS}) as d:
+    async with Deployment(stage, CostModelDevice(), clickhouse={"group_lag_interval_ms": SAMPLE_MS}) as d:
         survivor, doomed = d.consumer("c1"), d.consumer("c2")
         d.sink()
         await d.warm_up(consumers=2)

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from pipeline.tools.chaos.deployment import Deployment, Device, Stage
+from pipeline.tools.chaos.deployment import CostModelDevice, Deployment, Stage
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -23,7 +23,7 @@ MARGIN_S = 4.0
 
 
 async def _sink_under_load(stage: Stage) -> tuple[Deployment, float]:
-    deployment = Deployment(stage, Device(), clickhouse={"sink_stop_timeout_s": STOP_TIMEOUT_S})
+    deployment = Deployment(stage, CostModelDevice(), clickhouse={"sink_stop_timeout_s": STOP_TIMEOUT_S})
     await deployment.__aenter__()
     deployment.consumer("c1")
     sink = deployment.sink()

@@ -17,7 +17,7 @@ from pipeline.core.config import ClickHouseSettings
 from pipeline.core.store.connection import connect
 from pipeline.core.store.lag_writer import insert_lag_events
 from pipeline.core.store.migrations import Layout, migrate
-from pipeline.core.store.seed import Fleet, SeedChunk, generate, insert_chunk, recent_start_ms
+from pipeline.core.store.seed import FleetSeed, SeedChunk, generate, insert_chunk, recent_start_ms
 from schemas.messages import LagEvent, PartitionLag
 
 SLOW = 4.0
@@ -64,7 +64,7 @@ def fleet_clickhouse(clickhouse_client: Client, clickhouse_settings: ClickHouseS
     migrate(clickhouse_client, Layout(database))
     start = recent_start_ms(10 * 60_000)
     chunks = tuple(generate(30_000, seed=4, start_ms=start, duration_ms=10 * 60_000,
-                            fleet=Fleet(slow_factor=SLOW, refused_share=REFUSED)))  # fmt: skip
+                            fleet=FleetSeed(slow_factor=SLOW, refused_share=REFUSED)))  # fmt: skip
     for chunk in chunks:
         insert_chunk(clickhouse_client, database, chunk)
     low = min(min(c.latency["enqueue_time"]) for c in chunks)

@@ -53,7 +53,7 @@ SHAPES = (
 
 
 @dataclass(frozen=True)
-class Fleet:
+class FleetSeed:
     """Opt-in departures from the plain seed, for the fleet and refusal views (the defaults change nothing).
 
     `slow_factor` multiplies the per-batch compute and the queue waits of each model's second consumer
@@ -109,7 +109,7 @@ def _load_curve(mean_rate: float, seconds: np.ndarray, rng: np.random.Generator)
 def _model_chunk(
     name: str, shape: ModelShape, rows: int, start_ms: int, duration_ms: int,
     range_start_ms: int, range_ms: int, first_batch: int, first_row: int, seed: int, rng: np.random.Generator,
-    fleet: Fleet = Fleet(),
+    fleet: FleetSeed = FleetSeed(),
 ) -> SeedChunk:  # fmt: skip
     seconds = max(duration_ms // 1000, 1)
     rate = _load_curve(rows / seconds, (start_ms - range_start_ms) / 1000 + np.arange(seconds), rng)
@@ -309,7 +309,7 @@ def generate(
     models: Sequence[str] = DEFAULT_MODELS,
     start_ms: int | None = None,
     duration_ms: int = 3_600_000,
-    fleet: Fleet = Fleet(),
+    fleet: FleetSeed = FleetSeed(),
 ) -> Iterator[SeedChunk]:
     """Yield chunks of at most ~CHUNK_ROWS rows; models share the rows 60/40 (then evenly).
     `rows` counts the requests that ran: `fleet.refused_share` adds refusals on top.

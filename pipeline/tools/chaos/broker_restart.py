@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from pipeline.tools.chaos.deployment import Deployment, Device, Stage
+from pipeline.tools.chaos.deployment import CostModelDevice, Deployment, Stage
 from pipeline.tools.chaos.ledger import FaultReport
 from pipeline.tools.chaos.steps import ChaosSizes, drain_events, port_released
 from pipeline.tools.harness.errors import HarnessError
@@ -21,7 +21,7 @@ async def broker_restart(stage: Stage, sizes: ChaosSizes) -> FaultReport:
     broker = stage.broker
     if broker is None:
         raise HarnessError("broker-restart needs a broker of its own (Stage.broker)")
-    device = Device(a_ms=10.0, c_ms=1.0, target_size=8, hard_cap=16, max_wait_ms=10.0)
+    device = CostModelDevice(a_ms=10.0, c_ms=1.0, target_size=8, hard_cap=16, max_wait_ms=10.0)
     before_s, after_s = 2.0, 3.0
     async with Deployment(stage, device, partitions=4) as d:
         d.consumer("c1")

@@ -39,7 +39,7 @@ CLUSTER_BROKERS = 3
 
 
 @dataclass(frozen=True)
-class Scenario:
+class FaultScenario:
     name: str
     run: Callable[[Stage, ChaosSizes], Awaitable[FaultReport]]
     restarts_broker: bool = False
@@ -48,23 +48,23 @@ class Scenario:
     """Runs on a three-broker cluster (whose brokers it kills, freezes or restarts)."""
 
 
-SCENARIOS: dict[str, Scenario] = {
+SCENARIOS: dict[str, FaultScenario] = {
     s.name: s
     for s in (
-        Scenario("consumer-kill", consumer_kill),
-        Scenario("consumer-kill-txn", consumer_kill_transactional),
-        Scenario("broker-restart", broker_restart, restarts_broker=True),
-        Scenario("clickhouse-outage", clickhouse_outage),
-        Scenario("sink-kill", sink_kill),
-        Scenario("poison", poison_request),
-        Scenario("overload", overload),
-        Scenario("rebalance-storm", rebalance_storm),
-        Scenario("hostile-input", hostile_input),
-        Scenario("leader-kill", leader_kill, cluster=True),
-        Scenario("broker-freeze", broker_freeze, cluster=True),
-        Scenario("coordinator-freeze", coordinator_freeze, cluster=True),
-        Scenario("rolling-restart", rolling_restart, cluster=True),
-        Scenario("controller-kill", controller_kill, cluster=True),
+        FaultScenario("consumer-kill", consumer_kill),
+        FaultScenario("consumer-kill-txn", consumer_kill_transactional),
+        FaultScenario("broker-restart", broker_restart, restarts_broker=True),
+        FaultScenario("clickhouse-outage", clickhouse_outage),
+        FaultScenario("sink-kill", sink_kill),
+        FaultScenario("poison", poison_request),
+        FaultScenario("overload", overload),
+        FaultScenario("rebalance-storm", rebalance_storm),
+        FaultScenario("hostile-input", hostile_input),
+        FaultScenario("leader-kill", leader_kill, cluster=True),
+        FaultScenario("broker-freeze", broker_freeze, cluster=True),
+        FaultScenario("coordinator-freeze", coordinator_freeze, cluster=True),
+        FaultScenario("rolling-restart", rolling_restart, cluster=True),
+        FaultScenario("controller-kill", controller_kill, cluster=True),
     )
 }
 SINGLE_BROKER = [name for name, s in SCENARIOS.items() if not s.cluster]

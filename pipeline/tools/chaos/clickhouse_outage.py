@@ -7,7 +7,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from pipeline.tools.chaos.deployment import Deployment, Device, Stage
+from pipeline.tools.chaos.deployment import CostModelDevice, Deployment, Stage
 from pipeline.tools.chaos.ledger import FaultReport, percentile
 from pipeline.tools.chaos.steps import ChaosSizes, drain_events
 from pipeline.tools.harness.errors import HarnessError
@@ -57,7 +57,7 @@ async def clickhouse_outage(stage: Stage, sizes: ChaosSizes) -> FaultReport:
     at full rate meanwhile; afterwards every latency event must be a row, none
     twice. The outage is injected with `StorageFreeze` (see there why).
     """
-    device = Device(a_ms=10.0, c_ms=1.0, target_size=8, hard_cap=16, max_wait_ms=10.0)
+    device = CostModelDevice(a_ms=10.0, c_ms=1.0, target_size=8, hard_cap=16, max_wait_ms=10.0)
     before_s, after_s = 2.0, 4.0
     count = int(sizes.rate_rps * (before_s + sizes.outage_s + after_s))
     async with Deployment(stage, device, partitions=4, clickhouse={"insert_retry_max_s": 1.0}) as d:

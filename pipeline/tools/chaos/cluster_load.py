@@ -22,12 +22,12 @@ from consumers.publish import TXN_OFFSETS_REFUSED
 from pipeline.core.config import ClickHouseSettings
 from pipeline.core.store.live import connect_live, find
 from pipeline.tools.chaos.cluster_look import cluster_of, replication_settled
-from pipeline.tools.chaos.deployment import Deployment, Device, Stage
+from pipeline.tools.chaos.deployment import CostModelDevice, Deployment, Stage
 from pipeline.tools.chaos.ledger import EventTally, FaultReport
 from pipeline.tools.chaos.steps import ChaosSizes, settle_answers
 from pipeline.tools.devtools.localcluster import LocalCluster
 
-DEVICE = Device(a_ms=10.0, c_ms=1.0, target_size=8, hard_cap=16, max_wait_ms=10.0)
+DEVICE = CostModelDevice(a_ms=10.0, c_ms=1.0, target_size=8, hard_cap=16, max_wait_ms=10.0)
 BEFORE_S = 6.0
 AFTER_S = 4.0
 IN_FLIGHT_S = 2.0

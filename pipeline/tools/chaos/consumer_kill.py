@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from pipeline.tools.chaos.deployment import CHAOS_MODEL, Deployment, Device, Stage
+from pipeline.tools.chaos.deployment import CHAOS_MODEL, CostModelDevice, Deployment, Stage
 from pipeline.tools.chaos.ledger import FaultReport
 from pipeline.tools.chaos.steps import ChaosSizes, settle_answers
 from pipeline.tools.harness.group_offsets import committed_offsets, consumer_group
@@ -28,7 +28,7 @@ async def consumer_kill_transactional(stage: Stage, sizes: ChaosSizes) -> FaultR
 
 
 async def _consumer_kill(stage: Stage, sizes: ChaosSizes, *, transactional: bool) -> FaultReport:
-    device = Device(a_ms=60.0, c_ms=3.0, target_size=8, hard_cap=16, max_wait_ms=10.0)
+    device = CostModelDevice(a_ms=60.0, c_ms=3.0, target_size=8, hard_cap=16, max_wait_ms=10.0)
     # Without transactions a forward answered by the victim is a second at-least-once path, through
     # the priority partition's uncommitted offsets, that this row's request-partition bound does not
     # count; the row measures the request partitions' bound, so it runs without forwarding there.

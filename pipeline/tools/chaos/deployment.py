@@ -38,7 +38,7 @@ CHAOS_MODEL = "chaos"
 
 
 @dataclass(frozen=True)
-class Device:
+class CostModelDevice:
     """The simulated device of the cost-model runner: t(b) = a + c*b, so capacity is known."""
 
     a_ms: float = 20.0
@@ -82,7 +82,7 @@ class Deployment:
     def __init__(
         self,
         stage: Stage,
-        device: Device,
+        device: CostModelDevice,
         *,
         partitions: int = 4,
         poison_marker: str | None = None,

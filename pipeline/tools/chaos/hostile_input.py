@@ -31,7 +31,7 @@ from aiokafka import AIOKafkaProducer
 from pipeline.core.config import KafkaSettings
 from pipeline.core.kafka.client import Topics, client_options
 from pipeline.core.kafka.reader import TopicReader
-from pipeline.tools.chaos.deployment import CHAOS_MODEL, Deployment, Device, Stage
+from pipeline.tools.chaos.deployment import CHAOS_MODEL, CostModelDevice, Deployment, Stage
 from pipeline.tools.chaos.ledger import FaultReport
 from pipeline.tools.chaos.steps import ChaosSizes, settle_answers
 from schemas.messages import DeadLetter
@@ -203,7 +203,7 @@ def account(sent: list[Sent], topic: str, letters: list[DeadLetter], results: di
 
 async def hostile_input(stage: Stage, sizes: ChaosSizes) -> FaultReport:
     """A hostile corpus (oversized, malformed, wrong model, bad reply topics, duplicate ids) mixed into steady traffic."""
-    device = Device(a_ms=20.0, c_ms=1.0, target_size=8, hard_cap=16, max_wait_ms=10.0)
+    device = CostModelDevice(a_ms=20.0, c_ms=1.0, target_size=8, hard_cap=16, max_wait_ms=10.0)
     async with Deployment(stage, device, partitions=2, consumer={"max_message_bytes": CONSUMER_MAX_MESSAGE_BYTES}) as d:
         proc = d.consumer("only")
         await d.warm_up(consumers=1)

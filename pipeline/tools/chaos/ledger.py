@@ -41,7 +41,7 @@ class FaultReport:
 
 
 @dataclass(frozen=True)
-class Answer:
+class SeenAnswer:
     at: float
     """Wall-clock seconds when the harness saw the Result."""
     outcome: str
@@ -56,7 +56,7 @@ class Ledger:
 
     def __init__(self) -> None:
         self.sent: dict[str, float] = {}
-        self.results: dict[str, list[Answer]] = {}
+        self.results: dict[str, list[SeenAnswer]] = {}
         self.dead: dict[str, list[DeadLetter]] = {}
         self.dispatched_ms: dict[str, int] = {}
         """When the consumer put each request into a batch (first LatencyEvent; collected on demand)."""
@@ -66,7 +66,7 @@ class Ledger:
         self.sent[request_id] = at
 
     def record_result(self, result: Result, at: float) -> None:
-        answer = Answer(at, result.outcome, result.consumer_id, result.batch_id, result.enqueue_ms, result.done_ms)
+        answer = SeenAnswer(at, result.outcome, result.consumer_id, result.batch_id, result.enqueue_ms, result.done_ms)
         self.results.setdefault(result.id, []).append(answer)
         self._first_answer.setdefault(result.id, at)
 

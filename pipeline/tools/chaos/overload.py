@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from pipeline.tools.chaos.deployment import Deployment, Device, Stage
+from pipeline.tools.chaos.deployment import CostModelDevice, Deployment, Stage
 from pipeline.tools.chaos.ledger import FaultReport, percentile
 from pipeline.tools.chaos.steps import ChaosSizes, settle_answers, stop_task
 from pipeline.tools.harness.processes import Proc
@@ -44,7 +44,7 @@ async def overload(stage: Stage, sizes: ChaosSizes) -> FaultReport:
     deadline, keep the latency of what it does run bounded, and drain the
     backlog once arrivals stop.
     """
-    device = Device(a_ms=20.0, c_ms=4.0, target_size=8, hard_cap=16, max_wait_ms=10.0)
+    device = CostModelDevice(a_ms=20.0, c_ms=4.0, target_size=8, hard_cap=16, max_wait_ms=10.0)
     rate = device.capacity_rps * sizes.overload_factor
     count = int(rate * sizes.overload_s)
     timeout_ms = sizes.overload_timeout_ms

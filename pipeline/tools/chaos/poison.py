@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 
 from consumers.runners.cost_model import POISON_MARKER
-from pipeline.tools.chaos.deployment import Deployment, Device, Stage
-from pipeline.tools.chaos.ledger import Answer, FaultReport
+from pipeline.tools.chaos.deployment import CostModelDevice, Deployment, Stage
+from pipeline.tools.chaos.ledger import FaultReport, SeenAnswer
 from pipeline.tools.chaos.steps import ChaosSizes, settle_answers
 
 
@@ -17,7 +17,7 @@ async def poison_request(stage: Stage, sizes: ChaosSizes) -> FaultReport:
     results, each culprit an `error` result and a dead letter with reason
     `runner_error` and the runner's error text.
     """
-    device = Device(a_ms=30.0, c_ms=1.0, target_size=8, hard_cap=16, max_wait_ms=40.0)
+    device = CostModelDevice(a_ms=30.0, c_ms=1.0, target_size=8, hard_cap=16, max_wait_ms=40.0)
     poison_every = 50
     async with Deployment(stage, device, partitions=2, poison_marker=POISON_MARKER) as d:
         d.consumer("only")
@@ -61,7 +61,7 @@ async def poison_request(stage: Stage, sizes: ChaosSizes) -> FaultReport:
 
 def _batch_mates(d: Deployment, poison: list[str]) -> int:
     """Healthy requests answered `ok` from the very batch that held a poison request."""
-    batches: dict[tuple[str | None, int | None], list[Answer]] = {}
+    batches: dict[tuple[str | None, int | None], list[SeenAnswer]] = {}
     for answers in d.ledger.results.values():
         first = answers[0]
         if first.batch_id is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from pipeline.tools.chaos.deployment import Deployment, Device, Stage
+from pipeline.tools.chaos.deployment import CostModelDevice, Deployment, Stage
 from pipeline.tools.chaos.ledger import FaultReport, Ledger, percentile
 from pipeline.tools.chaos.steps import ChaosSizes, settle_answers
 
@@ -21,7 +21,7 @@ async def rebalance_storm(stage: Stage, sizes: ChaosSizes) -> FaultReport:
     consumer finishes or abandons its work on revoke and commits only what it
     answered: nothing may be lost and, with clean leaves, nothing answered twice.
     """
-    device = Device(a_ms=10.0, c_ms=1.0, target_size=8, hard_cap=16, max_wait_ms=10.0)
+    device = CostModelDevice(a_ms=10.0, c_ms=1.0, target_size=8, hard_cap=16, max_wait_ms=10.0)
     async with Deployment(stage, device, partitions=6) as d:
         d.consumer("anchor")
         await d.warm_up(consumers=1)

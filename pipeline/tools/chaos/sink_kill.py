@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from pipeline.tools.chaos.deployment import Deployment, Device, Stage
+from pipeline.tools.chaos.deployment import CostModelDevice, Deployment, Stage
 from pipeline.tools.chaos.ledger import FaultReport
 from pipeline.tools.chaos.steps import ChaosSizes, drain_events
 
@@ -16,7 +16,7 @@ async def sink_kill(stage: Stage, sizes: ChaosSizes) -> FaultReport:
     Events inserted but not yet committed are delivered again to the new sink:
     every latency event must be a ClickHouse row, and none twice.
     """
-    device = Device(a_ms=10.0, c_ms=1.0, target_size=8, hard_cap=16, max_wait_ms=10.0)
+    device = CostModelDevice(a_ms=10.0, c_ms=1.0, target_size=8, hard_cap=16, max_wait_ms=10.0)
     kills = sizes.sink_kills
     async with Deployment(stage, device, partitions=4) as d:
         d.consumer("only")

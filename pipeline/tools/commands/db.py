@@ -101,7 +101,7 @@ def seed_command(
 ) -> None:
     """Insert deterministic synthetic latency and batch rows (for boards, demos and benchmarks)."""
     from pipeline.core.store.migrations import migrate
-    from pipeline.core.store.seed import Fleet, seed_database
+    from pipeline.core.store.seed import FleetSeed, seed_database
     from pipeline.tools.views.report import parse_duration_ms
 
     cfg = _config(config, clickhouse_url)
@@ -115,7 +115,7 @@ def seed_command(
             rows,
             seed=seed,
             duration_ms=parse_duration_ms(duration),
-            fleet=Fleet(slow_factor=slow_consumer, refused_share=refused),
+            fleet=FleetSeed(slow_factor=slow_consumer, refused_share=refused),
         )
         elapsed = time.perf_counter() - started
     finally:

@@ -50,7 +50,7 @@ def cuda_status() -> tuple[bool, str]:
     return True, f"{torch.cuda.get_device_name(0)} (torch {torch.__version__}, CUDA {torch.version.cuda})"
 
 
-class Check:
+class StepLog:
     """The steps run so far, written to `out` after each one."""
 
     def __init__(self, out: Path) -> None:
@@ -98,7 +98,7 @@ def _text(data: bytes | str | None) -> str:
     return data if isinstance(data, str) else data.decode(errors="replace")
 
 
-def gpu_tests(check: Check) -> None:
+def gpu_tests(check: StepLog) -> None:
     command = [sys.executable, "-m", "pytest", "-q", "-rs", "-m", "gpu", "tests/"]
     ok, text = check.run("gpu_tests", command, TESTS_LIMIT_S)
     step = check.result["steps"]["gpu_tests"]
@@ -109,7 +109,7 @@ def gpu_tests(check: Check) -> None:
     check.save()
 
 
-def profiles(check: Check, directory: Path) -> Path | None:
+def profiles(check: StepLog, directory: Path) -> Path | None:
     """Profile both models; returns SmolLM2's profile file (the bench's token cap and limit)."""
     smollm = None
     for name, model in MODELS.items():
@@ -134,7 +134,7 @@ def profiles(check: Check, directory: Path) -> Path | None:
     return smollm
 
 
-def generation_bench(check: Check, profile: Path | None, directory: Path) -> None:
+def generation_bench(check: StepLog, profile: Path | None, directory: Path) -> None:
     figures = directory / "bench-smollm.json"
     command = [sys.executable, "-m", "pipeline.cli", "bench", "pipeline", *BENCH_ARGS, "--json", str(figures)]
     if profile is not None:
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
         os.environ.setdefault(name, "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    check = Check(args.out)
+    check = StepLog(args.out)
     present, what = cuda_status()
     check.result["device"] = what
     if not present:

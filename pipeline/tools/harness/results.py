@@ -1,7 +1,7 @@
 """Reading the pipeline's answers back: the results topic (and the dead letters and latency events
 beside it), followed from the start while a run goes on, or read once until enough is there.
 
-`Arrivals` stamps each answer on the client's clock (the benches' latency);
+`ResultArrivals` stamps each answer on the client's clock (the benches' latency);
 `Collector` hands every answer, dead letter and event to a ledger (the fault
 scenarios' accounting); `read_results` reads outcomes once (the demo).
 """
@@ -66,7 +66,7 @@ class Follower:
         await self._reader.stop()
 
 
-class Arrivals(Follower):
+class ResultArrivals(Follower):
     """The results topic of one model, each answer's first arrival stamped on the client's clock.
 
     Only the outcome and the consumer id are taken from the value, by pattern:

@@ -115,7 +115,7 @@ def running_token_cap(batch_cap: int | None, slots: int, target: int | None = No
 
 
 @dataclass(eq=False)
-class _Group:
+class _InFlightBatch:
     batch: Batch
     dispatch_ms: float
     arrived_step: int
@@ -125,7 +125,7 @@ class _Group:
 @dataclass(eq=False)
 class _Row:
     i: int
-    group: _Group
+    group: _InFlightBatch
     reserved: int
     emitted: int = 0
     done: bool = False
@@ -240,7 +240,7 @@ def simulate_generation(
                 break
             loop.inflight += 1
             sizes.append(len(batch.requests))
-            group = _Group(batch, now, loop.steps, len(batch.requests))
+            group = _InFlightBatch(batch, now, loop.steps, len(batch.requests))
             for req in batch.requests:
                 i = req.payload
                 disp[i] = now

@@ -25,7 +25,7 @@ from pipeline.tools.bench.pipeline.options import MODEL, BenchOptions
 from pipeline.tools.bench.pipeline.record import replay_command, store_events, trial_dir
 from pipeline.tools.devtools.producer import Load, LoadProducer, poisson_load
 from pipeline.tools.harness.errors import HarnessError
-from pipeline.tools.harness.results import Arrivals
+from pipeline.tools.harness.results import ResultArrivals
 
 SUSTAINED_SHARE = 0.95
 """A rate is sustained when at least this share of what was offered is answered in the run."""
@@ -151,7 +151,7 @@ async def run_trial(
     await ensure_topics(kafka, {MODEL: options.partitions})
     record = trial_dir(options, rate)
     consumers = BenchConsumers(options, kafka, workdir, record)
-    arrivals = Arrivals(kafka, MODEL)
+    arrivals = ResultArrivals(kafka, MODEL)
     consumers.start()
     await arrivals.start()
     try:
@@ -286,7 +286,7 @@ async def run_trial(
     return replace(trial, replay_command=replay_command(record))
 
 
-def by_consumer(answered: list[str], arrivals: Arrivals, latencies: np.ndarray) -> dict[str, dict[str, float]]:
+def by_consumer(answered: list[str], arrivals: ResultArrivals, latencies: np.ndarray) -> dict[str, dict[str, float]]:
     """Requests, share and e2e p50/p99 of each consumer that answered."""
     groups: dict[str, list[float]] = {}
     for request_id, latency in zip(answered, latencies):
