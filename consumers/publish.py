@@ -176,7 +176,7 @@ class Publisher:
             try:
                 async with producer.transaction():
                     errors = await outbox.send_all(batch)
-                    refused = [(m, e) for m, e in zip(batch, errors) if e is not None]
+                    refused = [(m, e) for m, e in zip(batch, errors, strict=True) if e is not None]
                     if refused:
                         raise _Refused(refused)
                     for tp, offset in done:

@@ -121,4 +121,4 @@ def _run_range(
         _run_range(runner, reqs, positions[:half], outputs, errors)
         _run_range(runner, reqs, positions[half:], outputs, errors)
         return
-    outputs.update(zip(positions, result))
+    outputs.update(zip(positions, result, strict=True))

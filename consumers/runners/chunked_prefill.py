@@ -163,7 +163,7 @@ def fit_cost(seen: deque[tuple[int, float]]) -> tuple[float, float] | None:
     n = len(xs)
     mean_x, mean_y = sum(xs) / n, sum(ys) / n
     var = sum((x - mean_x) ** 2 for x in xs)
-    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / var if var > 0 else 0.0
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / var if var > 0 else 0.0
     if slope <= 0 or mean_y - slope * mean_x < 0:
         return 0.0, sum(ys) / sum(xs)
     return mean_y - slope * mean_x, slope

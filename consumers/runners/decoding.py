@@ -162,14 +162,14 @@ class RunningSet:
             for layer in layers:
                 layer.widen(width)
             self._mask = _pad_left(self._mask, width)
-        for layer, theirs in zip(layers, cache.layers):
+        for layer, theirs in zip(layers, cache.layers, strict=True):
             layer.place(index, theirs.keys, theirs.values)
         if extra:
             self._mask = torch.cat([self._mask, self._mask.new_zeros((extra, width))])
             self._last = torch.cat([self._last, self._last.new_zeros(extra)])
         self._mask.index_copy_(0, index, _pad_left(mask, width))
         self._last.index_copy_(0, index, first)
-        for position, seq in zip(positions, seqs):
+        for position, seq in zip(positions, seqs, strict=True):
             if position < len(self.rows):
                 self.rows[position] = seq
             else:
@@ -242,7 +242,7 @@ class RunningSet:
         done: list[Sequence] = []
         stamp = time.time() * 1000.0
         values = tokens.tolist()
-        for row, token in zip(positions if positions is not None else range(len(values)), values):
+        for row, token in zip(positions if positions is not None else range(len(values)), values, strict=True):
             seq = self.rows[row]
             if seq.finished:
                 continue
@@ -293,7 +293,7 @@ class RunningSet:
         assert self._mask is not None and self._last is not None
         width = max(self._mask.shape[1], mask.shape[1])
         layers = self._cache.layers
-        for i, (ours, theirs) in enumerate(zip(layers, cache.layers)):
+        for i, (ours, theirs) in enumerate(zip(layers, cache.layers, strict=True)):
             layers[i] = SlackLayer.stacked([(ours.keys, ours.values), (theirs.keys, theirs.values)], width)
         self._mask = torch.cat([_pad_left(self._mask, width), _pad_left(mask, width)], dim=0)
         self._last = torch.cat([self._last, first], dim=0)

@@ -23,7 +23,7 @@ def engine_points(found: Measurement, new_tokens: int) -> list[tuple[int, float]
     if found.task != "generate":
         return [(p.size, round(p.median_ms, 3)) for p in found.points]
     out = []
-    for pre, step in zip(found.prefill, found.points):
+    for pre, step in zip(found.prefill, found.points, strict=True):
         tokens = pre.size * (found.prompt_tokens + new_tokens)
         out.append((tokens, round(pre.median_ms + new_tokens * step.median_ms, 3)))
     return out

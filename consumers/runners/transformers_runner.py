@@ -298,7 +298,7 @@ class TransformersRunner:
                 missing.append(i)
             ids.append(cached or [])
         if missing:
-            for i, encoded in zip(missing, self._tokenize([reqs[i].text or "" for i in missing])):
+            for i, encoded in zip(missing, self._tokenize([reqs[i].text or "" for i in missing]), strict=True):
                 ids[i] = encoded
         return ids
 
@@ -319,7 +319,7 @@ class TransformersRunner:
         ids = self._batch_ids(reqs)
         return [
             r if r.token_ids is not None else msgspec.structs.replace(r, text=None, token_ids=i)
-            for r, i in zip(reqs, ids)
+            for r, i in zip(reqs, ids, strict=True)
         ]
 
     def run(self, reqs: list[Request]) -> list[Output]:
@@ -352,7 +352,7 @@ class TransformersRunner:
         reserve = self.config.max_new_tokens if self.iteration is not None else None
         seqs = [
             Sequence(prompt, self._new_tokens(r), reserve=reserve, deadline_ms=r.deadline_ms, priority=r.priority)
-            for r, prompt in zip(reqs, ids)
+            for r, prompt in zip(reqs, ids, strict=True)
         ]
         if self.iteration is not None:
             return self.iteration.run(seqs)

@@ -42,7 +42,7 @@ def rows(triton: dict, ours: dict) -> dict[str, dict[str, float]]:
 
 
 def main(paths: list[str]) -> int:
-    rounds = [rows(load(t), load(b)) for t, b in zip(paths[::2], paths[1::2])]
+    rounds = [rows(load(t), load(b)) for t, b in zip(paths[::2], paths[1::2], strict=True)]
     rates = [r for r in rounds[0] if all(r in each for each in rounds)]
     if not rates:
         print("no offered rate appears in every file", file=sys.stderr)

@@ -46,7 +46,7 @@ def test_a_killed_consumer_never_committed_past_an_unanswered_request(
         names = topics(kafka_settings)
         values = [request(i) for i in range(n)]
         placed = await produce_json(kafka_settings, names.requests(MODEL), values, key=lambda v: v["id"])
-        where = {v["id"]: (m.partition, m.offset) for v, m in zip(values, placed)}
+        where = {v["id"]: (m.partition, m.offset) for v, m in zip(values, placed, strict=True)}
         child = Proc("consumer", consume_argv(MODEL, config, "doomed"), tmp_path)
         child.start()
         try:

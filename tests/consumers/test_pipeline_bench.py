@@ -142,7 +142,7 @@ def test_the_slowdown_hook_and_the_recovery_measure(tmp_path: Path) -> None:
 
 def test_repeats_report_the_median_trial_by_p99() -> None:
     trials = [Trial(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, p99_by_window_ms=[]) for _ in range(4)]
-    trials = [replace(t, p99_ms=p) for t, p in zip(trials, (120.0, 80.0, 300.0, 95.0))]
+    trials = [replace(t, p99_ms=p) for t, p in zip(trials, (120.0, 80.0, 300.0, 95.0), strict=True)]
     assert median_trial(trials[:3]).p99_ms == 120.0
     assert median_trial(trials).p99_ms == 120.0, "an even count takes the upper median: never the flattering one"
     assert median_trial(trials[1:2]).p99_ms == 80.0

@@ -31,7 +31,7 @@ def _grafana(store: FleetStore, title: str, model: str) -> list[dict]:
     sql = expand_macros(panel["targets"][0]["rawSql"], time_from_ms=window.from_ms, time_to_ms=window.to_ms,
                         interval_ms=window.interval_ms, variables={MODEL_VARIABLE: model})  # fmt: skip
     frame = Frame.from_result(store.client.query(sql))
-    return [dict(zip(frame.columns, row)) for row in frame.rows]
+    return [dict(zip(frame.columns, row, strict=True)) for row in frame.rows]
 
 
 def _rows(store: FleetStore, model: str) -> dict[str, np.ndarray]:

@@ -46,9 +46,9 @@ def test_child_answers_equal_in_process_answers(tiny_bert_dir: Path) -> None:
         remote = runner.run(reqs)
         here = local.run(_reqs("a", TEXTS))
         assert len(remote) == len(here) == len(TEXTS)
-        for a, b in zip(remote, here):
+        for a, b in zip(remote, here, strict=True):
             assert a.embedding is not None and b.embedding is not None
-            assert max(abs(x - y) for x, y in zip(a.embedding, b.embedding)) < 1e-6
+            assert max(abs(x - y) for x, y in zip(a.embedding, b.embedding, strict=True)) < 1e-6
         rss, kind = runner.device_memory()
         (pid,) = _children(runner)
         assert kind == "process_rss" and rss > 0 and pid != os.getpid()

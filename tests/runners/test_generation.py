@@ -65,10 +65,10 @@ def test_first_token_time_is_stamped_at_prefill(static: TransformersRunner) -> N
 
 def test_each_row_stops_at_its_own_max_new_tokens(static: TransformersRunner) -> None:
     limits = [1, 5, 12, 3, 7, 2]
-    outs = static.run([_gen(i, p, n) for i, (p, n) in enumerate(zip(PROMPTS, limits))])
+    outs = static.run([_gen(i, p, n) for i, (p, n) in enumerate(zip(PROMPTS, limits, strict=True))])
     full = static.run([_gen(20 + i, p, 12) for i, p in enumerate(PROMPTS)])
     assert len(outs) == len(full) == len(limits)
-    for out, whole, n in zip(outs, full, limits):
+    for out, whole, n in zip(outs, full, limits, strict=True):
         assert out.tokens_out == n and out.token_ids == (whole.token_ids or [])[:n]
 
 
@@ -76,7 +76,7 @@ def test_eos_stops_a_row_early(static: TransformersRunner, tiny_gpt2_dir: Path, 
     """Pick a prompt whose greedy sequence brings a new token after the first; end on it."""
     found = [
         (prompt, tokens, k)
-        for prompt, out in zip(PROMPTS, static.run([_gen(i, p, 12) for i, p in enumerate(PROMPTS)]))
+        for prompt, out in zip(PROMPTS, static.run([_gen(i, p, 12) for i, p in enumerate(PROMPTS)]), strict=True)
         for tokens in [out.token_ids or []]
         for k in range(1, len(tokens))
         if tokens[k] not in tokens[:k]
@@ -93,12 +93,14 @@ def test_iteration_level_joins_give_the_static_answers(static: TransformersRunne
     runner = _runner(tiny_gpt2_dir, max_new_tokens=12, batching="iteration")
     assert runner.iteration is not None
     limits = [12, 3, 9, 1, 12, 6]
-    expected = [static.run([_gen(100 + i, p, n)])[0].token_ids for i, (p, n) in enumerate(zip(PROMPTS, limits))]
+    expected = [
+        static.run([_gen(100 + i, p, n)])[0].token_ids for i, (p, n) in enumerate(zip(PROMPTS, limits, strict=True))
+    ]
     got: dict[int, list[int] | None] = {}
 
     def submit(indices: list[int]) -> None:
         outs = runner.run([_gen(200 + i, PROMPTS[i], limits[i]) for i in indices])
-        got.update({i: o.token_ids for i, o in zip(indices, outs)})
+        got.update({i: o.token_ids for i, o in zip(indices, outs, strict=True)})
 
     threads = [threading.Thread(target=submit, args=(group,)) for group in ([0, 1], [2], [3, 4], [5])]
     for t in threads:

@@ -65,14 +65,14 @@ def test_batched_embeddings_equal_single_requests(bert: TransformersRunner) -> N
     for i, text in enumerate(TEXTS):
         (single,) = bert.run([_req(100 + i, text)])
         assert single.embedding is not None and batch[i].embedding is not None
-        assert max(abs(a - b) for a, b in zip(single.embedding, batch[i].embedding)) < 1e-5
+        assert max(abs(a - b) for a, b in zip(single.embedding, batch[i].embedding, strict=True)) < 1e-5
 
 
 def test_token_ids_and_text_inputs_mix_in_one_batch(bert: TransformersRunner) -> None:
     ids = bert._tokenizer(TEXTS[1])["input_ids"]
     from_ids, from_text = bert.run([Request(id="a", model="tiny", token_ids=ids), _req(1, TEXTS[1])])
     assert from_ids.embedding is not None and from_text.embedding is not None
-    assert max(abs(a - b) for a, b in zip(from_ids.embedding, from_text.embedding)) < 1e-5
+    assert max(abs(a - b) for a, b in zip(from_ids.embedding, from_text.embedding, strict=True)) < 1e-5
 
 
 def test_check_rejects_overlong_input_instead_of_truncating(tiny_bert_dir: Path) -> None:
@@ -147,8 +147,8 @@ def test_minilm_from_its_wheel_embeds() -> None:
     )
     assert a.embedding is not None and b.embedding is not None and c.embedding is not None
     assert len(a.embedding) == 384
-    similar = sum(x * y for x, y in zip(a.embedding, b.embedding))
-    unrelated = sum(x * y for x, y in zip(a.embedding, c.embedding))
+    similar = sum(x * y for x, y in zip(a.embedding, b.embedding, strict=True))
+    unrelated = sum(x * y for x, y in zip(a.embedding, c.embedding, strict=True))
     assert similar > unrelated + 0.2
 
 

@@ -156,7 +156,7 @@ def test_goodput_table_where_requests_carry_deadlines():
     ev = Evaluator(s)
     rows = goodput_table(ev, s, quick=True)
     assert [r["load"] for r in rows] == [round(1.02**k, 3) for k in GOODPUT_LOADS]
-    for k, row in zip(GOODPUT_LOADS, rows):
+    for k, row in zip(GOODPUT_LOADS, rows, strict=True):
         peers = {n: f for n, f in row["families"].items() if n != "batchtide"}
         assert row["best_peer"]["goodput_rps"] == max(f["goodput_rps"] for f in peers.values())
         for family in families():

@@ -96,7 +96,7 @@ def test_compute_time_comes_from_the_cost_model():
     )
     out = simulate(s, make_arrivals(s), [FixedWindow(2.0, 32)])
     assert len(out.batches.size) > 0 and max(out.batches.dispatch_ms) >= 1000.0, "batches on both curves"
-    for t, size, ms in zip(out.batches.dispatch_ms, out.batches.size, out.batches.compute_ms):
+    for t, size, ms in zip(out.batches.dispatch_ms, out.batches.size, out.batches.compute_ms, strict=True):
         assert ms == pytest.approx(s.cost.curve_at(t).ms(size))
 
 

@@ -69,8 +69,8 @@ def test_the_device_is_held_for_the_start_gap_and_answers_leave_after_the_publis
         assert log.dispatch_ms[k] >= log.dispatch_ms[k - 1] + 15.0 + log.compute_ms[k - 1] - 1e-9
     served = ~out.expired
     spent = out.done_ms[served] - out.dispatch_ms[served]
-    by_dispatch = dict(zip(log.dispatch_ms, log.compute_ms))
+    by_dispatch = dict(zip(log.dispatch_ms, log.compute_ms, strict=True))
     expected = np.array([15.0 + by_dispatch[d] + 7.0 for d in out.dispatch_ms[served]])
     assert np.allclose(spent, expected)
-    slow = [c / s for d, s, c in zip(log.dispatch_ms, log.size, log.compute_ms) if 2250.0 <= d < 2700.0]
+    slow = [c / s for d, s, c in zip(log.dispatch_ms, log.size, log.compute_ms, strict=True) if 2250.0 <= d < 2700.0]
     assert slow and all(abs(v - 30.0) < 1e-9 for v in slow), "the slow stretch is replayed where it happened"

@@ -72,7 +72,7 @@ def test_not_ok_by_outcome_and_reason(fleet: FleetStore, report: Report) -> None
     for model in ("minilm", "smollm"):
         rows = _rows(fleet, model)
         not_ok = rows["outcome"] != "ok"
-        expected = Counter(zip(rows["outcome"][not_ok].tolist(), rows["reason"][not_ok].tolist()))
+        expected = Counter(zip(rows["outcome"][not_ok].tolist(), rows["reason"][not_ok].tolist(), strict=True))
         got = {(r["outcome"], r["reason"]): r for r in report.sections["not_ok_reasons"] if r["model"] == model}
         assert {k: r["requests"] for k, r in got.items()} == dict(expected)
         assert {"rejected", "expired", "error"} <= {outcome for outcome, _ in got}

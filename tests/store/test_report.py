@@ -157,7 +157,7 @@ def test_batch_figures_match_numpy(seeded_clickhouse: SeededClickHouse, report: 
     for model in s.summary.models:
         size = _column(s, "batches", model, "size")
         sizes = {r["size"]: r["batches"] for r in report.sections["batch_sizes"] if r["model"] == model}
-        assert sizes == {int(k): int(v) for k, v in zip(*np.unique(size, return_counts=True))}
+        assert sizes == {int(k): int(v) for k, v in zip(*np.unique(size, return_counts=True), strict=True)}
         reasons = {r["reason"]: r["batches"] for r in report.sections["dispatch_reasons"] if r["model"] == model}
         assert reasons == Counter(_column(s, "batches", model, "reason").tolist())
         rate, compute = _column(s, "batches", model, "arrival_rate_per_s"), _column(s, "batches", model, "compute_ms")

@@ -18,8 +18,8 @@ def _chunks(rows: int, seed: int) -> list:
 def test_same_arguments_same_rows_other_seed_other_rows() -> None:
     a, b, c = _chunks(30_000, 5), _chunks(30_000, 5), _chunks(30_000, 6)
     assert [x.latency["request_id"] for x in a] == [x.latency["request_id"] for x in b]
-    assert all(np.array_equal(x.latency["wait_ms"], y.latency["wait_ms"]) for x, y in zip(a, b))
-    assert not all(np.array_equal(x.latency["wait_ms"], y.latency["wait_ms"]) for x, y in zip(a, c))
+    assert all(np.array_equal(x.latency["wait_ms"], y.latency["wait_ms"]) for x, y in zip(a, b, strict=True))
+    assert not all(np.array_equal(x.latency["wait_ms"], y.latency["wait_ms"]) for x, y in zip(a, c, strict=True))
 
 
 def test_rows_and_batches_agree(monkeypatch: pytest.MonkeyPatch) -> None:

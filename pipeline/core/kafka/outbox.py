@@ -124,7 +124,7 @@ class Outbox:
                 mine = errors[start : start + len(messages)]
                 start += len(messages)
                 if not future.done():
-                    future.set_result([(m, e) for m, e in zip(messages, mine) if e is not None])
+                    future.set_result([(m, e) for m, e in zip(messages, mine, strict=True) if e is not None])
 
     async def _partitions_of(self, topic: str) -> list[int]:
         known = self._partitions.get(topic)
@@ -162,7 +162,7 @@ class Outbox:
                         errors[index] = error
         outcomes = await asyncio.gather(*(future for _, future in sent), return_exceptions=True)
         alone: list[int] = []
-        for (members, _), outcome in zip(sent, outcomes):
+        for (members, _), outcome in zip(sent, outcomes, strict=True):
             if not isinstance(outcome, BaseException):
                 continue
             if len(members) > 1 and too_large(outcome):
@@ -172,7 +172,7 @@ class Outbox:
                     errors[index] = outcome
         if alone:
             retried = await self.send_all([messages[i] for i in alone], one_per_batch=True)
-            for index, error in zip(alone, retried):
+            for index, error in zip(alone, retried, strict=True):
                 errors[index] = error
         return errors
 

@@ -324,7 +324,7 @@ def generate(
     shares = [0.6, 0.4] if len(models) == 2 else [1 / len(models)] * len(models)
     per_model = [int(rows * s) for s in shares]
     per_model[0] += rows - sum(per_model)
-    for index, (name, model_rows) in enumerate(zip(models, per_model)):
+    for index, (name, model_rows) in enumerate(zip(models, per_model, strict=True)):
         if model_rows == 0:
             continue
         shape = SHAPES[index % len(SHAPES)]

@@ -134,9 +134,11 @@ def read_traffic(client: Client, database: str, model: str, time_from_ms: int, t
         stamps = [[] for _ in range(4)]
     names = sorted(set(req[6]) | set(bat[3]))
     index = {name: i for i, name in enumerate(names)}
-    gaps = {(c, int(b)): (float(s), float(p)) for c, b, s, p in zip(*stamps)}
+    gaps = {(c, int(b)): (float(s), float(p)) for c, b, s, p in zip(*stamps, strict=True)}
     nan = (float("nan"), float("nan"))
-    batch_gaps = np.asarray([gaps.get((c, int(b)), nan) for c, b in zip(bat[3], bat[4])], dtype=float).reshape(-1, 2)
+    batch_gaps = np.asarray(
+        [gaps.get((c, int(b)), nan) for c, b in zip(bat[3], bat[4], strict=True)], dtype=float
+    ).reshape(-1, 2)
     return RecordedTraffic(
         model=model,
         enqueue_ms=np.asarray(req[0], dtype=float),

@@ -49,7 +49,7 @@ def write_plots(bench: PolicyBench, directory: str | Path) -> list[Path]:
     sizes = [np.asarray(r.outcome.batches.size) for r in bench.rows]
     top = max((int(s.max()) for s in sizes if s.size), default=1)
     bins = np.arange(0.5, top + 1.5, max(1, top // 40))
-    for row, s in zip(bench.rows, sizes):
+    for row, s in zip(bench.rows, sizes, strict=True):
         if s.size:
             ax.hist(s, bins=bins, histtype="step", label=row.candidate.family, density=True)
     ax.set_xlabel("batch size")

@@ -89,7 +89,7 @@ def physical_limit_rps(scenario: Scenario) -> float:
     per_device = scenario.cost.physical_limit_rps(MAX_GRID_CAP, scenario.mean_tokens())
     if topo.mode == "shared-device" and topo.model_cost_scale:
         share = topo.model_share or tuple(1.0 for _ in topo.model_cost_scale)
-        mean_scale = sum(s * c for s, c in zip(share, topo.model_cost_scale)) / sum(share)
+        mean_scale = sum(s * c for s, c in zip(share, topo.model_cost_scale, strict=True)) / sum(share)
         return per_device / mean_scale
     return per_device * topo.devices
 

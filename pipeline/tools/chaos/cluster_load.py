@@ -11,6 +11,7 @@ the rows are there long before the offsets say so.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -141,7 +142,7 @@ def answer_gap(d: Deployment, start: float, end: float) -> float:
     marks = ([before[-1]] if before else [start]) + window
     if not window:
         return round(end - marks[0], 2)
-    return round(max(b - a for a, b in zip(marks, marks[1:])), 2)
+    return round(max(b - a for a, b in itertools.pairwise(marks)), 2)
 
 
 def fetch_watchdog_counts(d: Deployment) -> dict[str, int]:

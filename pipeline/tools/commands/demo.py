@@ -380,7 +380,7 @@ async def _send_loads(config_path: Path, loads: dict[str, Any]) -> dict[str, Any
             return await producer.send(loads[model])
 
     reports = await asyncio.gather(*(one(name) for name in loads))
-    return dict(zip(loads, reports))
+    return dict(zip(loads, reports, strict=True))
 
 
 def _fail_with_logs(logs: Path, message: str) -> int:

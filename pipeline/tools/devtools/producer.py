@@ -140,7 +140,7 @@ class LoadProducer:
                     warmup=warmup,
                 )
             )
-            for i, (t, p, n) in enumerate(zip(load.tokens, load.priority, new))
+            for i, (t, p, n) in enumerate(zip(load.tokens, load.priority, new, strict=True))
         ]
 
     async def send(

@@ -62,7 +62,7 @@ def print_table(console: Console, table: Table) -> None:
     if widths is None:
         print_blocks(console, table)
         return
-    for column, width in zip(table.columns, widths):
+    for column, width in zip(table.columns, widths, strict=True):
         column.width = width
         column.overflow = "fold"
     console.print(table)
@@ -82,7 +82,7 @@ def print_blocks(console: Console, table: Table) -> None:
     for index in range(count):
         head = _text(rows[0][index]) if index < len(rows[0]) else Text("")
         console.print(Text("  ") + head)
-        for name, cells in zip(names[1:], rows[1:]):
+        for name, cells in zip(names[1:], rows[1:], strict=True):
             value = _text(cells[index]) if index < len(cells) else Text("")
             if value.plain.strip():
                 console.print(Text(f"    {name + ':':<{width}} ") + value, overflow="fold")

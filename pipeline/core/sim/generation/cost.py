@@ -115,8 +115,8 @@ def _line(points: tuple[tuple[int, float], ...]) -> DeviceCurve:
         return DeviceCurve(0.0, ys[0] / xs[0])
     mx, my = sum(xs) / n, sum(ys) / n
     sxx = sum((x - mx) ** 2 for x in xs)
-    c = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx > 0 else 0.0
+    c = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx > 0 else 0.0
     a = my - c * mx
     if a < 0:
-        a, c = 0.0, sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs)
+        a, c = 0.0, sum(x * y for x, y in zip(xs, ys, strict=True)) / sum(x * x for x in xs)
     return DeviceCurve(a, max(c, 0.0))

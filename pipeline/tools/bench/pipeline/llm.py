@@ -39,7 +39,7 @@ def machine_limit(
     once and decode together to the end, max over the measured b (no length mix wasted, no queueing).
     With `mean_prompt_tokens`, a prefill costs the profiled one scaled to that prompt length."""
     best, best_b = 0.0, 0
-    for pre, step in zip(profile["prefill"], profile["points"]):
+    for pre, step in zip(profile["prefill"], profile["points"], strict=True):
         b = pre["size"]
         prefill_ms = pre["median_ms"]
         if mean_prompt_tokens and pre.get("tokens"):

@@ -289,7 +289,7 @@ async def run_trial(
 def by_consumer(answered: list[str], arrivals: ResultArrivals, latencies: np.ndarray) -> dict[str, dict[str, float]]:
     """Requests, share and e2e p50/p99 of each consumer that answered."""
     groups: dict[str, list[float]] = {}
-    for request_id, latency in zip(answered, latencies):
+    for request_id, latency in zip(answered, latencies, strict=True):
         groups.setdefault(arrivals.consumers.get(request_id, ""), []).append(float(latency))
     return {
         name: {
