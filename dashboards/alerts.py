@@ -166,7 +166,7 @@ FROM (
 
 
 def _no_consumer_rule(seconds: float, sample_interval_s: float) -> AlertRule:
-    window = max(int(round(seconds)), 1)
+    window = max(round(seconds), 1)
     cover_ms = int(max(window - 2 * sample_interval_s, window / 2) * 1000)
     return AlertRule(
         uid="batchtide-no-consumer",

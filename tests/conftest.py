@@ -11,4 +11,5 @@ pytest_plugins = [
     "tests.support.kafka",
     "tests.support.clickhouse",
     "tests.support.models",
+    "tests.support.fleet_store",
 ]

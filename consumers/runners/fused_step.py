@@ -69,6 +69,14 @@ class _Ride:
     chunks: list[_Chunk]
 
 
+def _chunk_of(states: Any, at: int, chunk: _Chunk) -> Any:
+    """The chunk's span of a fused pass's `states` (1, heads, tokens, dim), from token `at`, as
+    (group, heads, columns, dim): one row per prompt of the chunk."""
+    heads, dim = states.shape[1], states.shape[3]
+    span = states[0, :, at : at + chunk.group * chunk.columns]
+    return span.reshape(heads, chunk.group, chunk.columns, dim).transpose(0, 1)
+
+
 def attention(
     module: Any,
     query: Any,
@@ -90,7 +98,6 @@ def attention(
     layer = module.layer_idx
     rows = ride.rows
     heads, dim = query.shape[1], query.shape[3]
-    kv_heads = key.shape[1]
 
     def rows_of(states: Any) -> Any:
         return states[0, :, :rows].transpose(0, 1).unsqueeze(2)
@@ -100,15 +107,18 @@ def attention(
     at = rows
     for chunk in ride.chunks:
         size = chunk.group * chunk.columns
-
-        def chunk_of(states: Any, n: int) -> Any:
-            return states[0, :, at : at + size].reshape(n, chunk.group, chunk.columns, dim).transpose(0, 1)
-
         c_keys, c_values = chunk.cache.update(
-            chunk_of(key, kv_heads).contiguous(), chunk_of(value, kv_heads).contiguous(), layer
+            _chunk_of(key, at, chunk).contiguous(), _chunk_of(value, at, chunk).contiguous(), layer
         )
         out, _ = sdpa_attention_forward(
-            module, chunk_of(query, heads), c_keys, c_values, chunk.mask, dropout=0.0, scaling=scaling, is_causal=False
+            module,
+            _chunk_of(query, at, chunk),
+            c_keys,
+            c_values,
+            chunk.mask,
+            dropout=0.0,
+            scaling=scaling,
+            is_causal=False,
         )
         parts.append(out.reshape(1, size, heads, dim))
         at += size

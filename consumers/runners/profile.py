@@ -20,6 +20,7 @@ on CPU the growth of the process's peak RSS over what the loaded model held
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import resource
@@ -114,7 +115,7 @@ class DeviceMemory:
         if self.cuda:
             import torch
 
-            free, total = torch.cuda.mem_get_info(device)
+            _, total = torch.cuda.mem_get_info(device)
             self.kind = "cuda_max_allocated"
             self.base = int(torch.cuda.memory_allocated(device))
             self.limit = int(total * (1.0 - headroom))
@@ -189,7 +190,7 @@ def measure_batches(
     for b in sizes_up_to(max_size):
         memory.reset()
         try:
-            times = _timed(lambda: runner.run(pool[:b]), seconds, min_runs)
+            times = _timed(functools.partial(runner.run, pool[:b]), seconds, min_runs)
         except Exception as e:
             if is_oom(e):
                 found.stop_reason = "oom"

@@ -86,7 +86,8 @@ async def fetch_metrics(url):
     except Exception:
         return {}
     out = {}
-    for m in re.finditer(r'^(nv_inference_\w+)\{model="%s",version="1"\} (\S+)$' % MODEL, txt, re.M):
+    labels = re.escape(f'{{model="{MODEL}",version="1"}}')
+    for m in re.finditer(rf"^(nv_inference_\w+){labels} (\S+)$", txt, re.M):
         out[m.group(1)] = float(m.group(2))
     return out
 
@@ -123,7 +124,7 @@ async def fire(client, sched, texts, drain_timeout):
         tasks.append(asyncio.create_task(one(i)))
     t_last_send = time.perf_counter() - t0
     if tasks:
-        done, pending = await asyncio.wait(tasks, timeout=drain_timeout)
+        _, pending = await asyncio.wait(tasks, timeout=drain_timeout)
         for t in pending:
             t.cancel()
         if pending:

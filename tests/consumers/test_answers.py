@@ -101,7 +101,7 @@ def test_requests_past_their_deadline_are_answered_expired(kafka_settings: Kafka
         warm = dict(request(0, "warm-refused"), warmup=True, priority=99)  # refused, and warm-up all the same
         ids = {r["id"] for r in late + short}
         async with serving(model, kafka_settings) as consumer:
-            await send(kafka_settings, topics(kafka_settings).requests(MODEL), [warm] + late + short)
+            await send(kafka_settings, topics(kafka_settings).requests(MODEL), [warm, *late, *short])
             results = await collect(kafka_settings, topics(kafka_settings).results(MODEL), ids | {warm["id"]})
             events = await collect(
                 kafka_settings, topics(kafka_settings).latency_events, ids | {warm["id"]}, key_field="request_id"

@@ -95,7 +95,7 @@ def test_a_group_splits_partitions_and_loses_nothing_when_members_come_and_go(ka
                 kafka_settings, names.results(model.name), {f"r{i}" for i in range(n)}, timeout_s=60
             )
         assert split[0] + split[1] == 12 and split[0] >= 2 and split[1] >= 2  # requests + priority topics
-        assert len(results.by_id) == n, f"missing: {sorted(set(f'r{i}' for i in range(n)) - set(results.by_id))[:10]}"
+        assert len(results.by_id) == n, f"missing: {sorted({f'r{i}' for i in range(n)} - set(results.by_id))[:10]}"
         assert third.stats.answered["ok"] > 0
         served_by = {answers[0]["consumer_id"] for answers in results.by_id.values()}
         assert served_by == {"c1", "c2", "c3"}

@@ -200,7 +200,7 @@ async def _recorded_lag(recorder) -> bool:  # type: ignore[no-untyped-def]
 def test_results_prints_one_readable_line_per_answer(kafka_settings: KafkaSettings, tmp_path: Path) -> None:
     model = cost_model(partitions=2)
     topics = Topics(kafka_settings.topic_prefix)
-    config = _config_file(tmp_path, kafka_settings)
+    config = str(_config_file(tmp_path, kafka_settings))
 
     async def scenario() -> None:
         await create_topics(kafka_settings, model)
@@ -213,7 +213,7 @@ def test_results_prints_one_readable_line_per_answer(kafka_settings: KafkaSettin
     asyncio.run(scenario())
     time.sleep(1.5)
     runner = CliRunner()
-    plain = runner.invoke(app, ["results", "--model", MODEL, "--config", str(tmp_path / "batchtide.toml")])
+    plain = runner.invoke(app, ["results", "--model", MODEL, "--config", config])
     assert plain.exit_code == 0, plain.output
     lines = plain.output.strip().splitlines()
     assert len(lines) == 6
@@ -223,23 +223,17 @@ def test_results_prints_one_readable_line_per_answer(kafka_settings: KafkaSettin
     (bad,) = [line for line in lines if "bad-1" in line]
     assert "rejected" in bad and "reason:" in bad and "no batch" in bad
 
-    full = runner.invoke(app, ["results", "--model", MODEL, "--config", str(tmp_path / "batchtide.toml"), "--json"])
+    full = runner.invoke(app, ["results", "--model", MODEL, "--config", config, "--json"])
     records = [json.loads(line) for line in full.output.strip().splitlines()]
     assert len(records) == 6 and all(r["e2e_ms"] >= 0 for r in records)
     dims = {len(r["embedding"]) for r in records if r["outcome"] == "ok"}
     assert len(dims) == 1 and f"embedding dim {dims.pop()}" in ok[0]
 
-    one = runner.invoke(app, ["results", "--model", MODEL, "--config", str(tmp_path / "batchtide.toml"), "--id", "r3"])
+    one = runner.invoke(app, ["results", "--model", MODEL, "--config", config, "--id", "r3"])
     assert one.exit_code == 0 and len(one.output.strip().splitlines()) == 1 and " r3 " in one.output
-    missing = runner.invoke(
-        app, ["results", "--model", MODEL, "--config", str(tmp_path / "batchtide.toml"), "--id", "nope"]
-    )
+    missing = runner.invoke(app, ["results", "--model", MODEL, "--config", config, "--id", "nope"])
     assert missing.exit_code == 1
-    later = runner.invoke(
-        app, ["results", "--model", MODEL, "--config", str(tmp_path / "batchtide.toml"), "--since", "1s"]
-    )
+    later = runner.invoke(app, ["results", "--model", MODEL, "--config", config, "--since", "1s"])
     assert later.exit_code == 0 and later.output.strip() == "", "nothing was answered in the last second"
-    earlier = runner.invoke(
-        app, ["results", "--model", MODEL, "--config", str(tmp_path / "batchtide.toml"), "--since", "10m"]
-    )
+    earlier = runner.invoke(app, ["results", "--model", MODEL, "--config", config, "--since", "10m"])
     assert len(earlier.output.strip().splitlines()) == 6

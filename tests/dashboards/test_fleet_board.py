@@ -15,7 +15,7 @@ from dashboards.panels import FLEET, MODEL_VARIABLE
 from pipeline.core.store.macros import expand_macros
 from pipeline.tools.views.board import build_page
 from pipeline.tools.views.panel_data import Frame, TimeRange
-from tests.support.fleet_store import SLOW, FleetStore, fleet_clickhouse  # noqa: F401 - a fixture
+from tests.support.fleet_store import SLOW, FleetStore
 
 BOARD_FILE = Path(__file__).resolve().parents[2] / "dashboards" / f"{FLEET.uid}.json"
 

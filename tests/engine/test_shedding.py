@@ -62,7 +62,7 @@ def test_shed_when_deadline_runs_what_is_late_for_the_slo_but_not_for_the_deadli
 
 def test_shed_when_never_waits_for_the_deadline() -> None:
     e = engine(shed_when="never")
-    for i in range(40):
+    for _ in range(40):
         e.offer(request(0.0, deadline_ms=300.0), 0.0)
     first = e.poll(0.0)
     assert first.expired == [] and first.wake_at_ms == 300.0

@@ -127,7 +127,7 @@ def test_forward_headers_that_lie_are_ignored(
 
 def test_recent_ids_flags_duplicates_and_forgets_old_ones() -> None:
     seen = RecentIds(capacity=2)
-    a, b, c = (Request(id=x, model=MODEL, text="t", reply_topic="r") for x in "abc")
+    a, _, c = (Request(id=x, model=MODEL, text="t", reply_topic="r") for x in "abc")
     assert seen.check(a) is None
     seen.add("a")
     dup = seen.check(a)

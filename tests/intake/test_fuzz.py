@@ -71,7 +71,7 @@ def plausible(draw: st.DrawFn) -> dict[str, Any]:
         **draw(valid_input),
         **draw(valid_extras),
     }
-    for name in draw(st.lists(st.sampled_from(FIELDS + ["extra"]), max_size=2)):
+    for name in draw(st.lists(st.sampled_from([*FIELDS, "extra"]), max_size=2)):
         doc[name] = draw(field_value)
     return doc
 

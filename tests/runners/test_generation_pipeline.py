@@ -76,7 +76,13 @@ async def _serve(
 
 
 def _model(directory: Path, **fields: Any) -> ModelConfig:
-    base: dict[str, Any] = dict(name=NAME, model_path=str(directory), torch_threads=1, partitions=2, max_new_tokens=10)
+    base: dict[str, Any] = {
+        "name": NAME,
+        "model_path": str(directory),
+        "torch_threads": 1,
+        "partitions": 2,
+        "max_new_tokens": 10,
+    }
     return ModelConfig(**(base | fields))
 
 

@@ -70,7 +70,7 @@ def test_same_seed_same_fleet_run():
 
 def test_straggler_forwarding_cuts_the_group_p99_and_only_the_slow_one_forwards():
     s = fleet_scenario({"slow": {"consumers": [1], "factor": 3.0}})
-    off_out, off = run(s, "off")
+    _, off = run(s, "off")
     on_out, on = run(s, "on")
     _, ideal = run(s, "ideal")
     assert off.p99_ms > 5 * ideal.p99_ms  # the straggler holds the group's tail
@@ -114,7 +114,7 @@ def test_every_request_answered_once_with_forwards_and_deadlines():
 def test_equal_consumers_forward_under_one_percent():
     """Issue 24's "no cost when all are equal", at its straggler run's load with both devices fast."""
     s = fleet_scenario(rate=300.0, duration=20)
-    on_out, on = run(s, "on")
+    _, on = run(s, "on")
     _, off = run(s, "off")
     assert on.forwarded_share < 0.01
     assert on.p99_ms <= 1.05 * off.p99_ms

@@ -103,7 +103,7 @@ def test_goodput_counts_requests_meeting_both_objectives() -> None:
 
 def test_batchtide_default_uses_the_profile_layout() -> None:
     scn = parse_gen_scenario(SMALL, "small.toml")
-    profile, loop, cap, points = default_layout(scn)
+    profile, loop, cap, _ = default_layout(scn)
     assert cap == 2000 + 200 and profile.target_size == 32 + 200
     assert loop.token_cap is not None and loop.token_cap <= scn.kv_tokens
     out = run_default(scn, gen_arrivals(scn))

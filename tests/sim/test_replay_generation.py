@@ -94,7 +94,7 @@ def _store(client, settings: ClickHouseSettings, database: str, arr: GenArrivals
     create, lag, prompt, out = arr.create_ms, arr.deliver_ms - arr.create_ms, arr.prompt, arr.emits
     events = []
     for i in range(len(arr)):
-        ms = lambda t: start + int(round(t))  # noqa: E731
+        ms = lambda t: start + round(t)  # noqa: E731
         done = float(sim.done_ms[i])
         events.append(
             LatencyEvent(

@@ -91,15 +91,10 @@ def test_replay_of_a_live_cost_model_run_agrees_with_the_recording(
     result = replay(traffic, model.profile)
     ok = traffic.outcome == "ok"
     hops = traffic.e2e_ms - traffic.wait_ms - traffic.compute_ms
-    print(
-        "recorded p99 wait %.1f compute %.1f hops %.1f; fetch lag p99 %.1f"
-        % (
-            np.percentile(traffic.wait_ms[ok], 99),
-            np.percentile(traffic.compute_ms[ok], 99),
-            np.percentile(hops[ok], 99),
-            np.percentile(traffic.fetch_lag_ms[ok], 99),
-        )
+    wait, compute, hop, fetch_lag = (
+        np.percentile(x[ok], 99) for x in (traffic.wait_ms, traffic.compute_ms, hops, traffic.fetch_lag_ms)
     )
+    print(f"recorded p99 wait {wait:.1f} compute {compute:.1f} hops {hop:.1f}; fetch lag p99 {fetch_lag:.1f}")
     check = result.validation()
     print(
         f"live replay: recorded p99 {result.recorded.p99_ms:.1f} ms, {result.recorded.throughput_rps:.1f} req/s; "

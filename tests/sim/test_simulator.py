@@ -31,8 +31,8 @@ def scenario(**extra):
 
 def engines(s, **profile):
     return [
-        BatchingEngine(BatchProfile(max_inflight_batches=len(s.topology.lane_devices(l)), **profile))
-        for l in range(s.topology.lanes)
+        BatchingEngine(BatchProfile(max_inflight_batches=len(s.topology.lane_devices(lane)), **profile))
+        for lane in range(s.topology.lanes)
     ]
 
 
@@ -57,8 +57,8 @@ def test_every_arrival_answered_once_in_every_topology(topology):
     for build in [lambda: engines(s)] + [
         (
             lambda fam=fam: [
-                fam.build(fam.grid[len(fam.grid) // 2], LaneContext(len(s.topology.lane_devices(l)), 2))
-                for l in range(s.topology.lanes)
+                fam.build(fam.grid[len(fam.grid) // 2], LaneContext(len(s.topology.lane_devices(lane)), 2))
+                for lane in range(s.topology.lanes)
             ]
         )
         for fam in PEER_FAMILIES

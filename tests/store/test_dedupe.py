@@ -16,9 +16,12 @@ DURATION_MS = 120_000
 
 def _figures(settings: ClickHouseSettings, database: str, start_ms: int) -> dict[str, object]:
     client = connect(settings, database=database)
-    window = dict(
-        time_from_ms=start_ms - 120_000, time_to_ms=start_ms + DURATION_MS + 60_000, interval_ms=60_000, model=None
-    )
+    window = {
+        "time_from_ms": start_ms - 120_000,
+        "time_to_ms": start_ms + DURATION_MS + 60_000,
+        "interval_ms": 60_000,
+        "model": None,
+    }
     figures = {
         "raw": client.command(f"SELECT count() FROM {database}.request_latency"),
         "raw_batches": client.command(f"SELECT count() FROM {database}.batches"),

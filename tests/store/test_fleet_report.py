@@ -19,7 +19,7 @@ from pipeline.core.config import ClickHouseSettings
 from pipeline.core.store.connection import connect
 from pipeline.core.store.seed import generate, recent_start_ms
 from pipeline.tools.views.report import Objective, Report, render, run_report
-from tests.support.fleet_store import REFUSED, UNMEASURED, FleetStore, fleet_clickhouse  # noqa: F401 - a fixture
+from tests.support.fleet_store import REFUSED, UNMEASURED, FleetStore
 
 QUANTILES = [0.5, 0.99, 0.999]
 

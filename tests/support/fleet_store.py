@@ -1,7 +1,7 @@
 """A seeded store for the fleet and refusal views: one slow consumer per model, refused requests on top,
 and lag samples carrying each consumer's measured capacity (one consumer never measures one).
 
-`fleet_clickhouse` is session-scoped and read-only; import it into a test module to use it.
+`fleet_clickhouse` is session-scoped and read-only; tests/conftest.py registers it for every test.
 """
 
 from __future__ import annotations

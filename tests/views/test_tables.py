@@ -56,7 +56,7 @@ def test_every_cell_is_printed_whole_at_any_width(width: int) -> None:
 
 
 def test_a_table_that_does_not_fit_folds_into_key_value_blocks() -> None:
-    table, cells = _wide_table()
+    table, _ = _wide_table()
     text = _printed(table, WIDTH)
     assert "┃" not in text, "too wide for 80 columns: blocks, not a grid"
     assert "  candidate number 0\n" in text
@@ -79,7 +79,7 @@ def _cli(config: Path, *args: str) -> str:
     env = {**os.environ, "COLUMNS": str(WIDTH), "PYTHONPATH": str(ROOT), "TERM": "dumb"}
     result = subprocess.run(
         [sys.executable, "-m", "pipeline.cli", *args, "--config", str(config)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=config.parent, timeout=300,
+        capture_output=True, text=True, env=env, cwd=config.parent, timeout=300,
     )  # fmt: skip
     assert result.returncode in (0, 1), result.stderr
     return result.stdout

@@ -148,7 +148,7 @@ class PendingQueue:
         tokens = self._cost_in_tokens
         for heap in (self._marked, *self._levels):
             while heap:
-                enqueue_ms, seq, request = heap[0]
+                _, seq, request = heap[0]
                 if removed and seq in removed:
                     heapq.heappop(heap)
                     removed.discard(seq)

@@ -218,7 +218,7 @@ def builder(name: str) -> Builder:
     }
     if name in fixed:
         return fixed[name]
-    for family in PEER_FAMILIES + (BATCHTIDE,):
+    for family in (*PEER_FAMILIES, BATCHTIDE):
         if family.name == name:
             return family.build
     raise KeyError(f"unknown policy family {name!r}")

@@ -95,4 +95,4 @@ def measure(scenario: Scenario, outcome: RunOutcome) -> RunMetrics:
 
 def slo_budget(requests: int) -> int:
     """Most SLO misses a run may have and still keep p99 <= SLO (1% of all answers)."""
-    return int(math.floor(0.01 * requests))
+    return math.floor(0.01 * requests)

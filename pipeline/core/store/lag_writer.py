@@ -62,7 +62,7 @@ def lag_rows(e: LagEvent) -> list[list[Any]]:
             e.capacity_per_s,
             "consumer",
             0,
-        ]  # fmt: skip
+        ]
         for p in (e.partitions or [NO_PARTITION])
     ]
 
@@ -95,7 +95,7 @@ def group_rows(s: GroupSample) -> list[list[Any]]:
             0.0,
             "broker",
             s.members,
-        ]  # fmt: skip
+        ]
         for p in (s.partitions or [NO_PARTITION])
     ]
 

@@ -123,7 +123,7 @@ def _macro_calls(sql: str, name: str) -> list[tuple[int, int, list[str]]]:
 def _conditional_all(sql: str, variables: Mapping[str, VariableValue]) -> str:
     marker = "$__conditionalAll("
     while (index := sql.rfind(marker)) != -1:
-        start, end, args = _macro_calls(sql[index:], "conditionalAll")[0]
+        _, end, args = _macro_calls(sql[index:], "conditionalAll")[0]
         if len(args) != 2:
             raise MacroError("$__conditionalAll expects (condition, $variable)")
         name = args[1].lstrip("$").strip("{}")

@@ -241,7 +241,7 @@ def _model_chunk(
 def _add_refusals(latency: dict[str, Any], share: float, rng: np.random.Generator) -> None:
     """Append refused requests: copies of random rows' arrival, answered 1-3 ms after their fetch, never run."""
     n = len(latency["request_id"])
-    extra = int(round(n * share))
+    extra = round(n * share)
     if extra == 0:
         return
     pick = rng.choice(n, size=extra, replace=False)

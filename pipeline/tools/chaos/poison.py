@@ -36,7 +36,7 @@ async def poison_request(stage: Stage, sizes: ChaosSizes) -> FaultReport:
         failures: list[str] = []
         for request_id in poison:
             letters = d.ledger.dead.get(request_id, [])
-            if not any(l.reason == "runner_error" and "PoisonError" in l.detail for l in letters):
+            if not any(x.reason == "runner_error" and "PoisonError" in x.detail for x in letters):
                 failures.append(f"poison {request_id} has no runner_error dead letter naming the error")
             results = d.ledger.results.get(request_id, [])
             if not results or results[0].outcome != "error":

@@ -353,9 +353,14 @@ def profile(
         def advance(text: str) -> None:
             progress.update(task, advance=1, description=f"profiling {spec.name} on {device}: {text}")
 
-        common = dict(
-            device=device, tokens=tokens, max_size=max_size, budget_ms=budget, headroom=headroom, on_point=advance
-        )
+        common = {
+            "device": device,
+            "tokens": tokens,
+            "max_size": max_size,
+            "budget_ms": budget,
+            "headroom": headroom,
+            "on_point": advance,
+        }
         if generate:
             found = measure.measure_generation(runner, decode_steps=decode_steps, **common)  # type: ignore[arg-type]
         else:
