@@ -90,7 +90,7 @@ class Admission:
             return decoded
         refusal = self._refuse(decoded)
         if refusal is not None:
-            return dataclasses.replace(refusal, warmup=decoded.warmup)
+            return dataclasses.replace(refusal, warmup=decoded.warmup, trace_index=decoded.trace_index)
         from_priority = tp.topic == self._priority_topic
         forwarded_at = parse_forward_headers(record.headers) if from_priority else None
         enqueue = forwarded_at or (record.timestamp if record.timestamp > 0 else fetch_ms)

@@ -284,6 +284,7 @@ class Answers:
             first_token_ms=first_ms,
             last_token_ms=last_ms,
             reason=verdict.reason,
+            trace_index=-1 if held.request.trace_index is None else held.request.trace_index,
         )
         return self._event_message(event, verdict)
 
@@ -298,6 +299,7 @@ class Answers:
         fetch_ms: int,
         done_ms: int,
         warmup: bool = False,
+        trace_index: int | None = None,
         verdict: Verdict | None = None,
     ) -> Message:
         """The latency event of a refused record (outcome `rejected`, the rejection's reason): under
@@ -329,6 +331,7 @@ class Answers:
             offset=offset,
             warmup=warmup,
             reason=reason,
+            trace_index=-1 if trace_index is None else trace_index,
         )
         return self._event_message(event, verdict or Verdict("rejected", reason))
 

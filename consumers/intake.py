@@ -78,6 +78,8 @@ class Rejection:
     reply_topic: str | None = None
     warmup: bool = False
     """The request said it is warm-up traffic: its refusal is stored but counted apart, like its answer would be."""
+    trace_index: int | None = None
+    """The decoded request's Request.trace_index (its refusal's event records it)."""
 
 
 _decoder: Final = msgspec.json.Decoder(Request)

@@ -179,6 +179,7 @@ class Outcomes:
                     fetch_ms=fetch_ms,
                     done_ms=done_ms,
                     warmup=rejection.warmup,
+                    trace_index=rejection.trace_index,
                     verdict=verdict,
                 )
             )

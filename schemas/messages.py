@@ -21,6 +21,7 @@ MAX_ID_LEN = 128
 MAX_TEXT_CHARS = 100_000
 MAX_TOKEN_IDS = 32_768
 MAX_TOPIC_LEN = 249  # Kafka's own limit on topic names
+MAX_NEW_TOKENS = 4096
 
 RequestId = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID_LEN)]
 ModelName = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._-]+$")]
@@ -29,9 +30,12 @@ Outcome = Literal["ok", "expired", "error", "rejected"]
 
 
 class GenerationParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
-    max_new_tokens: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 32
+    max_new_tokens: Annotated[int, msgspec.Meta(ge=1, le=MAX_NEW_TOKENS)] = 32
     temperature: Annotated[float, msgspec.Meta(ge=0.0, le=10.0)] = 0.0
     top_p: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] = 1.0
+    ignore_eos: bool = False
+    """Generate exactly `max_new_tokens`: an end-of-sequence token does not end the answer (it is
+    kept as a token; vLLM's parameter of that name). A replayed trace forces its answer lengths so."""
 
 
 class Request(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -55,6 +59,8 @@ class Request(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     ) = None
     warmup: bool = False
     """Warm-up traffic, set by whoever sends it: answered as usual, left out of the latency figures."""
+    trace_index: Annotated[int, msgspec.Meta(ge=0, lt=2**31)] | None = None
+    """A request replayed from a trace file: its index there (0-based data row), copied to its latency event."""
     v: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -123,6 +129,8 @@ class LatencyEvent(msgspec.Struct, omit_defaults=False):
     """Why a request was not answered `ok` (a rejection's reason such as `schema` or `too_long`,
     `runner_error`, `deadline`, `cannot_meet_slo` or `cannot_meet_deadline` (shed before it ran),
     `oversize`); empty for `ok`."""
+    trace_index: int = -1
+    """The request's index in the trace it was replayed from (Request.trace_index); -1 for none."""
     v: int = SCHEMA_VERSION
 
 

@@ -7,7 +7,7 @@ prefills a group of new prompts and merges its cache into the running one,
 `step()` decodes one token for every row. Static batching is `join()` once,
 then `step()` until empty; iteration-level batching joins between steps.
 
-A row that finished (EOS, its own `max_new_tokens`, or its deadline passed:
+A row that finished (EOS unless it asked to ignore it, its own `max_new_tokens`, or its deadline passed:
 `expire()`) is answered at once but its cache row stays: taking rows out
 copies the whole cache, so a joiner takes a done row's place (or a spare row
 of the buffers, `kv_slack`), the set is compacted only once a share of its
@@ -55,6 +55,9 @@ class Sequence:
     """Client priority, 0 the most urgent: urgent joiners enter the running set first."""
     refused: str | None = None
     """Why the decode loop refused it before its prefill (`cannot_meet_deadline`), if it did."""
+    ignore_eos: bool = False
+    """Generate all `limit` tokens: an end-of-sequence token is kept as a token and decoding goes on
+    (GenerationParams.ignore_eos: a replayed trace's answer has the trace's length)."""
 
     @property
     def reserved_tokens(self) -> int:
@@ -246,7 +249,7 @@ class RunningSet:
             seq = self.rows[row]
             if seq.finished:
                 continue
-            if token in self.stop_ids:
+            if token in self.stop_ids and not seq.ignore_eos:
                 seq.finished = True
             else:
                 seq.generated.append(token)

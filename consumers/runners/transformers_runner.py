@@ -3,8 +3,8 @@
 - embed: AutoModel, mean pooling over the attention mask, L2 normalised
   (the sentence-transformers recipe MiniLM was trained for).
 - generate: AutoModelForCausalLM, greedy decoding over a running set
-  (`decoding`): rows leave as they finish (EOS or their own
-  `max_new_tokens`, default 32); with `batching = "iteration"` new requests
+  (`decoding`): rows leave as they finish (EOS, unless the request set
+  `ignore_eos`, or their own `max_new_tokens`, default 32); with `batching = "iteration"` new requests
   join between decode steps (`iteration`). Sampling parameters are accepted
   on the wire but decoding is greedy, so results are reproducible.
 
@@ -351,7 +351,14 @@ class TransformersRunner:
     def _generate(self, reqs: list[Request], ids: list[list[int]]) -> list[Output]:
         reserve = self.config.max_new_tokens if self.iteration is not None else None
         seqs = [
-            Sequence(prompt, self._new_tokens(r), reserve=reserve, deadline_ms=r.deadline_ms, priority=r.priority)
+            Sequence(
+                prompt,
+                self._new_tokens(r),
+                reserve=reserve,
+                deadline_ms=r.deadline_ms,
+                priority=r.priority,
+                ignore_eos=r.params is not None and r.params.ignore_eos,
+            )
             for r, prompt in zip(reqs, ids, strict=True)
         ]
         if self.iteration is not None:

@@ -133,10 +133,22 @@ def test_eos_ends_an_answer_early_through_the_broker(
     assert found, "no prompt of the tiny model produces two different tokens"
     index, ids, cut = found[0]
     stopping = with_stop_token(tiny_gpt2_dir, tmp_path / "eos", ids[cut])
+    forced = _ask("f", PROMPTS[index], 10, trace_index=7)
+    forced["params"]["ignore_eos"] = True
+    events: dict[str, dict[str, Any]] = {}
     results, _ = asyncio.run(
-        _serve(_model(stopping), replace_prefix(kafka_settings, "eos"), [_ask("e", PROMPTS[index], 10)])
+        _serve(
+            _model(stopping, batching="iteration"),
+            replace_prefix(kafka_settings, "eos"),
+            [_ask("e", PROMPTS[index], 10), forced],
+            latency=events,
+        )
     )
     assert results["e"]["outcome"] == "ok" and results["e"]["token_ids"] == ids[:cut]
+    # ignore_eos: the end-of-sequence token is kept and decoding goes on to max_new_tokens (a trace's answer length)
+    assert results["f"]["token_ids"] == ids and len(ids) == 10
+    assert (events["f"]["tokens_out"], events["f"]["trace_index"]) == (10, 7)
+    assert (events["e"]["tokens_out"], events["e"]["trace_index"]) == (cut, -1)
 
 
 def replace_prefix(kafka: KafkaSettings, suffix: str) -> KafkaSettings:

@@ -208,6 +208,7 @@ def _model_chunk(
         "first_token_time": first_token.tolist(),
         "last_token_time": last_token.tolist(),
         "reason": np.where(ok, "", np.where(outcome_draw < 0.998, "deadline", "runner_error")).tolist(),
+        "trace_index": np.full(n, -1, np.int64),
     }
     batches = {
         "batch_id": batch_id,
@@ -398,7 +399,7 @@ def latency_events(chunk: SeedChunk) -> list[LatencyEvent]:
             partition=_value(c["kafka_partition"], i), offset=_value(c["kafka_offset"], i),
             forwarded=_value(c["forwarded"], i), warmup=_value(c["warmup"], i),
             first_token_ms=c["first_token_time"][i], last_token_ms=c["last_token_time"][i],
-            reason=c["reason"][i],
+            reason=c["reason"][i], trace_index=_value(c["trace_index"], i),
         )
         for i in range(chunk.rows)
     ]  # fmt: skip

@@ -26,7 +26,7 @@ LATENCY_COLUMNS = (
     "wait_ms", "compute_ms", "e2e_ms", "batch_id", "batch_size", "tail_marked", "priority",
     "tokens_in", "tokens_out", "device_mem_bytes", "device_mem_kind",
     "kafka_partition", "kafka_offset", "forwarded", "schema_version", "warmup",
-    "first_token_time", "last_token_time", "reason",
+    "first_token_time", "last_token_time", "reason", "trace_index",
 )  # fmt: skip
 
 BATCH_COLUMNS = (
@@ -54,7 +54,7 @@ def latency_row(e: LatencyEvent) -> list[Any]:
         e.tail_marked, e.priority,
         e.tokens_in, e.tokens_out, e.device_mem_bytes, e.device_mem_kind,
         e.partition, e.offset, e.forwarded, e.v, e.warmup,
-        e.first_token_ms, e.last_token_ms, e.reason,
+        e.first_token_ms, e.last_token_ms, e.reason, e.trace_index,
     ]  # fmt: skip
 
 

@@ -6,10 +6,14 @@ import asyncio
 import os
 import signal
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from pipeline.core.config import Config, ConfigError, load_config
+
+if TYPE_CHECKING:
+    from pipeline.tools.devtools.producer import Load
 
 RESULTS_READ_TIMEOUT_S = 3600.0
 """`results` without --follow stops at the end offsets it found; this only bounds a broker that never gets there."""
@@ -90,6 +94,18 @@ def produce(
         None, "--scenario", help="Scenario TOML: replay its arrival process in real time."
     ),
     rate: float | None = typer.Option(None, "--rate", help="Poisson rate (req/s), instead of a scenario."),
+    trace: Path | None = typer.Option(
+        None,
+        "--trace",
+        help="Trace CSV (timestamp,prompt_tokens,answer_tokens; or the Azure LLM trace header): replay its "
+        "arrivals with prompts of its exact token counts (the model's tokenizer) and answers forced to its lengths.",
+    ),
+    time_scale: float = typer.Option(1.0, "--time-scale", help="--trace: multiply arrival times (2 = half the rate)."),
+    length_scale: float = typer.Option(1.0, "--length-scale", help="--trace: multiply prompt and answer tokens."),
+    start: float = typer.Option(0.0, "--start", help="--trace: window start, seconds of the trace's own time."),
+    window: float | None = typer.Option(
+        None, "--window", help="--trace: window length, seconds of the trace's own time (default: to the end)."
+    ),
     duration: float = typer.Option(10.0, "--duration", help="Seconds of Poisson load (with --rate)."),
     multiplier: float = typer.Option(1.0, "--multiplier", help="Scale the scenario's rates."),
     tokens: int = typer.Option(24, "--tokens", help="Approximate tokens per request (with --rate)."),
@@ -103,12 +119,14 @@ def produce(
     from pipeline.tools.devtools.producer import LoadProducer, poisson_load, scenario_load
 
     cfg = _config(config)
-    if (scenario is None) == (rate is None):
-        typer.echo("error: give exactly one of --scenario FILE and --rate R", err=True)
+    if sum(x is not None for x in (scenario, rate, trace)) != 1:
+        typer.echo("error: give exactly one of --scenario FILE, --rate R and --trace FILE", err=True)
         raise typer.Exit(2)
     partitions = cfg.models[model].partitions if model in cfg.models else 4
     if scenario is not None:
         load = scenario_load(str(scenario), multiplier, partitions)
+    elif trace is not None:
+        load = _trace_load(cfg, model, trace, (time_scale, length_scale, start, window), seed)
     else:
         assert rate is not None
         load = poisson_load(rate, duration, seed, tokens=tokens)
@@ -127,6 +145,69 @@ def produce(
         )
 
     asyncio.run(main())
+
+
+def _trace_load(
+    cfg: Config, model: str, path: Path, scales: tuple[float, float, float, float | None], seed: int
+) -> Load:
+    """The trace's slice as a load for `model`: prompts built to the exact token counts as its runner
+    counts them (its tokenizer), every request checked as its consumer would check it (a request it
+    would refuse is an error here, with what to change)."""
+    import numpy as np
+
+    from consumers.runners import make_runner
+    from pipeline.core.sim.generation.trace import TraceError, TraceSlice, read_trace
+    from pipeline.tools.devtools.trace_load import PromptError, exact_prompts, trace_load
+    from schemas.messages import MAX_NEW_TOKENS, GenerationParams, Request
+
+    if model not in cfg.models:
+        typer.echo(f"error: --trace needs model {model!r} in the config (its tokenizer and limits)", err=True)
+        raise typer.Exit(2)
+    spec = cfg.model(model)
+    time_scale, length_scale, start, window = scales
+    try:
+        part = TraceSlice(time_scale, length_scale, start, window)
+        sliced = part.apply(read_trace(path))
+    except TraceError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    runner = make_runner(spec, weights=False)
+    runner.load()
+
+    def count(text: str) -> int:
+        return runner.measure(Request(id="trace-prompt", model=model, text=text))[0]
+
+    try:
+        texts = exact_prompts(sliced.prompt.tolist(), count, seed)
+    except PromptError as e:
+        typer.echo(f"error: {path}: {e}", err=True)
+        raise typer.Exit(2) from None
+    load = trace_load(sliced, texts)
+    refused = []
+    for i, (text, answer) in enumerate(zip(texts, sliced.answer.tolist(), strict=True)):
+        params = GenerationParams(max_new_tokens=min(int(answer), MAX_NEW_TOKENS), ignore_eos=True)
+        why = (
+            f"answer of {answer} tokens is over the wire's limit {MAX_NEW_TOKENS}"
+            if answer > MAX_NEW_TOKENS
+            else runner.check(Request(id=f"trace-{i}", model=model, text=text, params=params))
+        )
+        if why is not None:
+            refused.append((int(sliced.index[i]), why))
+    runner.close()
+    if refused:
+        index, why = refused[0]
+        typer.echo(
+            f"error: model {model!r} would refuse {len(refused)} of the {len(load)} requests of the slice (the first, "
+            f"trace index {index}: {why}); lower --length-scale or raise the model's max_input_tokens / max_new_tokens",
+            err=True,
+        )
+        raise typer.Exit(2)
+    typer.echo(
+        f"trace {path}: {len(load)} requests, {part.describe()}: {sliced.rate_per_s:.2f} req/s over "
+        f"{sliced.span_s:.0f} s; prompt tokens p50 {np.median(sliced.prompt):.0f} max {sliced.prompt.max()}, answer "
+        f"tokens p50 {np.median(sliced.answer):.0f} max {sliced.answer.max()} (forced: ignore_eos)"
+    )
+    return load
 
 
 def results(

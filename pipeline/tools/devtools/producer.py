@@ -49,6 +49,12 @@ class Load:
     """Generation: max_new_tokens per request (sent as params); None sends no params."""
     timeout_ms: int | None = None
     """Deadline of every request, relative to its record time (Request.timeout_ms); None: none."""
+    texts: list[str] | None = None
+    """Each request's prompt; None: words drawn to about `tokens` tokens."""
+    trace_index: np.ndarray | None = None
+    """Each request's index in the trace it replays (Request.trace_index); None: not a trace."""
+    ignore_eos: bool = False
+    """Generation: every answer runs to its max_new_tokens (GenerationParams.ignore_eos)."""
 
     def __len__(self) -> int:
         return int(self.send_ms.shape[0])
@@ -128,16 +134,18 @@ class LoadProducer:
         rng = np.random.default_rng(self._seed)
         encode = msgspec.json.Encoder().encode
         new = load.new_tokens.tolist() if load.new_tokens is not None else [None] * len(load)
+        traced = load.trace_index.tolist() if load.trace_index is not None else [None] * len(load)
         return [
             encode(
                 Request(
                     id=self.request_id(i, tag),
                     model=self.model,
-                    text=request_text(rng, int(t)),
+                    text=load.texts[i] if load.texts is not None else request_text(rng, int(t)),
                     priority=int(p),
-                    params=None if n is None else GenerationParams(max_new_tokens=int(n)),
+                    params=None if n is None else GenerationParams(max_new_tokens=int(n), ignore_eos=load.ignore_eos),
                     timeout_ms=load.timeout_ms,
                     warmup=warmup,
+                    trace_index=traced[i],
                 )
             )
             for i, (t, p, n) in enumerate(zip(load.tokens, load.priority, new, strict=True))
