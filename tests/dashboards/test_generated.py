@@ -182,10 +182,10 @@ def test_provisioned_datasource_matches_the_panels() -> None:
         ("host", "$BATCHTIDE_CLICKHOUSE_HOST"),
         ("port", "$BATCHTIDE_CLICKHOUSE_PORT"),
         ("protocol", "$BATCHTIDE_CLICKHOUSE_PROTOCOL"),
-        ("username", "$BATCHTIDE_CLICKHOUSE_USER"),
+        ("username", "$BATCHTIDE_CLICKHOUSE_READ_USER"),  # a read-only user, not the sink's
     ):
         assert json_data[key] == env
-    assert datasource["secureJsonData"] == {"password": "$BATCHTIDE_CLICKHOUSE_PASSWORD"}
+    assert datasource["secureJsonData"] == {"password": "$BATCHTIDE_CLICKHOUSE_READ_PASSWORD"}
     assert "password" not in json.dumps(json_data)
 
 

