@@ -1,5 +1,5 @@
-"""Generated artefacts stay equal to their sources: JSON Schemas, the README's
-configuration reference. And the exported schema agrees with the decoder."""
+"""Generated artefacts stay equal to their sources: JSON Schemas, the configuration
+reference in docs/configuration.md. And the exported schema agrees with the decoder."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import jsonschema
 import msgspec
 import pytest
 
-from pipeline.core.config_reference import reference_markdown
+from pipeline.core.config_reference import END, START, marked_region, reference_markdown, write_into
 from schemas.jsonschema import render
 from schemas.messages import Request
 
@@ -25,11 +25,20 @@ def test_committed_json_schemas_are_up_to_date() -> None:
         assert path.read_text() == text, f"{path.name} is stale: run python -m schemas.jsonschema"
 
 
-def test_readme_configuration_reference_matches_the_code() -> None:
-    readme = (ROOT / "README.md").read_text()
-    start = readme.index("<!-- config-reference:start -->\n") + len("<!-- config-reference:start -->\n")
-    end = readme.index("<!-- config-reference:end -->")
-    assert readme[start:end] == reference_markdown(), "README reference is stale: batchtide config reference"
+def test_configuration_reference_matches_the_code() -> None:
+    text = (ROOT / "docs" / "configuration.md").read_text()
+    start, end = marked_region(text)
+    assert text[start:end] == reference_markdown(), (
+        "docs/configuration.md is stale: batchtide config reference --write docs/configuration.md"
+    )
+
+
+def test_config_reference_write_replaces_only_the_marked_region(tmp_path: Path) -> None:
+    doc = tmp_path / "configuration.md"
+    doc.write_text(f"# intro\n\n{START}stale table\n{END}\n\nafter\n")
+    assert write_into(str(doc)) is True
+    assert doc.read_text() == f"# intro\n\n{START}{reference_markdown()}{END}\n\nafter\n"
+    assert write_into(str(doc)) is False
 
 
 REQUEST_SCHEMA = json.loads((ROOT / "schemas" / "request.schema.json").read_text())

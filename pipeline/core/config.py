@@ -4,7 +4,7 @@ All defaults live here, in one place, each documented next to its field (the
 TF Serving options-struct idea). A config file is TOML; it is validated when it
 is loaded, and every error names the file, the table and the offending values.
 It is longer than the other modules on purpose: splitting it would scatter the
-one reference a user reads (the README's configuration reference is generated
+one reference a user reads (docs/configuration.md is generated
 from these fields).
 
 Layout of a config file::

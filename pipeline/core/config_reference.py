@@ -1,8 +1,9 @@
 """The configuration reference, rendered from the typed config itself.
 
 Defaults and their explanations live once, in `pipeline/core/config.py` (each
-field's docstring); the README's reference table is generated from there
-(`batchtide config reference`) and a test keeps the two identical.
+field's docstring); the tables in docs/configuration.md are generated from there
+(`batchtide config reference --write docs/configuration.md`) and a test keeps the
+two identical.
 """
 
 from __future__ import annotations
@@ -70,3 +71,25 @@ def reference_markdown() -> str:
             lines.append(f"| `{field.name}` | `{_default(field)}` | {meaning} |")
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
+
+
+START = "<!-- config-reference:start -->\n"
+END = "<!-- config-reference:end -->"
+
+
+def marked_region(text: str) -> tuple[int, int]:
+    """Where the generated reference sits in a document: between the two markers."""
+    start = text.index(START) + len(START)
+    return start, text.index(END, start)
+
+
+def write_into(path: str) -> bool:
+    """Replace the marked region of the document at `path` with the reference; True if it changed."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    start, end = marked_region(text)
+    updated = text[:start] + reference_markdown() + text[end:]
+    if updated != text:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(updated)
+    return updated != text

@@ -30,11 +30,19 @@ def check(path: Annotated[Path, typer.Argument(help="TOML config file.")]) -> No
 
 
 @config_app.command("reference")
-def reference() -> None:
-    """Print every config key with its default and meaning (Markdown, as in the README)."""
-    from pipeline.core.config_reference import reference_markdown
+def reference(
+    write: Annotated[
+        Path | None,
+        typer.Option("--write", help="Replace the marked reference in this document (docs/configuration.md)."),
+    ] = None,
+) -> None:
+    """Print every config key with its default and meaning (Markdown, as in docs/configuration.md)."""
+    from pipeline.core.config_reference import reference_markdown, write_into
 
-    typer.echo(reference_markdown(), nl=False)
+    if write is None:
+        typer.echo(reference_markdown(), nl=False)
+        return
+    typer.echo(f"{write}: {'updated' if write_into(str(write)) else 'already current'}")
 
 
 def register(app: typer.Typer) -> None:
