@@ -134,8 +134,8 @@ HAVING count() >= {minutes}
         description=(
             "value = the lowest per-minute p99 of the window; a request refused, expired or failed counts as "
             f"{NOT_OK_MS:g} ms (over any objective), so 1% of them in every minute fires it too. Check the "
-            "tail-latency board: wait up with it means window/cap/load, compute up means the backend (see README, "
-            "How the engine batches); refusals and errors by reason are in `batchtide report`."
+            "tail-latency board: wait up with it means window/cap/load, compute up means the backend (see docs/engine.md, "
+            "One poll); refusals and errors by reason are in `batchtide report`."
         ),
     )
 
