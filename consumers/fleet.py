@@ -3,11 +3,14 @@
 Every `fleet_beacon_ms` a consumer publishes a `FleetBeacon` to
 `<prefix>.fleet` (one partition, shared by every model): how soon it could
 start one more request, its small-batch time, its capacity and the priority
-partitions it owns. It also tails that topic and keeps the newest beacon of
+partitions it owns; a generating consumer (iteration-level) also its decode
+loop in generation's units (first-token time, decode step by rows, running
+requests and room). It also tails that topic and keeps the newest beacon of
 each peer in its own group, which `pipeline.core.engine.peer_forwarding.plan_forwards`
-compares with its own queue. A beacon's age on arrival is one Kafka hop
-(produce, then fetch), the same path a forwarded request takes, so its
-median is the hop the plan charges a forward. Times are wall-clock ms:
+(or `decode_forwarding.plan_decode_forwards`) compares with its own queue.
+A beacon's age on arrival is one Kafka hop (produce, then fetch), the same
+path a forwarded request takes, so its median is the hop the plan charges a
+forward. Times are wall-clock ms:
 consumers on several hosts need synchronised clocks (NTP), as Kafka's
 CreateTime-based waits already do.
 
@@ -29,6 +32,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from consumers.clock import Clock
 from pipeline.core.config import KafkaSettings
+from pipeline.core.engine.decode_forwarding import DecodePeer, DecodeState
 from pipeline.core.engine.peer_forwarding import MemberView
 from pipeline.core.kafka.client import Topics, client_options, stop_client
 from schemas.messages import FleetBeacon
@@ -62,6 +66,7 @@ class Fleet:
         self._interval_s = interval_ms / 1000.0
         self._beacon = beacon
         self._views: dict[str, MemberView] = {}
+        self._decoders: dict[str, DecodePeer] = {}
         self._delays: deque[float] = deque(maxlen=HOP_SAMPLES)
         self._tasks: list[asyncio.Task[None]] = []
         self.sent: dict[str, int] = {}
@@ -83,6 +88,10 @@ class Fleet:
 
     def peers(self) -> list[MemberView]:
         return list(self._views.values())
+
+    def decode_peers(self) -> dict[str, DecodePeer]:
+        """The peers whose beacons describe a decode loop, by member id."""
+        return dict(self._decoders)
 
     @property
     def hop_ms(self) -> float:
@@ -108,6 +117,20 @@ class Fleet:
             partitions=tuple(beacon.partitions),
             load=beacon.load,
         )
+        if beacon.first_token_ms is not None:
+            self._decoders[beacon.member_id] = DecodePeer(
+                beacon.member_id,
+                float(beacon.at_ms),
+                tuple(beacon.partitions),
+                DecodeState(
+                    start_in_ms=beacon.start_in_ms,
+                    first_token_ms=beacon.first_token_ms,
+                    steps=tuple((int(rows), float(ms)) for rows, ms in beacon.decode_steps or ()),
+                    running=beacon.running or 0,
+                    room=beacon.room or 0,
+                    slot_every_ms=beacon.slot_every_ms or 0.0,
+                ),
+            )
         self.sent.pop(beacon.member_id, None)
 
     async def _keep(self, run: Callable[[], object]) -> None:

@@ -11,6 +11,15 @@ waiting requests leave and the records they travel as (the loop then
 withdraws them from the engine and publishes). Its offered and served
 rates (`Flow`) make its load, which its beacon carries.
 
+A generating consumer with iteration-level batching balances in
+generation's units instead (`pipeline.core.engine.decode_forwarding`): its
+`DecodeLedger` learns, from what it dispatches and the answers' token
+stamps, its first-token time and its decode step by rows; its beacon says
+how soon one more request could start its prefill and what its steps cost;
+and every waiting request, a lone arrival included, goes to the peer that
+gives it the earlier first token without a later answer. What is on the
+device already (running, or joining the running set) is never moved.
+
 The forward carries the original record time in a header (waiting keeps
 counting from the first enqueue), and the header doubles as the loop guard:
 a request that arrived as a forward is never forwarded again. Exactly-once
@@ -29,10 +38,13 @@ from consumers.answers import Held
 from consumers.clock import Clock
 from consumers.fleet import Fleet
 from consumers.intake import ORIG_TS_HEADER
+from consumers.runners.base import Output
 from pipeline.core.config import ConsumerSettings, KafkaSettings
 from pipeline.core.engine.decisions import Batch, PendingRequest, ServingPolicy
+from pipeline.core.engine.decode_forwarding import DecodeLedger, DecodeRule, plan_decode_forwards
 from pipeline.core.engine.peer_forwarding import (
     Flow,
+    Forward,
     ForwardRule,
     LocalView,
     beacon_view,
@@ -60,7 +72,8 @@ def forward_headers(held: Held, consumer_id: str) -> list[tuple[str, bytes]]:
 
 class PeerForwarding:
     """One consumer's beacon and its forwards to faster peers (`fleet` is None until started,
-    and stays None when `fleet_beacon_ms` is 0)."""
+    and stays None when `fleet_beacon_ms` is 0); `decode_slots`: an iteration-level generating
+    consumer's device slots (it then balances in generation's units)."""
 
     def __init__(
         self,
@@ -72,6 +85,7 @@ class PeerForwarding:
         engine: ServingPolicy,
         clock: Clock,
         offered_total: Callable[[], int] = lambda: 0,
+        decode_slots: int | None = None,
     ) -> None:
         """`offered_total()`: cost units offered to the engine so far (from the intake)."""
         self._consumer_id = consumer_id
@@ -91,6 +105,9 @@ class PeerForwarding:
         self._busy_until: dict[int, float] = {}
         """Expected end (wall-clock ms, from the learned t(b)) of each batch on the device."""
         self.fleet: Fleet | None = None
+        self.decode = DecodeLedger(decode_slots) if decode_slots else None
+        """The decode loop's measures (generation, iteration-level); None for a consumer that runs batches."""
+        self._decode_rule = DecodeRule(min_gain_ms=settings.forward_min_gain_ms, gain_share=settings.forward_gain_share)
 
     def start(self, kafka: KafkaSettings, beacon_ms: float, beacon: Callable[[], FleetBeacon]) -> None:
         """Publish `beacon()` every `beacon_ms` and listen to the peers'."""
@@ -108,9 +125,28 @@ class PeerForwarding:
     def dispatched(self, batch: Batch, now_ms: float) -> None:
         self._flow.served(now_ms, batch.record.cost)
         self._busy_until[batch.batch_id] = now_ms + (self._engine.curve.estimate_ms(batch.record.cost) or 0.0)
+        if self.decode is not None:
+            for pr in batch.requests:
+                self.decode.dispatched(pr.request_id, now_ms, pr.payload.tokens_out)
+
+    def answered(self, batch: Batch, outputs: dict[int, Output], now_ms: float) -> None:
+        """A batch's answers: the decode loop's first-token time, step and answer length are learned
+        from those that ran (a refused or expired answer teaches nothing; it only leaves)."""
+        if self.decode is None:
+            return
+        for index, pr in enumerate(batch.requests):
+            out = outputs.get(index)
+            if out is None or out.refused or out.expired:
+                self.decode.left(pr.request_id, now_ms)
+            else:
+                self.decode.answered(pr.request_id, now_ms, out.first_token_ms, out.last_token_ms, out.tokens_out)
 
     def left_device(self, batch: Batch) -> None:
         self._busy_until.pop(batch.batch_id, None)
+        if self.decode is not None:
+            now = self._clock.now_ms()
+            for pr in batch.requests:
+                self.decode.left(pr.request_id, now)
 
     def measured(self, compute_ms: float) -> None:
         self._batch_ms = recent_batch_ms(self._batch_ms, compute_ms, self._rule)
@@ -127,10 +163,29 @@ class PeerForwarding:
         """Device time left on the batches running now, as t(b) predicted them."""
         return max(0.0, max((end - now_ms for end in self._busy_until.values()), default=0.0))
 
-    def beacon(self, now_ms: float, partitions: tuple[int, ...]) -> FleetBeacon:
-        """What this consumer tells its group: how soon it could start one more request."""
+    def beacon(self, now_ms: float, partitions: tuple[int, ...], free_slots: int = 0) -> FleetBeacon:
+        """What this consumer tells its group: how soon it could start one more request (`free_slots`:
+        its device's, for a decode loop's room)."""
         engine = self._engine
         view = beacon_view(self._consumer_id, now_ms, engine.pending, self.view(now_ms), self._batch_ms, partitions)
+        if self.decode is not None:
+            state = self.decode.state(now_ms, free_slots, engine.pending)
+            return FleetBeacon(
+                member_id=view.member_id,
+                model=self._model,
+                group=self._group_id,
+                at_ms=int(now_ms),
+                start_in_ms=state.start_in_ms,
+                batch_ms=view.batch_ms,
+                capacity_per_s=view.capacity_per_s,
+                partitions=list(view.partitions),
+                load=view.load,
+                first_token_ms=state.first_token_ms,
+                decode_steps=list(state.steps),
+                running=state.running,
+                room=state.room,
+                slot_every_ms=state.slot_every_ms,
+            )
         return FleetBeacon(
             member_id=view.member_id,
             model=self._model,
@@ -147,39 +202,61 @@ class PeerForwarding:
 
     def due(self, now_ms: float, device_free: bool = False) -> bool:
         """Time for a scan (and it counts as made): every scan interval, and before a poll with a
-        free device slot while more than one request waits."""
+        free device slot while more than one request waits (a decode loop: while one waits, so that
+        every arrival is placed before it starts)."""
         if not self._scanning:
             return False
-        if not (device_free and self._engine.pending > 1) and now_ms - self._last_scan_ms < FORWARD_SCAN_INTERVAL_MS:
+        before_poll = device_free and self._engine.pending > self._keeps_alone
+        if not before_poll and now_ms - self._last_scan_ms < FORWARD_SCAN_INTERVAL_MS:
             return False
         self._last_scan_ms = now_ms
         return True
 
+    @property
+    def _keeps_alone(self) -> int:
+        """A queue this long is never scanned before a poll: one lone request starts at once on a
+        batch device (nothing to gain), while a decode loop places every arrival."""
+        return 0 if self.decode is not None else 1
+
     def plan(
-        self, now_ms: float, waiting: Iterable[PendingRequest], room: int | None
+        self, now_ms: float, waiting: Iterable[PendingRequest], room: int | None, free_slots: int = 0
     ) -> list[tuple[PendingRequest, Message]]:
         """The back of the queue that peers would finish clearly sooner, each with the record that
         takes it to a priority partition its peer owns (`room`: the priority topic's
-        `max.message.bytes`, None while unknown: a forward it would refuse stays here)."""
+        `max.message.bytes`, None while unknown: a forward it would refuse stays here;
+        `free_slots`: the device's, a decode loop's room)."""
         fleet = self.fleet
         engine = self._engine
-        if fleet is None or engine.pending <= 1:
-            return []
-        view = self.view(now_ms)
-        peers = fleet.peers()
-        if view is None or not peers:
+        if fleet is None or engine.pending <= self._keeps_alone:
             return []
         queue = dispatch_order(waiting)
+        movable = [not pr.payload.forwarded_in for pr in queue]
+        ordered = peers_after(self._consumer_id, fleet.peers())
+        if not ordered or not any(movable):
+            return []
+        if self.decode is not None:
+            decoders = fleet.decode_peers()
+            plan = plan_decode_forwards(
+                [pr.payload.tokens_out for pr in queue],
+                movable,
+                self.decode.local(now_ms, free_slots),
+                [decoders[p.member_id] for p in ordered if p.member_id in decoders],
+                now_ms,
+                dataclasses.replace(self._decode_rule, hop_ms=fleet.hop_ms),
+                fleet.sent,
+            )
+            return self._messages(queue, plan, room)
+        view = self.view(now_ms)
+        if view is None:
+            return []
         rule = dataclasses.replace(self._rule, hop_ms=fleet.hop_ms)
-        plan = plan_forwards(
-            len(queue),
-            [not pr.payload.forwarded_in for pr in queue],
-            view,
-            peers_after(self._consumer_id, peers),
-            now_ms,
-            rule,
-            fleet.sent,
-        )
+        plan = plan_forwards(len(queue), movable, view, ordered, now_ms, rule, fleet.sent)
+        return self._messages(queue, plan, room)
+
+    def _messages(
+        self, queue: list[PendingRequest], plan: list[Forward], room: int | None
+    ) -> list[tuple[PendingRequest, Message]]:
+        """Each planned forward with the record that takes it to its peer's priority partition."""
         chosen: list[tuple[PendingRequest, Message]] = []
         for forward in plan:
             pr = queue[forward.index]

@@ -129,6 +129,7 @@ class Consumer:
             engine,
             self.clock,
             lambda: self._admission.offered_cost,
+            decode_slots=model.profile.max_inflight_batches if model.batching == "iteration" else None,
         )
         self.membership = Membership(self.consumer_id, self.priority_topic, engine, self._admission, self._work.settle)
         self._clients: KafkaClients | None = None
@@ -215,7 +216,11 @@ class Consumer:
 
     def beacon(self) -> FleetBeacon:
         """What this consumer tells its group now (the lag events carry its capacity too)."""
-        return self.forwarding.beacon(self.clock.now_ms(), self.membership.owned_priority())
+        return self.forwarding.beacon(self.clock.now_ms(), self.membership.owned_priority(), self._free_slots)
+
+    @property
+    def _free_slots(self) -> int:
+        return max(0, self.model.profile.max_inflight_batches - self._device.computing)
 
     def _fail(self, error: BaseException) -> None:
         """An error no record explains (a bug, or a transactional producer fenced by its successor):
@@ -284,7 +289,9 @@ class Consumer:
 
     def _forward(self, now: float) -> None:
         """Hand the back of the queue to faster peers (`consumers.forwarding`)."""
-        chosen = self.forwarding.plan(now, self._admission.waiting.values(), self._limits.cached(self.priority_topic))
+        chosen = self.forwarding.plan(
+            now, self._admission.waiting.values(), self._limits.cached(self.priority_topic), self._free_slots
+        )
         if not chosen:
             return
         for pr, _ in chosen:
@@ -304,6 +311,7 @@ class Consumer:
     async def _run_batch(self, batch: Batch, dispatch_ms: float) -> None:
         try:
             ran = await self._device.run(batch)
+            self.forwarding.answered(batch, ran.outputs, ran.end_ms)
         finally:
             self.forwarding.left_device(batch)
         self.engine.completed(batch, ran.end_ms, ran.compute_ms)

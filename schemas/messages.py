@@ -257,4 +257,17 @@ class FleetBeacon(msgspec.Struct, omit_defaults=False):
     load: float | None = None
     """Cost units of its own traffic (forwards in left out) offered to it per second over its capacity
     (null from consumers before it)."""
+    first_token_ms: float | None = None
+    """Generation, iteration-level: dispatch to first token once it has room (the join and the prefill),
+    median of its recent answers; with it, `start_in_ms` is how long one more request would wait for room.
+    Null from a consumer that runs batches (and from consumers before it)."""
+    decode_steps: list[tuple[int, float]] | None = None
+    """Generation: its decode step by requests on its device, [[rows, ms], ...], non-decreasing (learned
+    from its answers' time per output token); empty before any answer."""
+    running: int | None = None
+    """Generation: requests on its device now (running or joining)."""
+    room: int | None = None
+    """Generation: requests it could start now beyond its waiting queue (free device slots)."""
+    slot_every_ms: float | None = None
+    """Generation: once it is full, how often one of its running requests ends."""
     v: int = SCHEMA_VERSION

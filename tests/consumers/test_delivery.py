@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections import Counter
 from pathlib import Path
 
-from pipeline.core.config import ConsumerSettings, KafkaSettings
+from consumers.runners import make_runner
+from consumers.worker import Consumer
+from pipeline.core.config import BatchProfile, ConsumerSettings, KafkaSettings, ModelConfig
+from pipeline.core.engine import BatchingEngine
 from pipeline.tools.harness.config_file import kafka_table, toml_text
 from pipeline.tools.harness.processes import Proc, consume_argv
 from tests.consumers.harness import (
@@ -23,6 +27,7 @@ from tests.consumers.harness import (
     topics,
 )
 from tests.support.kafka import produce_json
+from tests.support.models import build_tiny_gpt2
 
 
 def _config_file(path: Path, kafka: KafkaSettings) -> Path:
@@ -163,6 +168,76 @@ def test_a_straggler_hands_work_to_its_fast_peer_exactly_once_through_a_rebalanc
         served = {
             c: sum(1 for a in results.by_id.values() if a[0]["consumer_id"] == c) for c in ("slow", "fast", "late")
         }
+        assert served["fast"] + served["late"] > served["slow"], served
+
+    asyncio.run(scenario())
+
+
+def _generating(model_path: Path, kafka: KafkaSettings, settings: ConsumerSettings, name: str) -> Consumer:
+    """An iteration-level generating consumer of a real (tiny) model, run in this process."""
+    model = ModelConfig(
+        name=MODEL, model_path=str(model_path), task="generate", batching="iteration", isolation="thread",
+        torch_threads=1, max_new_tokens=24, partitions=4,
+        profile=BatchProfile(hard_cap=1, target_size=1, max_inflight_batches=12, max_wait_ms=0.0, adaptive_cap=False),
+    )  # fmt: skip
+    return Consumer(
+        model, kafka, settings, runner=make_runner(model), engine=BatchingEngine(model.profile), consumer_id=name
+    )
+
+
+def test_generating_consumers_answer_every_request_once_when_one_joins_mid_load(
+    tiny_gpt2_dir: Path, tmp_path: Path, kafka_settings: KafkaSettings
+) -> None:
+    """Two iteration-level generating consumers of real models, one with a heavier (slower) model and the
+    decode balance on, then a third joining while requests run in their decode loops: every partition
+    moves, the running sets are revoked mid-answer, forwards and their originals' offsets commit
+    together; read_committed, every request is answered exactly once."""
+    kafka = dataclasses.replace(kafka_settings, transactional=True)
+    heavy = build_tiny_gpt2(tmp_path / "heavy", layers=6, hidden=128)
+    settings = ConsumerSettings(commit_interval_ms=50, fleet_beacon_ms=100)
+    n = 240
+
+    async def scenario() -> None:
+        first = _generating(heavy, kafka, settings, "slow")
+        second = _generating(tiny_gpt2_dir, kafka, settings, "fast")
+        await create_topics(kafka, first.model)
+        names = topics(kafka)
+        asks = [request(i, params={"max_new_tokens": 8 + i % 16}) for i in range(n)]
+        async with running(first), running(second):
+            while not (first.membership.owned() and second.membership.owned()):
+                await asyncio.sleep(0.05)
+            for start in range(0, n // 3, 10):
+                await send(kafka, names.requests(MODEL), asks[start : start + 10])
+                await asyncio.sleep(0.1)
+            late = _generating(tiny_gpt2_dir, kafka, settings, "late")
+            joining = asyncio.create_task(late.start())  # it joins while requests run in both decode loops
+            for start in range(n // 3, 2 * n // 3, 10):
+                await send(kafka, names.requests(MODEL), asks[start : start + 10])
+                await asyncio.sleep(0.1)
+            await joining
+            stop = asyncio.Event()
+            serving = asyncio.create_task(late.run(stop))
+            while not late.membership.owned():
+                await asyncio.sleep(0.05)
+            for start in range(2 * n // 3, n, 10):
+                await send(kafka, names.requests(MODEL), asks[start : start + 10])
+                await asyncio.sleep(0.1)
+            try:
+                results = await collect(
+                    kafka, names.results(MODEL), {f"r{i}" for i in range(n)}, timeout_s=180, grace_s=2.0
+                )
+            finally:
+                stop.set()
+                await asyncio.wait_for(serving, 60)
+                late.runner.close()
+        for consumer in (first, second):
+            consumer.runner.close()
+        assert len(results.by_id) == n, f"{n - len(results.by_id)} unanswered"
+        assert not results.duplicates, sorted(results.duplicates)[:5]
+        assert all(answers[0]["outcome"] == "ok" for answers in results.by_id.values())
+        assert late.stats.batches > 0, "the late consumer joined the group and served"
+        assert first.stats.forwarded > 0, "the slow decode loop handed new requests to its faster peers"
+        served = Counter(answers[0]["consumer_id"] for answers in results.by_id.values())
         assert served["fast"] + served["late"] > served["slow"], served
 
     asyncio.run(scenario())

@@ -14,6 +14,7 @@ import asyncio
 import json
 from typing import Any
 
+import msgspec
 import pytest
 from aiokafka import ConsumerRecord, TopicPartition
 
@@ -27,6 +28,7 @@ from consumers.intake import ORIG_TS_HEADER
 from consumers.membership import Membership, commit_points
 from consumers.outcomes import Outcomes
 from consumers.runners import make_runner
+from consumers.runners.base import Output
 from consumers.stats import ConsumerStats
 from consumers.stop_budget import MIN_STEP_S, STOP_WORK_SHARE, StopBudget, step_s
 from consumers.tasks import Work
@@ -279,6 +281,54 @@ def test_scans_are_spaced_and_the_beacon_counts_the_device_busy_time() -> None:
     forwarding.left_device(batch)
     assert forwarding.beacon(clock.now_ms(), (1,)).start_in_ms == 0.0
     assert busy.partitions == [1] and busy.capacity_per_s == pytest.approx(4 * 1000 / 280.0)
+
+
+def test_a_generating_consumer_learns_its_decode_loop_and_hands_a_lone_arrival_to_a_faster_peer() -> None:
+    """Iteration-level generation: the beacon speaks in generation's units (first-token time, decode
+    step by rows, running requests, room) and every arrival is placed before it starts: a slow decode
+    loop hands a new request to a peer whose steps are clearly shorter; a request on its device stays."""
+    clock = FakeClock()
+    loop = Loop(
+        clock, BatchProfile(hard_cap=1, target_size=1, max_inflight_batches=8, adaptive_cap=False, max_wait_ms=0.0)
+    )
+    forwarding = PeerForwarding("c1", MODEL, GROUP, PRIORITY, ConsumerSettings(), loop.engine, clock, decode_slots=8)
+    fleet = forwarding.fleet = Fleet(KafkaSettings(), GROUP, "c1", 100.0, lambda: forwarding.beacon(0.0, ()), clock)
+    step = 180.0  # ms per token on this consumer's device, one request at a time
+    for i in range(12):
+        loop.fetch([loop.record(i, params={"max_new_tokens": 32})])
+        (batch,) = poll_engine(loop.engine, clock.now_ms(), 0, 8, 0).batches
+        start = clock.now_ms()
+        loop.admission.running(batch.requests[0].payload)
+        forwarding.dispatched(batch, start)
+        clock.advance(200.0 + 31 * step)
+        out = Output(text="x", tokens_out=32, first_token_ms=start + 200.0, last_token_ms=clock.now_ms())
+        forwarding.answered(batch, {0: out}, clock.now_ms())
+        forwarding.left_device(batch)
+        loop.engine.completed(batch, clock.now_ms(), clock.now_ms() - start)
+    now = clock.now_ms()
+    mine = forwarding.beacon(now, (0,), free_slots=8)
+    assert mine.first_token_ms == pytest.approx(200.0) and mine.room == 8 and mine.running == 0
+    assert mine.decode_steps == [(1, pytest.approx(step))] and mine.start_in_ms == 0.0
+
+    fast = msgspec.structs.replace(
+        beacon("fast", at_ms=now - 5, partitions=[3]),
+        first_token_ms=100.0, decode_steps=[(1, 60.0), (8, 90.0)], running=1, room=7, slot_every_ms=500.0,
+    )  # fmt: skip
+    fleet.heard(fast, now)
+    fleet.heard(beacon("batches", at_ms=now - 5, partitions=[4]), now)  # a peer that speaks only in batches
+    assert set(fleet.decode_peers()) == {"fast"}
+
+    arrived_as_forward = [(ORIG_TS_HEADER, str(int(now - 30)).encode()), (FORWARDED_BY_HEADER, b"c0")]
+    loop.fetch([loop.record(100, topic=PRIORITY, headers=arrived_as_forward, params={"max_new_tokens": 32})])
+    assert forwarding.due(now, device_free=True), "one waiting request is placed before it starts"
+    assert forwarding.plan(now, loop.admission.waiting.values(), room=1_000_000, free_slots=8) == [], "a forward stays"
+    (kept,) = poll_engine(loop.engine, now, 0, 8, 0).batches
+    loop.admission.running(kept.requests[0].payload)
+    forwarding.dispatched(kept, now)
+    loop.fetch([loop.record(101, params={"max_new_tokens": 32})])
+    chosen = forwarding.plan(now, loop.admission.waiting.values(), room=1_000_000, free_slots=7)
+    assert [(pr.request_id, m.partition) for pr, m in chosen] == [("r101", 3)]
+    assert forwarding.decode is not None and forwarding.decode.running == 1, "what runs here stays here"
 
 
 # ---- commit points -----------------------------------------------------------------

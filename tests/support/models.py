@@ -78,13 +78,14 @@ def build_tiny_bert(directory: Path) -> Path:
     )  # fmt: skip
 
 
-def build_tiny_gpt2(directory: Path) -> Path:
-    """A 2-layer GPT-2 causal LM (hidden 32) with the tiny tokenizer, saved to `directory`."""
+def build_tiny_gpt2(directory: Path, *, layers: int = LAYERS, hidden: int = HIDDEN) -> Path:
+    """A 2-layer GPT-2 causal LM (hidden 32) with the tiny tokenizer, saved to `directory` (`layers`
+    and `hidden` make a heavier one: the same tokenizer, a slower decode step)."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     eos = _tokenizer().eos_token_id
     return _save(
-        directory, GPT2LMHeadModel, GPT2Config, n_embd=HIDDEN, n_layer=LAYERS, n_head=2, n_positions=MAX_POSITIONS,
+        directory, GPT2LMHeadModel, GPT2Config, n_embd=hidden, n_layer=layers, n_head=2, n_positions=MAX_POSITIONS,
         bos_token_id=eos, eos_token_id=eos,
     )  # fmt: skip
 

@@ -1,0 +1,354 @@
+"""Forwarding in generation's units: a waiting request goes to the peer that gives it the earlier first token.
+
+`peer_forwarding` balances devices that run batches: there a request's time
+is the wait for the device plus one batch. An iteration-level consumer
+serves a decode loop instead: a request joins the running set between steps
+while the device has room (a free slot: the KV cache its running set may
+reserve), and then decodes among the other rows for as many steps as its
+answer is long. A batch's time is the life of its request and tells a peer
+nothing. So a generating consumer keeps its measures in generation's units
+(`DecodeLedger`, from its own dispatches and answers):
+
+- its first-token time: dispatch to first token of recent answers (the join
+  and the prefill), their median;
+- its decode step by rows: each answer's time per output token against the
+  mean number of requests on its device during its life, in a `CostCurve`
+  (bucket medians made non-decreasing; a shift, such as a co-tenant that
+  starts taking half of the core, is re-learned);
+- how long answers run: the median of recent answers' tokens (a request is
+  expected to run the smaller of that and its max_new_tokens);
+- its running set as it sees it: each request on the device with when it
+  was dispatched and how long it is expected to run, so when room frees
+  once every slot is taken.
+
+Its beacon (`DecodeState`) says how soon one more request could start its
+prefill (0 while it has room, else when the running request that frees a
+slot for it is expected to end), its first-token time, its step curve, how
+many requests it runs, its room and how often a running request ends once
+it is full.
+
+For each waiting request (back of the queue first, as in `peer_forwarding`),
+its first token here is the wait for room plus the first-token time; its
+last token comes one step per further token later, at the step of the rows
+it would decode among. At a peer: one hop later, the peer's wait aged by its beacon's
+age, the requests already sent to it since that beacon taking its room
+first and growing its rows. The peer with the earliest first token (its last
+token breaking ties) gets the request when it is no later on either (but for
+the hop itself, which any forward costs a first token) and clearly earlier
+on one of them: by `min_gain_ms` and `gain_share` of the
+time here (equal consumers' predictions differ by noise), or by only
+`relief_gain_ms` when the peer's decode step is at most `relief_speed` times
+the local one at rows both have measured (a device clearly faster, not
+noise). The answer is delivered whole, so a first token gained at the price
+of a later answer is no gain, and a faster answer that starts later breaks
+the first-token promise: both must hold.
+
+A request already on the device (running, or joining the running set) is
+never moved: only the engine's waiting queue is planned over, and a request
+that arrived as a forward stays where it is (the caller marks it). A peer
+that has measured no decode step yet is assumed as fast as this consumer and
+gets one request per beacon.
+
+Pure: no clock, no asyncio, no Kafka; every time is an argument.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pipeline.core.engine.buckets import interpolate
+from pipeline.core.engine.costcurve import CostCurve
+from pipeline.core.engine.peer_forwarding import Forward
+
+DEFAULT_RELIEF_SPEED = 0.6
+"""A peer whose decode step is at most this times the local one is a clearly faster device: the
+same line `peer_forwarding` draws for load, for the same reason (CPU contention makes a learned
+step noisy by tens of percent)."""
+SAMPLES = 32
+"""Recent answers the first-token time and the answer length are medians of."""
+STEP_POINTS = 8
+"""Points of the step curve a beacon carries at most."""
+
+
+@dataclass(frozen=True)
+class DecodeState:
+    """What a generating consumer says of its decode loop in its beacon."""
+
+    start_in_ms: float
+    """How long one more request handed to it now would wait for room (0 while it has room)."""
+    first_token_ms: float
+    """Dispatch to first token once it has room (the join and the prefill); 0 before any answer."""
+    steps: tuple[tuple[int, float], ...]
+    """Its decode step by requests on the device: (rows, ms), non-decreasing; empty before any answer."""
+    running: int
+    """Requests on its device now (running or joining)."""
+    room: int
+    """Requests it could start now beyond its waiting queue (free device slots)."""
+    slot_every_ms: float
+    """Once it is full, how often one of its running requests ends (a slot frees)."""
+
+
+@dataclass(frozen=True)
+class DecodeLocal:
+    """The forwarding consumer's decode loop at the scan (from its `DecodeLedger`)."""
+
+    ends_ms: tuple[float, ...]
+    """When each request on the device is expected to end, from now, soonest first."""
+    first_token_ms: float
+    steps: tuple[tuple[int, float], ...]
+    room: int
+    """Free device slots now."""
+    slot_every_ms: float
+    typical_tokens: int
+    """What an answer here runs (median of recent answers); 0 before any."""
+
+    @property
+    def running(self) -> int:
+        return len(self.ends_ms)
+
+
+@dataclass(frozen=True)
+class DecodeRule:
+    min_gain_ms: float = 20.0
+    gain_share: float = 0.35
+    hop_ms: float = 10.0
+    stale_ms: float = 2000.0
+    relief_speed: float = DEFAULT_RELIEF_SPEED
+    relief_gain_ms: float = 5.0
+
+
+@dataclass(frozen=True)
+class DecodePeer:
+    """A peer as the plan reads it: its id, its priority partitions, its beacon's time and decode state."""
+
+    member_id: str
+    at_ms: float
+    partitions: tuple[int, ...]
+    state: DecodeState
+
+
+def step_ms(steps: Sequence[tuple[int, float]], rows: float) -> float | None:
+    """The decode step at `rows` read off a curve (None when nothing is measured)."""
+    return interpolate(list(steps), max(1.0, rows))
+
+
+def expected_tokens(limit: int, typical: int) -> int:
+    """What a request of max_new_tokens `limit` is expected to generate: the typical answer, never more
+    than its limit; its limit before any answer."""
+    return min(limit, typical) if typical > 0 else limit
+
+
+def local_wait_ms(position: int, local: DecodeLocal) -> float:
+    """How long the request at `position` of the dispatch-ordered queue waits for room here: at once
+    within the free slots, else until the running request that frees its slot ends."""
+    k = position - local.room
+    if k < 0:
+        return 0.0
+    ends = local.ends_ms
+    if k < len(ends):
+        return ends[k]
+    last = ends[-1] if ends else 0.0
+    return last + (k - len(ends) + 1) * local.slot_every_ms
+
+
+def local_rows(position: int, local: DecodeLocal) -> int:
+    """Requests on the device while the request at `position` decodes: those running, the queue ahead
+    of it and itself, never more than the slots."""
+    return max(1, min(local.running + position + 1, local.running + local.room))
+
+
+def local_tokens_ms(position: int, tokens: int, local: DecodeLocal) -> tuple[float, float]:
+    """(first token, last token) of the request at `position`, `tokens` long, if it stays, from now."""
+    first = local_wait_ms(position, local) + local.first_token_ms
+    step = step_ms(local.steps, local_rows(position, local)) or 0.0
+    return first, first + (tokens - 1) * step
+
+
+def peer_tokens_ms(
+    peer: DecodeState, extra: int, tokens: int, rule: DecodeRule, age_ms: float, fallback: DecodeLocal
+) -> tuple[float, float]:
+    """(first token, last token), from now, of one more request `tokens` long handed to `peer` after
+    `extra` already sent since its beacon, `age_ms` old. A peer that has measured nothing is read as
+    the local consumer (`fallback`) for one request; a second is never predicted (infinite)."""
+    if not peer.steps:
+        if extra:
+            return math.inf, math.inf
+        first = rule.hop_ms + max(0.0, peer.start_in_ms - age_ms) + fallback.first_token_ms
+        return first, first + (tokens - 1) * (step_ms(fallback.steps, peer.running + 1) or 0.0)
+    if peer.room:  # room for `room` more at once; past them, a slot each time a running request ends
+        wait = 0.0 if extra < peer.room else (extra - peer.room + 1) * peer.slot_every_ms
+    else:  # full: the next end, aged with the beacon, then one end per request sent since
+        wait = max(0.0, peer.start_in_ms - age_ms) + extra * peer.slot_every_ms
+    rows = max(1, min(peer.running + extra + 1, peer.running + max(peer.room, 1)))
+    first = rule.hop_ms + wait + peer.first_token_ms
+    return first, first + (tokens - 1) * (step_ms(peer.steps, rows) or 0.0)
+
+
+def faster(peer: DecodeState, local: DecodeLocal, rule: DecodeRule) -> bool:
+    """The peer's decode step is clearly shorter than the local one at rows both have measured: a
+    faster device, not noise."""
+    if not peer.steps or not local.steps:
+        return False
+    rows = min(peer.steps[-1][0], local.steps[-1][0])
+    theirs, ours = step_ms(peer.steps, rows), step_ms(local.steps, rows)
+    return theirs is not None and ours is not None and ours > 0 and theirs <= rule.relief_speed * ours
+
+
+def plan_decode_forwards(
+    limits: Sequence[int],
+    movable: Sequence[bool],
+    local: DecodeLocal,
+    peers: Sequence[DecodePeer],
+    now_ms: float,
+    rule: DecodeRule,
+    sent: dict[str, int] | None = None,
+) -> list[Forward]:
+    """Which waiting requests (dispatch order; `limits[i]`: the max_new_tokens of the request at i)
+    go to which peer, back of the queue first; `movable[i]` says whether it may leave (not a forward
+    itself). Pass `peers` in `peers_after` order (ties go to the first). `sent` counts requests
+    already handed to each peer since its beacon and is updated in place. The scan stops at the
+    first movable request that no peer beats: those ahead of it start sooner here still."""
+    sent = {} if sent is None else sent
+    usable = [p for p in peers if p.partitions and now_ms - p.at_ms <= rule.stale_ms]
+    if not usable or not limits or local.first_token_ms <= 0:
+        return []
+    chosen: list[Forward] = []
+    for position in range(len(limits) - 1, -1, -1):
+        if not movable[position]:
+            continue
+        tokens = expected_tokens(limits[position], local.typical_tokens)
+
+        def there(p: DecodePeer, tokens: int = tokens) -> tuple[float, float]:
+            return peer_tokens_ms(p.state, sent.get(p.member_id, 0), tokens, rule, now_ms - p.at_ms, local)
+
+        best = min(usable, key=there)
+        first_there, last_there = there(best)
+        first_here, last_here = local_tokens_ms(position, tokens, local)
+        if faster(best.state, local, rule):
+            first_margin = last_margin = rule.relief_gain_ms
+        else:
+            first_margin = max(rule.min_gain_ms, rule.gain_share * first_here)
+            last_margin = max(rule.min_gain_ms, rule.gain_share * last_here)
+        gain_first, gain_last = first_here - first_there, last_here - last_there
+        clearly = (gain_first >= first_margin and gain_last >= 0) or (
+            gain_last >= last_margin and gain_first >= -rule.hop_ms
+        )
+        if not clearly:
+            break
+        count = sent.get(best.member_id, 0)
+        chosen.append(Forward(position, best.member_id, best.partitions[count % len(best.partitions)]))
+        sent[best.member_id] = count + 1
+    return chosen
+
+
+@dataclass
+class _OnDevice:
+    dispatched_ms: float
+    tokens: int
+    """Its max_new_tokens."""
+    area_at_dispatch: float
+
+
+class DecodeLedger:
+    """A generating consumer's own measures of its decode loop, from its dispatches and answers.
+
+    `slots`: how many requests its device holds (running and joining). Times are passed in.
+    """
+
+    def __init__(self, slots: int, curve_cap: int | None = None) -> None:
+        self.slots = max(1, slots)
+        self._curve = CostCurve(curve_cap or self.slots, 0.1, None, enabled=False)
+        self._on_device: dict[str, _OnDevice] = {}
+        self._first_token: deque[float] = deque(maxlen=SAMPLES)
+        self._answers: deque[int] = deque(maxlen=SAMPLES)
+        self._area = 0.0
+        """Time integral of the requests on the device (request x ms), up to `_area_ms`."""
+        self._area_ms: float | None = None
+
+    def _advance(self, now_ms: float) -> None:
+        if self._area_ms is not None and now_ms > self._area_ms:
+            self._area += len(self._on_device) * (now_ms - self._area_ms)
+        if self._area_ms is None or now_ms > self._area_ms:
+            self._area_ms = now_ms
+
+    def dispatched(self, request_id: str, now_ms: float, max_new_tokens: int) -> None:
+        """A request went to the device (it joins the running set there)."""
+        self._advance(now_ms)
+        self._on_device[request_id] = _OnDevice(now_ms, max(1, max_new_tokens), self._area)
+
+    def left(self, request_id: str, now_ms: float) -> None:
+        """It left the device without an answer to learn from (failed, withdrawn)."""
+        self._advance(now_ms)
+        self._on_device.pop(request_id, None)
+
+    def answered(
+        self, request_id: str, now_ms: float, first_token_ms: float | None, last_token_ms: float | None, tokens: int
+    ) -> None:
+        """It ended with `tokens` generated, its first and last token at those epoch ms: the first-token
+        time, the answer length and one point of the step curve (time per output token at the mean
+        number of requests on the device over its life)."""
+        self._advance(now_ms)
+        seen = self._on_device.pop(request_id, None)
+        if seen is None or first_token_ms is None:
+            return
+        self._first_token.append(max(0.0, first_token_ms - seen.dispatched_ms))
+        self._answers.append(tokens)
+        if last_token_ms is None or tokens < 2 or last_token_ms <= first_token_ms:
+            return
+        life = now_ms - seen.dispatched_ms
+        rows = (self._area - seen.area_at_dispatch) / life if life > 0 else 1.0
+        self._curve.observe(max(1, round(rows)), (last_token_ms - first_token_ms) / (tokens - 1))
+
+    @property
+    def running(self) -> int:
+        return len(self._on_device)
+
+    def steps(self) -> tuple[tuple[int, float], ...]:
+        """The step curve, at most STEP_POINTS points (the largest rows always among them)."""
+        points = self._curve.points()
+        if len(points) > STEP_POINTS:
+            stride = (len(points) - 1) / (STEP_POINTS - 1)
+            points = [points[round(k * stride)] for k in range(STEP_POINTS)]
+        return tuple((int(rows), float(ms)) for rows, ms in points)
+
+    def first_token_ms(self) -> float:
+        return _median(self._first_token)
+
+    def typical_tokens(self) -> int:
+        return int(_median(self._answers))
+
+    def local(self, now_ms: float, room: int) -> DecodeLocal:
+        """This consumer's decode loop now, with `room` free device slots."""
+        steps = self.steps()
+        first = self.first_token_ms()
+        typical = self.typical_tokens()
+        rows = max(1, self.running)
+        step = step_ms(steps, rows) or 0.0
+        ends = sorted(
+            max(step, d.dispatched_ms + first + (expected_tokens(d.tokens, typical) - 1) * step - now_ms)
+            for d in self._on_device.values()
+        )
+        life = first + max(0, typical - 1) * step
+        return DecodeLocal(tuple(ends), first, steps, max(0, room), life / rows, typical)
+
+    def state(self, now_ms: float, room: int, waiting: int) -> DecodeState:
+        """What its beacon says with `room` free slots and `waiting` requests queued ahead of one more."""
+        local = self.local(now_ms, room)
+        return DecodeState(
+            start_in_ms=local_wait_ms(waiting, local),
+            first_token_ms=local.first_token_ms,
+            steps=local.steps,
+            running=local.running,
+            room=max(0, local.room - waiting),
+            slot_every_ms=local.slot_every_ms,
+        )
+
+
+def _median(values: Sequence[float] | deque[float] | deque[int]) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return float(ordered[len(ordered) // 2])
