@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 SINK_ENV = {"BROKER_SESSION_TIMEOUT": "10"}
 """faust reads its settings from the environment too. Its default session timeout
