@@ -14,7 +14,7 @@ from pipeline.core.sim.generation.decode_loop import GenArrivals
 from pipeline.core.sim.generation.gen_scenario import gen_arrivals, load_gen_scenario, parse_gen_scenario
 from pipeline.core.sim.generation.peer_schedulers import TGI, VLLM, FixedWindowGen, SGLang, simulate_tokens
 from pipeline.core.sim.scenario import ScenarioError
-from pipeline.tools.bench.generation import bench_scenario, default_layout, figures, run_default
+from pipeline.tools.bench.generation import GenWorkload, bench_scenario, default_layout, figures, run_default
 
 ROOT = Path(__file__).resolve().parents[2]
 COST = GenerationCost.linear(10.0, 0.1, 20.0, 0.2)
@@ -93,8 +93,8 @@ def test_vllm_preempts_the_newest_row_when_the_kv_cache_runs_out() -> None:
 
 
 def test_goodput_counts_requests_meeting_both_objectives() -> None:
-    scn = parse_gen_scenario(SMALL, "small.toml")
-    arr = gen_arrivals(scn)
+    scn = GenWorkload.of_scenario(parse_gen_scenario(SMALL, "small.toml"))
+    arr = scn.arrivals
     assert arr.prompt.min() >= 20 and arr.prompt.max() <= 2000 and arr.emits.max() <= 200
     fig = figures(scn, simulate_tokens(arr, scn.cost, VLLM(kv_tokens=scn.kv_tokens)))
     assert 0 < fig["goodput_rps"] <= fig["throughput_rps"]
@@ -102,11 +102,11 @@ def test_goodput_counts_requests_meeting_both_objectives() -> None:
 
 
 def test_batchtide_default_uses_the_profile_layout() -> None:
-    scn = parse_gen_scenario(SMALL, "small.toml")
+    scn = GenWorkload.of_scenario(parse_gen_scenario(SMALL, "small.toml"))
     profile, loop, cap, _ = default_layout(scn)
     assert cap == 2000 + 200 and profile.target_size == 32 + 200
     assert loop.token_cap is not None and loop.token_cap <= scn.kv_tokens
-    out = run_default(scn, gen_arrivals(scn))
+    out = run_default(scn, scn.arrivals)
     assert not np.isnan(out.done_ms).any()
 
 

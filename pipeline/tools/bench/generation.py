@@ -24,6 +24,7 @@ import numpy as np
 
 from pipeline.core.config import BatchProfile, ModelConfig
 from pipeline.core.engine import BatchingEngine
+from pipeline.core.sim.generation.cost import GenerationCost
 from pipeline.core.sim.generation.decode_loop import (
     JOIN_SLOTS,
     GenArrivals,
@@ -51,11 +52,44 @@ KNEE_TOLERANCE = 0.02
 
 
 @dataclass(frozen=True)
+class GenWorkload:
+    """What every system of the bench serves: requests on one simulated device, under two objectives."""
+
+    name: str
+    arrivals: GenArrivals
+    cost: GenerationCost
+    ttft_ms: float
+    tpot_ms: float
+    max_new_tokens: int
+    """The model's max_new_tokens: what batchtide's loop reserves per row, the longest answer."""
+    kv_tokens: int
+    longest_prompt: int
+    """The longest prompt the model admits (its max_input_tokens)."""
+
+    @classmethod
+    def of_scenario(cls, scn: GenScenario) -> GenWorkload:
+        prompt = scn.base.prompt
+        longest = prompt.max if prompt.dist != "fixed" else prompt.value
+        return cls(
+            scn.name,
+            gen_arrivals(scn),
+            scn.cost,
+            scn.ttft_ms,
+            scn.tpot_ms,
+            scn.max_new_tokens,
+            scn.kv_tokens,
+            int(longest),
+        )
+
+
+@dataclass(frozen=True)
 class GenRow:
     system: str
     config: str
     goodput_rps: float
     throughput_rps: float
+    generated_tokens_per_s: float
+    """Tokens of the answers served, over the first request to the last answer."""
     attained: float
     """Share of all requests that met both objectives."""
     ttft_p99_ms: float
@@ -72,7 +106,7 @@ def _pct(values: np.ndarray, q: float) -> float:
     return float(np.percentile(values, q)) if values.size else math.nan
 
 
-def figures(scn: GenScenario, outcome: GenOutcome) -> dict[str, float]:
+def figures(scn: GenWorkload, outcome: GenOutcome) -> dict[str, float]:
     arr = outcome.arrivals
     served = ~outcome.expired & ~np.isnan(outcome.done_ms)
     ttft = outcome.first_ms - arr.create_ms
@@ -83,6 +117,7 @@ def figures(scn: GenScenario, outcome: GenOutcome) -> dict[str, float]:
     return {
         "goodput_rps": float(good.sum()) / span_s,
         "throughput_rps": float(served.sum()) / span_s,
+        "generated_tokens_per_s": float(np.minimum(arr.emits, arr.limit)[served].sum()) / span_s,
         "attained": float(good.mean()) if len(arr) else math.nan,
         "ttft_p99_ms": _pct(ttft[served], 99),
         "tpot_p99_ms": _pct(tpot[served & many], 99),
@@ -92,7 +127,7 @@ def figures(scn: GenScenario, outcome: GenOutcome) -> dict[str, float]:
     }
 
 
-def knee_rows(scn: GenScenario) -> int:
+def knee_rows(scn: GenWorkload) -> int:
     """The decode curve's knee as `batchtide profile` finds it (doubling rows up to its max size)."""
     penalty = math.log(1.0 + KNEE_TOLERANCE) / math.log(2.0)
     best, best_score, rows = 1, -math.inf, 1
@@ -105,12 +140,12 @@ def knee_rows(scn: GenScenario) -> int:
     return best
 
 
-def default_layout(scn: GenScenario) -> tuple[BatchProfile, LoopSettings, int, list[tuple[int, float]]]:
+def default_layout(scn: GenWorkload) -> tuple[BatchProfile, LoopSettings, int, list[tuple[int, float]]]:
     """batchtide-default: the profile file's recommended layout for this device and model, with
     every other knob at its default (measured_profile.build and profile_file.apply)."""
     new = scn.max_new_tokens
     typical = PROFILED_PROMPT + new
-    longest = scn.base.prompt.max + new if scn.base.prompt.dist != "fixed" else scn.base.prompt.value + new
+    longest = scn.longest_prompt + new
     rows = max(1, min(knee_rows(scn), scn.kv_tokens // typical))
     profile = BatchProfile(
         cost_unit="tokens",
@@ -139,17 +174,17 @@ def default_layout(scn: GenScenario) -> tuple[BatchProfile, LoopSettings, int, l
     return profile, loop, longest, [(x, ms) for x, ms in points if x <= longest]
 
 
-def run_default(scn: GenScenario, arr: GenArrivals) -> GenOutcome:
+def run_default(scn: GenWorkload, arr: GenArrivals) -> GenOutcome:
     profile, loop, cap, points = default_layout(scn)
     engine = BatchingEngine(profile, device_cap=cap, prior_costs=points)
     return simulate_generation(arr, scn.cost, [engine], loop, profile.max_inflight_batches)
 
 
-def grids(scn: GenScenario, quick: bool) -> dict[str, list[tuple[str, Callable[[], TokenScheduler]]]]:
+def grids(scn: GenWorkload, quick: bool) -> dict[str, list[tuple[str, Callable[[], TokenScheduler]]]]:
     """Each peer's knobs (as documented), a coarser grid with `quick`. Like the servers themselves,
     vLLM without chunked prefill and TGI need a prefill budget of at least the longest prompt."""
     kv = scn.kv_tokens
-    longest = scn.base.prompt.max if scn.base.prompt.dist != "fixed" else scn.base.prompt.value
+    longest = scn.longest_prompt
     seqs = (32, 128, 512) if quick else (16, 32, 64, 128, 256, 512)
     budgets = (512, 2048, 4096) if quick else (256, 512, 1024, 2048, 4096, 8192)
     vllm = [
@@ -194,12 +229,18 @@ def bench_scenario(
 ) -> dict[str, Any]:
     """batchtide-default and every peer's best configuration on one scenario, the peers charged
     the runner's measured kernels (or their own idealised ragged ones: peer_schedulers.iteration_ms)."""
-    arr = gen_arrivals(scn)
-    rows: list[GenRow] = []
-    start = time.perf_counter()
-    out = figures(scn, run_default(scn, arr))
-    rows.append(GenRow("batchtide-default", "profile layout", runs=1, wall_s=time.perf_counter() - start, **out))
-    on_run("batchtide-default")
+    return bench_workload(GenWorkload.of_scenario(scn), quick, on_run, peer_kernels)
+
+
+def best_peers(
+    scn: GenWorkload,
+    quick: bool = False,
+    peer_kernels: Kernels = "runner",
+    on_run: Callable[[str], None] = lambda _: None,
+) -> list[GenRow]:
+    """Each peer family at the configuration of its grid with the highest goodput (its oracle)."""
+    arr = scn.arrivals
+    rows = []
     for family, grid in grids(scn, quick).items():
         start = time.perf_counter()
         best: tuple[str, dict[str, float]] | None = None
@@ -212,6 +253,23 @@ def bench_scenario(
             GenRow(f"{family} (oracle)", best[0], runs=len(grid), wall_s=time.perf_counter() - start, **best[1])
         )
         on_run(family)
+    return rows
+
+
+def bench_workload(
+    scn: GenWorkload,
+    quick: bool = False,
+    on_run: Callable[[str], None] = lambda _: None,
+    peer_kernels: Kernels = "runner",
+) -> dict[str, Any]:
+    """batchtide-default and every peer's best configuration on one workload."""
+    arr = scn.arrivals
+    rows: list[GenRow] = []
+    start = time.perf_counter()
+    out = figures(scn, run_default(scn, arr))
+    rows.append(GenRow("batchtide-default", "profile layout", runs=1, wall_s=time.perf_counter() - start, **out))
+    on_run("batchtide-default")
+    rows += best_peers(scn, quick, peer_kernels, on_run)
     peers = [r.goodput_rps for r in rows[1:]]
     top = max(peers) if peers else math.nan
     return {

@@ -628,8 +628,34 @@ def parse_slowdown(text: str) -> tuple[float, float, float]:
 @bench_app.command("generation")
 def bench_generation(
     scenario_opts: list[Path] = typer.Option(
-        ..., "--scenario", "-s", help="Generation scenario TOML (scenarios/generation/); repeat for several."
+        [], "--scenario", "-s", help="Generation scenario TOML (scenarios/generation/); repeat for several."
     ),
+    trace: Path | None = typer.Option(
+        None,
+        "--trace",
+        help="LLM request trace CSV (as `produce --trace`), instead of scenarios: the device, objectives and "
+        "time scale are chosen unless given.",
+    ),
+    time_scale: float | None = typer.Option(
+        None, "--time-scale", help="--trace: multiply arrival times (default: searched, printed)."
+    ),
+    length_scale: float = typer.Option(1.0, "--length-scale", help="--trace: multiply prompt and answer tokens."),
+    start: float = typer.Option(0.0, "--start", help="--trace: window start, seconds of the trace's own time."),
+    window: float | None = typer.Option(
+        None, "--window", help="--trace: window length, seconds of the trace's own time (default: to the end)."
+    ),
+    profile: Path | None = typer.Option(
+        None,
+        "--profile",
+        help="--trace: the device's generation profile (default: this machine's cached SmolLM2 profile, else "
+        "the generation scenarios' curve).",
+    ),
+    ttft_ms: float | None = typer.Option(None, "--ttft-ms", help="--trace: TTFT objective (default: from the device)."),
+    tpot_ms: float | None = typer.Option(None, "--tpot-ms", help="--trace: TPOT objective (default: from the device)."),
+    config: Path | None = typer.Option(
+        None, "--config", help="--trace with --model: also simulate that model as configured (needs --profile)."
+    ),
+    model: str | None = typer.Option(None, "--model", help="--trace: the configured model to simulate as well."),
     quick: bool = typer.Option(False, "--quick", help="Coarser peer grids."),
     json_out: Path | None = typer.Option(None, "--json", help="Write the reports as JSON here."),
     peer_kernels: str = typer.Option(
@@ -645,12 +671,26 @@ def bench_generation(
     from pipeline.core.sim.generation.gen_scenario import load_gen_scenario
     from pipeline.core.sim.scenario import ScenarioError
     from pipeline.tools.bench.generation import bench_scenario
-    from pipeline.tools.views.tables import print_table
 
     if peer_kernels not in ("runner", "ragged"):
         wide_console.print(f"[red]error:[/red] --peer-kernels must be runner or ragged (got {escape(peer_kernels)})")
         raise typer.Exit(2)
+    if bool(scenario_opts) == (trace is not None):
+        wide_console.print("[red]error:[/red] give --scenario FILE (one or more) or --trace FILE")
+        raise typer.Exit(2)
     reports = []
+    if trace is not None:
+        report = _bench_trace(
+            trace,
+            (time_scale, length_scale, start, window),
+            profile,
+            (ttft_ms, tpot_ms),
+            (config, model),
+            quick,
+            peer_kernels,
+        )
+        reports.append(report)
+        _generation_table(report, f"{trace.name}: {report['requests']} requests", peer_kernels)
     for path in scenario_opts:
         try:
             scn = load_gen_scenario(path)
@@ -660,44 +700,110 @@ def bench_generation(
         with wide_console.status(f"{scn.name}: batchtide-default and the peers' grids ..."):
             report = bench_scenario(scn, quick=quick, peer_kernels=peer_kernels)  # type: ignore[arg-type]
         reports.append(report)
-        table = Table(
-            title=f"{scn.name}: {report['requests']} requests; objectives TTFT <= {scn.ttft_ms:g} ms, "
-            f"TPOT <= {scn.tpot_ms:g} ms; peers on {peer_kernels} kernels"
-        )
-        for column in (
-            "system",
-            "goodput req/s",
-            "req/s",
-            "met both",
-            "TTFT p99 ms",
-            "TPOT p99 ms",
-            "e2e p99 ms",
-            "expired",
-            "longest gap ms",
-            "runs",
-            "best configuration",
-        ):
-            table.add_column(column, justify="left" if column in ("system", "best configuration") else "right")
-        for row in report["rows"]:
-            table.add_row(
-                row["system"],
-                f"{row['goodput_rps']:.2f}",
-                f"{row['throughput_rps']:.2f}",
-                f"{row['attained']:.1%}",
-                _ms(row["ttft_p99_ms"]),
-                _ms(row["tpot_p99_ms"], 1),
-                _ms(row["e2e_p99_ms"]),
-                f"{row['expired_share']:.1%}",
-                _ms(row["longest_gap_ms"]),
-                str(row["runs"]),
-                row["config"],
-            )
-        print_table(wide_console, table)
-        wide_console.print(f"  batchtide-default / best peer goodput: {report['default_vs_best_peer']:.2f}")
+        _generation_table(report, f"{scn.name}: {report['requests']} requests", peer_kernels)
     if json_out:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(reports, indent=2))
         wide_console.print(f"wrote {json_out}")
+
+
+def _bench_trace(
+    trace: Path,
+    scales: tuple[float | None, float, float, float | None],
+    profile: Path | None,
+    objectives: tuple[float | None, float | None],
+    configured: tuple[Path | None, str | None],
+    quick: bool,
+    peer_kernels: str,
+) -> dict[str, Any]:
+    """`bench generation --trace`: the device found, the time scale searched when not given, the report."""
+    from pipeline.core.config import ConfigError, ModelConfig, load_config
+    from pipeline.core.profile_file import ProfileError, profile_path
+    from pipeline.core.sim.generation.trace import TraceError, TraceSlice
+    from pipeline.tools.bench.generation_trace import bench_trace, find_device
+    from pipeline.tools.commands.demo import PROFILE_CACHE, SMOLLM
+    from pipeline.tools.devtools.demo_plan import cache_key, machine_fingerprint
+
+    time_scale, length_scale, start, window = scales
+    config, model_name = configured
+    spec = None
+    try:
+        if model_name is not None:
+            spec = load_config(config).model(model_name)
+        part = TraceSlice(time_scale or 1.0, length_scale, start, window)
+        demo = ModelConfig(
+            name=SMOLLM.name,
+            runner="transformers",
+            model_path=str(SMOLLM.keys["model_path"]),
+            task="generate",
+            max_new_tokens=SMOLLM.max_new_tokens,
+            torch_threads=1,
+        )
+        cached = [PROFILE_CACHE.expanduser() / f"{cache_key(demo, machine_fingerprint())}.json", profile_path("smollm")]
+        device = find_device(profile, cached)
+        wide_console.print(f"device: {escape(device.source)}")
+        report = bench_trace(
+            trace,
+            part,
+            device,
+            objectives[0],
+            objectives[1],
+            quick=quick,
+            search=time_scale is None,
+            model=spec,
+            say=lambda line: wide_console.print(escape(line)),
+            peer_kernels=peer_kernels,  # type: ignore[arg-type]
+        )
+    except (TraceError, ProfileError, ConfigError) as e:
+        wide_console.print(f"[red]error:[/red] {escape(str(e))}")
+        raise typer.Exit(2) from None
+    wide_console.print(
+        f"{escape(trace.name)}: {report['requests']} requests (trace rows {report['trace_indices'][0]}.."
+        f"{report['trace_indices'][1]}), time x{report['time_scale']:.3g}"
+        + (" (searched)" if report["time_scale_searched"] else "")
+        + f", lengths x{length_scale:g}: {report['offered_rps']:.3f} req/s offered; prompt tokens p50 "
+        f"{report['prompt_tokens_p50']:.0f}, answer tokens p50 {report['answer_tokens_p50']:.0f}"
+    )
+    return report
+
+
+def _generation_table(report: dict[str, Any], title: str, peer_kernels: str) -> None:
+    table = Table(
+        title=f"{title}; objectives TTFT <= {report['ttft_ms']:,.0f} ms, TPOT <= {report['tpot_ms']:,.1f} ms; "
+        f"peers on {peer_kernels} kernels"
+    )
+    for column in (
+        "system",
+        "goodput req/s",
+        "req/s",
+        "gen tok/s",
+        "met both",
+        "TTFT p99 ms",
+        "TPOT p99 ms",
+        "e2e p99 ms",
+        "expired",
+        "longest gap ms",
+        "runs",
+        "best configuration",
+    ):
+        table.add_column(column, justify="left" if column in ("system", "best configuration") else "right")
+    for row in report["rows"]:
+        table.add_row(
+            row["system"],
+            f"{row['goodput_rps']:.2f}",
+            f"{row['throughput_rps']:.2f}",
+            f"{row['generated_tokens_per_s']:.1f}",
+            f"{row['attained']:.1%}",
+            _ms(row["ttft_p99_ms"]),
+            _ms(row["tpot_p99_ms"], 1),
+            _ms(row["e2e_p99_ms"]),
+            f"{row['expired_share']:.1%}",
+            _ms(row["longest_gap_ms"]),
+            str(row["runs"]),
+            row["config"],
+        )
+    print_table(wide_console, table)
+    wide_console.print(f"  batchtide-default / best peer goodput: {report['default_vs_best_peer']:.2f}")
 
 
 def _ms(value: float, digits: int = 0) -> str:
