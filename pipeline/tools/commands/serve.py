@@ -102,6 +102,9 @@ def produce(
     ),
     time_scale: float = typer.Option(1.0, "--time-scale", help="--trace: multiply arrival times (2 = half the rate)."),
     length_scale: float = typer.Option(1.0, "--length-scale", help="--trace: multiply prompt and answer tokens."),
+    answer_scale: float | None = typer.Option(
+        None, "--answer-scale", help="--trace: multiply answer tokens by this instead of --length-scale."
+    ),
     start: float = typer.Option(0.0, "--start", help="--trace: window start, seconds of the trace's own time."),
     window: float | None = typer.Option(
         None, "--window", help="--trace: window length, seconds of the trace's own time (default: to the end)."
@@ -126,7 +129,7 @@ def produce(
     if scenario is not None:
         load = scenario_load(str(scenario), multiplier, partitions)
     elif trace is not None:
-        load = _trace_load(cfg, model, trace, (time_scale, length_scale, start, window), seed)
+        load = _trace_load(cfg, model, trace, (time_scale, length_scale, start, window, answer_scale), seed)
     else:
         assert rate is not None
         load = poisson_load(rate, duration, seed, tokens=tokens)
@@ -148,7 +151,7 @@ def produce(
 
 
 def _trace_load(
-    cfg: Config, model: str, path: Path, scales: tuple[float, float, float, float | None], seed: int
+    cfg: Config, model: str, path: Path, scales: tuple[float, float, float, float | None, float | None], seed: int
 ) -> Load:
     """The trace's slice as a load for `model`: prompts built to the exact token counts as its runner
     counts them (its tokenizer), every request checked as its consumer would check it (a request it
@@ -164,9 +167,9 @@ def _trace_load(
         typer.echo(f"error: --trace needs model {model!r} in the config (its tokenizer and limits)", err=True)
         raise typer.Exit(2)
     spec = cfg.model(model)
-    time_scale, length_scale, start, window = scales
+    time_scale, length_scale, start, window, answer_scale = scales
     try:
-        part = TraceSlice(time_scale, length_scale, start, window)
+        part = TraceSlice(time_scale, length_scale, start, window, answer_scale)
         sliced = part.apply(read_trace(path))
     except TraceError as e:
         typer.echo(f"error: {e}", err=True)

@@ -16,7 +16,8 @@ replay carries through the pipeline so a live answer can be matched to the trace
 
 A machine smaller than the one the trace was taken on serves a slice of it at a chosen load
 (`TraceSlice`): a window of the trace's own time, stretched by a time scale (2 halves the rate)
-and with lengths multiplied by a length scale (every prompt and answer keeps at least one token).
+and with lengths multiplied by a length scale, the answers' by their own scale when given (every
+prompt and answer keeps at least one token).
 """
 
 from __future__ import annotations
@@ -82,10 +83,15 @@ class TraceSlice:
     """Start of the window, seconds of the trace's own time from its first request."""
     duration_s: float | None = None
     """Length of the window in the trace's own seconds; None: to the end."""
+    answer_scale: float | None = None
+    """Answer tokens are multiplied by this instead of `length_scale` (a CPU that must shorten the
+    prompts can keep the answers, and so the times between their tokens, as they were)."""
 
     def __post_init__(self) -> None:
-        for name in ("time_scale", "length_scale"):
+        for name in ("time_scale", "length_scale", "answer_scale"):
             value = getattr(self, name)
+            if value is None:
+                continue
             if not (math.isfinite(value) and value > 0):
                 raise TraceError(f"{name} must be a positive number (got {value})")
         if not (math.isfinite(self.start_s) and self.start_s >= 0):
@@ -97,7 +103,8 @@ class TraceSlice:
         window = f"{self.start_s:g} s" + (
             f" to {self.start_s + self.duration_s:g} s" if self.duration_s is not None else " to the end"
         )
-        return f"window {window} of the trace, time x{self.time_scale:g}, lengths x{self.length_scale:g}"
+        answers = "" if self.answer_scale is None else f", answers x{self.answer_scale:g}"
+        return f"window {window} of the trace, time x{self.time_scale:g}, lengths x{self.length_scale:g}{answers}"
 
     def apply(self, trace: Trace) -> Trace:
         """The requests of the window, times from the window's start, scaled."""
@@ -111,7 +118,7 @@ class TraceSlice:
             trace.index[keep],
             (trace.offset_ms[keep] - start_ms) * self.time_scale,
             _scaled(trace.prompt[keep], self.length_scale),
-            _scaled(trace.answer[keep], self.length_scale),
+            _scaled(trace.answer[keep], self.length_scale if self.answer_scale is None else self.answer_scale),
         )
 
 

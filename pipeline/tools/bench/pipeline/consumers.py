@@ -50,6 +50,8 @@ def llm_model(options: BenchOptions) -> dict[str, Any]:
         "torch_threads": options.torch_threads, "max_new_tokens": MIXED_NEW_TOKENS[1],
         "max_input_tokens": LONG_INPUT_TOKENS if wide else 512,
     }  # fmt: skip
+    if options.llm_model_keys is not None:
+        return runner | options.llm_model_keys
     if options.llm_mode == "fixed":
         return runner | {
             "batching": "static", "target_size": 32, "hard_cap": 48, "max_wait_ms": 20,

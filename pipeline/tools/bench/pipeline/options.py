@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 RunnerChoice = Literal["zero-cost", "minilm", "cost-model", "smollm"]
 LlmMode = Literal["static", "iteration", "fixed"]
@@ -67,6 +67,8 @@ class BenchOptions:
     slowdown: tuple[float, float, float] | None = None
     """cost-model: (from_s, to_s, factor): consumer 0's t(b) multiplied by factor over that part of
     the measured load (a device that throttles mid-run)."""
+    llm_model_keys: dict[str, Any] | None = None
+    """smollm: the consumer's batching keys, instead of the mode's (a trace replay runs batchtide-default's layout)."""
     record_dir: str | None = None
     """Keep each trial under this directory as `batchtide replay` reads it: the consumers' config, their
     profile and an embedded ClickHouse store the sink filled from the trial's events (`record`)."""

@@ -35,10 +35,12 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.config import KafkaSettings
+from pipeline.core.sim.generation.trace import TraceSlice
 from pipeline.tools.bench.pipeline.llm import llm_modes
 from pipeline.tools.bench.pipeline.options import BenchOptions
 from pipeline.tools.bench.pipeline.printout import describe
 from pipeline.tools.bench.pipeline.record import replay_commands
+from pipeline.tools.bench.pipeline.trace_replay import trace_live
 from pipeline.tools.bench.pipeline.trial import Trial, run_trial
 
 
@@ -139,6 +141,7 @@ async def run_bench(
     profile_now: bool = False,
     budgets: tuple[int | None, ...] = (None,),
     fusions: tuple[bool | None, ...] = (None,),
+    trace: tuple[Path, TraceSlice, float | None] | None = None,
 ) -> dict[str, Any]:
     """Start (or reuse) a broker and run the requested modes; returns the JSON-ready figures.
 
@@ -149,6 +152,9 @@ async def run_bench(
     started = time.monotonic()
     figures: dict[str, Any] = {}
     async with bench_broker(options.bootstrap, workdir, say) as kafka:
+        if trace is not None:
+            path, window, share = trace
+            figures["trace_replay"] = await trace_live(options, kafka, workdir, say, path, window, share, profile_now)
         if find_max_mode:
             say("zero-cost runner: finding the max sustained rate")
             ramp = replace(options, runner="zero-cost", duration_s=options.find_max_duration_s)

@@ -145,8 +145,10 @@ async def run_trial(
     say: Callable[[str], None],
     *,
     read_events: bool = False,
+    load: Load | None = None,
 ) -> Trial:
-    """One offered rate on fresh topics with fresh consumer processes."""
+    """One offered rate on fresh topics with fresh consumer processes (`load`: this load, sent as it is,
+    instead of Poisson arrivals at `rate`)."""
     kafka = replace(base, topic_prefix=f"bench-{uuid.uuid4().hex[:8]}")
     await ensure_topics(kafka, {MODEL: options.partitions})
     record = trial_dir(options, rate)
@@ -173,15 +175,18 @@ async def run_trial(
                     break
             else:
                 raise HarnessError("consumers did not answer the warm-up requests within 120 s")
-            load = skewed(
-                with_new_tokens(
-                    poisson_load(rate, options.duration_s, options.seed, tokens=options.tokens), options, options.seed
-                ),
-                options.partitions,
-                options.hot_share,
-                options.seed,
-            )
-            load = replace(load, timeout_ms=options.timeout_ms)
+            if load is None:
+                load = skewed(
+                    with_new_tokens(
+                        poisson_load(rate, options.duration_s, options.seed, tokens=options.tokens),
+                        options,
+                        options.seed,
+                    ),
+                    options.partitions,
+                    options.hot_share,
+                    options.seed,
+                )
+                load = replace(load, timeout_ms=options.timeout_ms)
             say(
                 f"  offered {rate:g} req/s for {options.duration_s:g} s ({len(load)} requests, {options.consumers} consumer(s))"
             )
