@@ -38,7 +38,7 @@ import msgspec
 from aiokafka.structs import TopicPartition
 
 from consumers.intake import bounded
-from consumers.runners.base import Output
+from consumers.runners.base import MemoryKind, Output
 from pipeline.core.engine.decisions import Batch
 from pipeline.core.kafka.client import Topics
 from pipeline.core.kafka.outbox import Message
@@ -93,7 +93,7 @@ class BatchTiming:
     compute_end_ms: int
     produce_ms: int
     device_mem_bytes: int
-    device_mem_kind: str
+    device_mem_kind: MemoryKind
 
 
 DECISION_FIELDS = (
@@ -153,7 +153,16 @@ class Answers:
         )
         return self._result_message(result, reply_topic, verdict or Verdict(outcome))
 
-    def answered(self, held: Held, verdict: Verdict, done_ms: int, **fields: object) -> Message:
+    def answered(
+        self,
+        held: Held,
+        verdict: Verdict,
+        done_ms: int,
+        *,
+        batch_id: int | None = None,
+        output: Output | None = None,
+        error: str | None = None,
+    ) -> Message:
         """The Result of a request that was admitted (ran, failed or expired)."""
         request = held.request
         return self.result(
@@ -162,8 +171,10 @@ class Answers:
             verdict.outcome,
             enqueue_ms=held.enqueue_ms,
             done_ms=done_ms,
+            batch_id=batch_id,
+            output=output,
+            error=error,
             verdict=verdict,
-            **fields,  # type: ignore[arg-type]
         )
 
     def _result_message(self, result: Result, reply_topic: str | None, verdict: Verdict) -> Message:
@@ -276,7 +287,7 @@ class Answers:
             tokens_in=held.tokens_in,
             tokens_out=held.tokens_out if output is not None else 0,
             device_mem_bytes=timing.device_mem_bytes,
-            device_mem_kind=timing.device_mem_kind,  # type: ignore[arg-type]
+            device_mem_kind=timing.device_mem_kind,
             partition=held.tp.partition,
             offset=held.offset,
             forwarded=held.forwarded_in,

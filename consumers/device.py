@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import msgspec
 
 from consumers.clock import Clock
-from consumers.runners.base import Output, Runner, run_isolating
+from consumers.runners.base import MemoryKind, Output, Runner, run_isolating
 from consumers.warm_up import warm_up
 from pipeline.core.engine.decisions import Batch, PendingRequest
 from schemas.messages import Request
@@ -28,7 +28,7 @@ class Ran:
     outputs: dict[int, Output]
     failures: dict[int, str]
     """Index in the batch -> why the runner failed that request alone."""
-    memory: tuple[int, str]
+    memory: tuple[int, MemoryKind]
     """Device memory after the batch: bytes and their kind."""
     start_ms: float
     end_ms: float
@@ -69,7 +69,7 @@ class Device:
     def close(self) -> None:
         self._threads.shutdown(wait=False)
 
-    def _compute(self, requests: list[Request]) -> tuple[dict[int, Output], dict[int, str], tuple[int, str]]:
+    def _compute(self, requests: list[Request]) -> tuple[dict[int, Output], dict[int, str], tuple[int, MemoryKind]]:
         outputs, failures = run_isolating(self._runner, requests)
         return outputs, failures, self._runner.device_memory()
 

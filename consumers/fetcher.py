@@ -44,12 +44,14 @@ class Fetcher:
         """Priority partitions first: whatever is buffered there is taken before the rest."""
         consumer = self._consumer
         priority = [tp for tp in consumer.assignment() if tp.topic == self._priority_topic]
+        got: dict[TopicPartition, list[ConsumerRecord]]
         if priority:
             got = await consumer.getmany(*priority, timeout_ms=0, max_records=want)
             if got:
                 return got
         # paused: come back soon to resume as the queue drains (a paused fetch returns nothing)
-        return await consumer.getmany(timeout_ms=10 if self.paused else 100, max_records=want)
+        got = await consumer.getmany(timeout_ms=10 if self.paused else 100, max_records=want)
+        return got
 
     def flow(self, queued: int) -> None:
         """Pause or resume partitions for `queued` requests held in the engine."""

@@ -25,7 +25,7 @@ import contextlib
 import logging
 import statistics
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -133,11 +133,11 @@ class Fleet:
             )
         self.sent.pop(beacon.member_id, None)
 
-    async def _keep(self, run: Callable[[], object]) -> None:
+    async def _keep(self, run: Callable[[], Awaitable[object]]) -> None:
         """Beacons must never end while the consumer serves: a failed session is rebuilt."""
         while True:
             try:
-                await run()  # type: ignore[misc]
+                await run()
             except asyncio.CancelledError:
                 raise
             except Exception as e:

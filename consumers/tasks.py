@@ -55,5 +55,6 @@ class Work:
         task.add_done_callback(self._check)
 
     def _check(self, task: asyncio.Task[None]) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            self._on_error(task.exception())  # type: ignore[arg-type]
+        error = None if task.cancelled() else task.exception()
+        if error is not None:
+            self._on_error(error)

@@ -158,7 +158,8 @@ def _panel(spec: PanelSpec, panel_id: int) -> timeseries.Panel | barchart.Panel 
             )
         )
         panel = panel.override_by_regexp(column_pattern(spec.hidden), [hide])
-    return panel
+    built: timeseries.Panel | barchart.Panel | table.Panel = panel  # the builders' chain is typed Any
+    return built
 
 
 def column_pattern(columns: tuple[str, ...]) -> str:

@@ -46,16 +46,16 @@ def format_value(value: float, unit: str) -> str:
                 return f"{value / size:.3g} {suffix}"
         return f"{value:.0f} B"
     suffix = {"reqps": " req/s", "tokens/s": " tok/s"}.get(unit, "")
-    for letter, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(value) >= size:
-            return f"{value / size:.3g}{letter}{suffix}"
+    for letter, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g}{letter}{suffix}"
     return f"{value:.3g}{suffix}"
 
 
 def _nice_max(value: float) -> float:
     if value <= 0 or not math.isfinite(value):
         return 1.0
-    magnitude = 10 ** math.floor(math.log10(value))
+    magnitude = 10.0 ** math.floor(math.log10(value))
     for step in (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10):
         if value <= step * magnitude:
             return step * magnitude

@@ -7,13 +7,17 @@ queries; this module is the one door the dashboards use to reach them.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pipeline.core.store.queries import AnalysisQuery
 
 
 class MissingQuery(LookupError):
     """A panel names a query that `pipeline.core.store.queries` does not define."""
 
 
-def all_queries() -> Mapping[str, object]:
+def all_queries() -> Mapping[str, AnalysisQuery]:
     from pipeline.core.store.queries import QUERIES
 
     return QUERIES
@@ -27,5 +31,4 @@ def query_sql(name: str) -> str:
     except KeyError:
         known = ", ".join(sorted(queries))
         raise MissingQuery(f"no query {name!r} in pipeline.core.store.queries.QUERIES (known: {known})") from None
-    sql = query if isinstance(query, str) else query.sql
-    return str(sql).strip()
+    return query.sql.strip()

@@ -132,11 +132,13 @@ class _Child:
         kind, payload = self._receive()
         if kind == "error":
             raise BatchFailed(payload)
-        return payload
+        outputs: tuple[list[Output], tuple[int, MemoryKind]] = payload
+        return outputs
 
     def _receive(self) -> tuple[str, Any]:
         try:
-            return self.conn.recv()
+            message: tuple[str, Any] = self.conn.recv()
+            return message
         except (EOFError, OSError):
             raise self._died() from None
 

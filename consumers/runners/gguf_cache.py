@@ -51,7 +51,7 @@ def _plain_copy(model: Any, task_loader: Any) -> Any:
     return plain.eval()
 
 
-def convert_once(source: ModelSource, task_loader: type) -> ModelSource:
+def convert_once(source: ModelSource, task_loader: Any) -> ModelSource:
     """A HF-directory source for a GGUF source, converting it on first use.
 
     `task_loader` is the Auto class to load the weights with (e.g.

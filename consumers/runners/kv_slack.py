@@ -42,8 +42,12 @@ def spare_rows(rows: int) -> int:
 class SlackLayer(DynamicLayer):
     """One attention layer's keys and values: rows `[0, rows)`, columns `[start, end)` of a buffer."""
 
+    keys: torch.Tensor
+    values: torch.Tensor
+    """Views of the buffers (DynamicLayer's may be None before its first update; these never are)."""
+
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, rows: int, start: int, end: int) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # transformers leaves DynamicLayer.__init__ unannotated
         self.dtype, self.device = keys.dtype, keys.device
         self.is_initialized = True
         self._k, self._v = keys, values
@@ -124,8 +128,7 @@ class SlackLayer(DynamicLayer):
         self._k[: self._rows, :, self._end : self._end + new] = key_states
         self._v[: self._rows, :, self._end : self._end + new] = value_states
         self._end += new
-        self._view()
-        return self.keys, self.values
+        return self._view()
 
     def _regrow(self, new: int) -> None:
         width = self._end - self._start
@@ -136,6 +139,8 @@ class SlackLayer(DynamicLayer):
         v_buf[:, :, :width] = self._v[:, :, self._start : self._end]
         self._k, self._v, self._start, self._end = k_buf, v_buf, 0, width
 
-    def _view(self) -> None:
-        self.keys = self._k[: self._rows, :, self._start : self._end]
-        self.values = self._v[: self._rows, :, self._start : self._end]
+    def _view(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Point `keys` and `values` at the live part of the buffers; returns them."""
+        keys = self.keys = self._k[: self._rows, :, self._start : self._end]
+        values = self.values = self._v[: self._rows, :, self._start : self._end]
+        return keys, values

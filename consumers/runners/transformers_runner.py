@@ -35,6 +35,8 @@ from .model_source import ModelSource, resolve_model_source
 if TYPE_CHECKING:
     import torch
 
+    from .iteration import IterationScheduler
+
 Task = Literal["embed", "generate"]
 _DEFAULT_NEW_TOKENS: Final = 32
 
@@ -140,12 +142,14 @@ class TransformersRunner:
         self._pad_id = 0
         self._stop_ids: frozenset[int] = frozenset()
         self._positions: int | None = None
-        self._token_cap = model.profile.hard_cap if model.profile.cost_unit == "tokens" else None
+        cap = model.profile.hard_cap
+        self._token_cap = cap if model.profile.cost_unit == "tokens" and isinstance(cap, int) else None
         """In the tokens unit no batch may exceed hard_cap tokens: a request over it never runs
-        (the recommended and `auto` caps hold the longest request the model admits). The
+        (the recommended and `auto` caps hold the longest request the model admits). A cap still
+        `auto` (a config the consumer has not resolved against its engine) bounds nothing here. The
         iteration-level running set holds max_inflight_batches less the joiners' slots of
         target_size, and at least one of hard_cap."""
-        self.iteration: Any = None
+        self.iteration: IterationScheduler | None = None
         """The iteration-level scheduler (`batching = "iteration"`), started by load()."""
         self._encoded = EncodingCache()
         self._lock = threading.Lock()
@@ -178,7 +182,7 @@ class TransformersRunner:
         tokenizer.model_max_length = 1 << 30  # check() enforces the real limit; no per-call warning
         if task == "generate":
             tokenizer.padding_side = "left"
-        model = None
+        model: Any = None  # a torch module; transformers' own annotations of `to` do not type-check
         generation_config = None
         if self.weights:
             auto = AutoModelForCausalLM if task == "generate" else AutoModel
@@ -193,7 +197,9 @@ class TransformersRunner:
         self._stop_ids = stop_token_ids(hf_config, generation_config, tokenizer)
         pad = tokenizer.pad_token_id
         self._pad_id = pad if pad is not None else min(self._stop_ids, default=0)
-        self._vocab_size = model.get_input_embeddings().num_embeddings if model is not None else hf_config.vocab_size
+        self._vocab_size = int(
+            model.get_input_embeddings().num_embeddings if model is not None else hf_config.vocab_size
+        )
         positions = getattr(hf_config, "max_position_embeddings", None) or getattr(hf_config, "n_positions", None)
         limit = self.config.max_input_tokens
         if positions:
@@ -234,7 +240,8 @@ class TransformersRunner:
 
     def _tokenize(self, texts: list[str]) -> list[list[int]]:
         with self._tokenizer_lock:
-            return self._tokenizer(texts, add_special_tokens=True)["input_ids"]
+            ids: list[list[int]] = self._tokenizer(texts, add_special_tokens=True)["input_ids"]
+            return ids
 
     def _new_tokens(self, req: Request) -> int:
         """Tokens this request may generate: what it asked (or the default), never over the

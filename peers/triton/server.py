@@ -33,7 +33,7 @@ MODEL_NAME = "minilm"
 LOGGER = logging.getLogger("triton-peer.server")
 
 # batch-size histogram as seen by the python infer function (printed at exit)
-BATCH_HIST = {}
+BATCH_HIST: dict[int, int] = {}
 
 
 def load_model():

@@ -29,7 +29,10 @@ TABLES: tuple[tuple[str, type, str], ...] = (
 def _field_docs(cls: type) -> dict[str, str]:
     """Attribute docstrings: the string literal right after each annotated field."""
     tree = ast.parse(inspect.getsource(cls))
-    body = tree.body[0].body  # type: ignore[attr-defined]
+    class_def = tree.body[0]
+    if not isinstance(class_def, ast.ClassDef):
+        raise TypeError(f"{cls.__name__}: its source does not start with a class definition")
+    body = class_def.body
     docs: dict[str, str] = {}
     for node, after in itertools.pairwise(body):
         if (

@@ -279,8 +279,9 @@ def write(profile: dict[str, Any], path: Path) -> Path:
 def read(path: Path) -> dict[str, Any]:
     """The raw JSON of a profile (either layout), checked only for its format."""
     data = json.loads(path.read_text())
-    if data.get("format") != FORMAT:
-        raise ValueError(f"{path}: not a {FORMAT} file (format {data.get('format')!r})")
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        found = data.get("format") if isinstance(data, dict) else type(data).__name__
+        raise ValueError(f"{path}: not a {FORMAT} file (format {found!r})")
     return data
 
 

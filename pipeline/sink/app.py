@@ -30,6 +30,7 @@ has the events topics; events produced meanwhile wait in Kafka.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import tempfile
 import threading
@@ -182,7 +183,7 @@ class Sink:
 
     def lag(self) -> dict[str, int]:
         """Records not yet read, and not yet committed (i.e. not yet stored), on assigned partitions."""
-        consumer = self.app.consumer
+        consumer: Any = self.app.consumer  # faust's Consumer keeps the offsets below privately: ConsumerT lacks them
         unread = uncommitted = 0
         for tp in consumer.assignment():
             high = consumer.highwater(tp)
@@ -291,7 +292,7 @@ def build_sink(
     )
 
     def agent_for(loader: Loader[Any], kind: type) -> Callable[[Any], Any]:
-        decoder = msgspec.json.Decoder(kind)
+        decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(kind)
 
         async def consume(stream: Any) -> None:
             stream.enable_acks = False
@@ -304,7 +305,7 @@ def build_sink(
                               loader.name, event.message.tp, event.message.offset, e)  # fmt: skip
                     await stream.ack(event)
                     continue
-                await loader.put(value, lambda s=stream, e=event: s.ack(e))
+                await loader.put(value, functools.partial(stream.ack, event))
 
         consume.__name__ = f"load_{loader.name}"
         return consume

@@ -24,7 +24,7 @@ from tests.support.kafka import produce_json
 pytestmark = pytest.mark.kafka
 
 
-async def _until(check, timeout_s: float = 60.0, what: str = "condition") -> None:  # type: ignore[no-untyped-def]
+async def _until(check, timeout_s: float = 60.0, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout_s
     while not await check():
         if time.monotonic() > deadline:
@@ -94,7 +94,7 @@ def test_lag_and_lag_age_come_from_committed_offsets_and_create_time(kafka_setti
     asyncio.run(scenario())
 
 
-async def _answered(consumer, n: int) -> bool:  # type: ignore[no-untyped-def]
+async def _answered(consumer, n: int) -> bool:
     return sum(consumer.stats.answered.values()) >= n
 
 
@@ -138,7 +138,7 @@ def test_recorder_publishes_lag_while_a_slow_consumer_falls_behind(kafka_setting
     asyncio.run(scenario())
 
 
-async def _recorded_zero(recorder) -> bool:  # type: ignore[no-untyped-def]
+async def _recorded_zero(recorder) -> bool:
     last = recorder.last
     return last is not None and last.partitions and sum(p.lag for p in last.partitions) == 0
 
@@ -192,7 +192,7 @@ def test_status_shows_members_partitions_lag_and_engine_state(kafka_settings: Ka
     assert f"{topics.requests(MODEL)}:1" in text
 
 
-async def _recorded_lag(recorder) -> bool:  # type: ignore[no-untyped-def]
+async def _recorded_lag(recorder) -> bool:
     last = recorder.last
     return last is not None and last.batches >= 1 and sum(p.lag for p in last.partitions) > 0
 

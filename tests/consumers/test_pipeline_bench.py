@@ -131,6 +131,7 @@ def test_the_slowdown_hook_and_the_recovery_measure(tmp_path: Path) -> None:
     hook.write_text(f"{now + 60_000} {now + 120_000} 3\n")
     assert SlowdownHook(str(hook)).factor() == 1.0, "not yet"
     case = next(c for c in CASES if c.slowdown is not None)
+    assert case.slowdown is not None
     end = case.slowdown[1]
     first_after = int(end // WINDOW_S)
     windows = [80.0] * first_after + [400.0, 300.0, 90.0, 500.0, 85.0, 80.0] + [80.0] * 4

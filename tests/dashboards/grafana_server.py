@@ -119,11 +119,11 @@ class _Handler(BaseHTTPRequestHandler):
         if path == "/api/dashboards/db" and method == "POST":
             model = body["dashboard"]
             uid = model["uid"]
-            old = s.dashboards.get(uid)
-            if old is not None and not body.get("overwrite"):
+            existing = s.dashboards.get(uid)
+            if existing is not None and not body.get("overwrite"):
                 return 412, {"message": "A dashboard with the same uid already exists", "status": "name-exists"}
-            version = old["dashboard"]["version"] + 1 if old else 1
-            dash_id = old["dashboard"]["id"] if old else s.new_id()
+            version = existing["dashboard"]["version"] + 1 if existing else 1
+            dash_id = existing["dashboard"]["id"] if existing else s.new_id()
             stored = {**model, "id": dash_id, "version": version}
             s.dashboards[uid] = {"dashboard": stored, "meta": {"folderUid": body.get("folderUid", "")}}
             return 200, {"id": dash_id, "uid": uid, "version": version, "status": "success"}
@@ -182,8 +182,7 @@ class FakeGrafana:
 
     @property
     def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://127.0.0.1:{self._server.server_port}"
 
     def __enter__(self) -> FakeGrafana:
         self._thread.start()

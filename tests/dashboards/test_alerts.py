@@ -24,7 +24,7 @@ from pipeline.core.store.group_lag import GroupSample
 from pipeline.core.store.lag_writer import insert_group_samples
 from pipeline.core.store.macros import expand_macros
 from pipeline.core.store.writer import insert_batch_events, insert_latency_events
-from schemas.messages import BatchEvent, LatencyEvent, PartitionLag
+from schemas.messages import BatchEvent, LatencyEvent, Outcome, PartitionLag
 from tests.dashboards.cli import dashboards_cli
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,7 +69,9 @@ def store(clickhouse_settings: ClickHouseSettings, ch_database: str) -> Iterator
     client.close()
 
 
-def _latency(model: str, enqueue_ms: int, e2e_ms: float, n: int, outcome: str = "ok", reason: str = "") -> LatencyEvent:
+def _latency(
+    model: str, enqueue_ms: int, e2e_ms: float, n: int, outcome: Outcome = "ok", reason: str = ""
+) -> LatencyEvent:
     return LatencyEvent(
         request_id=f"{model}-{enqueue_ms}-{n}", model=model, consumer_id="c", outcome=outcome, reason=reason,
         enqueue_ms=enqueue_ms, fetch_ms=enqueue_ms, dispatch_ms=enqueue_ms, compute_start_ms=enqueue_ms,

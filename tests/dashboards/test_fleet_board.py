@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -50,7 +51,7 @@ def test_grafana_panels_show_the_slow_consumer_and_the_refusals(fleet_clickhouse
         assert r["e2e_p99_ms"] == pytest.approx(np.quantile(rows["e2e_ms"][mine], 0.99), rel=1e-12)
     assert table[f"{model}-c1"]["e2e_p99_ms"] > 2 * table[f"{model}-c0"]["e2e_p99_ms"]
     series = _grafana(store, "e2e p99 by consumer", model)
-    buckets = {}
+    buckets: dict[Any, dict[str, float]] = {}
     for r in series:
         buckets.setdefault(r["time"], {})[r["consumer_id"]] = r["e2e_p99_ms"]
     both = [b for b in buckets.values() if len(b) == 2]

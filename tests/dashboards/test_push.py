@@ -152,8 +152,8 @@ def test_cli_push_reports_outcomes_and_never_prints_secrets(grafana: FakeGrafana
     assert len(grafana.state.alert_rules) == len(rules), "the repository config's rules, as `generate` writes them"
     # datasource and folder GET+POST, GET+POST per board and per rule, then the rule group's GET
     first_push = 4 + 2 * len(BOARDS) + 2 * len(rules) + 1
-    second = [m for m, _ in grafana.calls()[first_push:]]
-    assert second == ["GET"] * (2 + len(BOARDS) + len(rules) + 1), "the second push only reads"
+    methods = [m for m, _ in grafana.calls()[first_push:]]
+    assert methods == ["GET"] * (2 + len(BOARDS) + len(rules) + 1), "the second push only reads"
 
 
 def test_cli_push_without_clickhouse_server_explains(

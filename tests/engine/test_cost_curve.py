@@ -8,6 +8,7 @@ import random
 from pipeline.core.config import BatchProfile
 from pipeline.core.engine import BatchingEngine
 from pipeline.core.engine.costcurve import CostCurve
+from pipeline.core.engine.decisions import Batch
 from tests.engine.helpers import request, run_saturated
 
 
@@ -134,12 +135,13 @@ def test_a_budget_below_one_request_never_starves_throughput() -> None:
     arrivals = [i / rate_per_ms for i in range(600)]  # 120 s at 5 req/s
     now, nxt, served, max_pending = 0.0, 0, 0, 0
     busy_until: float | None = None
-    in_flight = None
+    in_flight: Batch | None = None
     sizes_under_backlog = []
     while served < len(arrivals):
         events = [t for t in (busy_until, arrivals[nxt] if nxt < len(arrivals) else None) if t is not None]
         now = min(events)
         if busy_until is not None and now >= busy_until:
+            assert in_flight is not None
             engine.completed(in_flight, now, generate_ms(in_flight.size))
             served += in_flight.size
             busy_until, in_flight = None, None

@@ -44,6 +44,8 @@ class Ledger:
     def __init__(self, engine: BatchingEngine) -> None:
         self.engine = engine
         self.profile = engine.profile
+        assert isinstance(self.profile.hard_cap, int) and isinstance(self.profile.target_size, int), "drawn as numbers"
+        self.hard_cap, self.target_size = self.profile.hard_cap, self.profile.target_size
         self.now = 0.0
         self.offered: set[str] = set()
         self.outcomes: dict[str, str] = {}
@@ -88,10 +90,10 @@ class Ledger:
         tokens = self.profile.cost_unit == "tokens"
         cost = sum(r.cost if tokens else 1 for r in batch.requests)
         assert record.cost == cost and record.size == len(batch.requests)
-        assert record.effective_cap <= self.profile.hard_cap
+        assert record.effective_cap <= self.hard_cap
         assert cost <= record.effective_cap or len(batch.requests) == 1
         assert record.queue_depth == self.engine.pending + backlog
-        assert record.hit_target == (cost >= self.profile.target_size)
+        assert record.hit_target == (cost >= self.target_size)
         assert record.marked_count == sum(r.marked for r in batch.requests)
         for request in batch.requests:
             self._outcome(request.request_id, "dispatched")

@@ -17,7 +17,8 @@ def engine(**profile) -> BatchingEngine:
 
 
 def test_finish_estimate_counts_full_batches_then_the_last_partial_one() -> None:
-    t = {1: 10.0, 8: 40.0, 4: 25.0}.get
+    costs: dict[float, float] = {1: 10.0, 8: 40.0, 4: 25.0}
+    t = costs.get
     assert finish_estimate_ms(90.0, 100.0, 20, 8, 1, t, 1.0) == 100.0 + 2 * 41.0 + 26.0
     assert finish_estimate_ms(90.0, 100.0, 20, 8, 3, t, 0.0) == 125.0, "three streams: one round"
     assert finish_estimate_ms(90.0, 100.0, 5, 8, 1, lambda b: None, 0.0) is None
@@ -44,7 +45,10 @@ def test_arrivals_that_cannot_meet_the_slo_are_answered_at_once() -> None:
     # arrivals at the rate just seen, would end at 120 ms, past the 100 ms SLO
     assert [r.request_id for r in shed] == [f"r{i}" for i in range(16, 40)]
     assert {r.expiry for r in shed} == {"cannot_meet_slo"}
-    assert all(r.predicted_done_ms > r.finish_by_ms == 100.0 for r in shed)
+    assert all(
+        r.predicted_done_ms is not None and r.finish_by_ms is not None and r.predicted_done_ms > r.finish_by_ms == 100.0
+        for r in shed
+    )
     assert e.pending == 16 - 8
     stats = e.stats()
     assert stats["shed"] == 24 and stats["expired"] == 24
@@ -141,4 +145,5 @@ def test_overruns_stretch_the_estimate_only_where_batch_times_vary() -> None:
         varied.observe(40.0 * (1.5 if i % 4 == 0 else 0.9), 40.0)
     assert steady.margin == 1.0
     assert varied.margin == pytest.approx(1.5)
-    assert finish_estimate_ms(0.0, 0.0, 8, 8, 1, {8: 40.0}.get, 0.0, margin=1.5) == 60.0
+    costs: dict[float, float] = {8: 40.0}
+    assert finish_estimate_ms(0.0, 0.0, 8, 8, 1, costs.get, 0.0, margin=1.5) == 60.0

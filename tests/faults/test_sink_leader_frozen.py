@@ -28,7 +28,7 @@ from clickhouse_connect.driver.client import Client
 from pipeline.core.config import ClickHouseSettings, Config
 from pipeline.core.kafka.client import Topics, client_options
 from pipeline.core.kafka.cluster import group_coordinator
-from pipeline.core.store.connection import connect
+from pipeline.core.store.connection import connect, scalar_int
 from pipeline.core.store.seed import generate, latency_events, recent_start_ms
 from pipeline.sink.app import build_sink
 from pipeline.tools.chaos.deployment import Stage
@@ -45,7 +45,7 @@ REBALANCE_WAIT_S = 15.0
 
 
 def _count(client: Client, database: str) -> int:
-    return int(client.command(f"SELECT uniqExact(request_id) FROM {database}.request_latency"))
+    return scalar_int(client, f"SELECT uniqExact(request_id) FROM {database}.request_latency")
 
 
 async def _create_led_by(config: Config, leader: int, brokers: list[int]) -> None:
@@ -139,5 +139,5 @@ def test_sink_reads_on_after_its_leader_and_coordinator_was_frozen(
 
     asyncio.run(scenario())
     assert _count(clickhouse_client, ch_database) == len(events)
-    rows = int(clickhouse_client.command(f"SELECT count() FROM {ch_database}.request_latency FINAL"))
+    rows = scalar_int(clickhouse_client, f"SELECT count() FROM {ch_database}.request_latency FINAL")
     assert rows == len(events), "one row per event"

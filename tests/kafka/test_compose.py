@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree
 
-import click
 import pytest
 import typer
 import yaml
@@ -167,20 +166,18 @@ def _batchtide_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {name: s for name, s in compose["services"].items() if s.get("image") == image or s.get("build") == "."}
 
 
-def _cli_command(args: list[str]) -> click.Command:
-    """The click command `batchtide ARGS` runs, its options parsed as the CLI parses them
-    (an unknown option or a missing required one raises), without running it."""
+def _cli_command(args: list[str]) -> None:
+    """Parse `batchtide ARGS` as the CLI does (an unknown option or a missing required one
+    raises), without running it. Typer's commands are its own click's, not the `click` package's."""
     from pipeline.cli import app
 
-    command: click.Command = typer.main.get_command(app)
+    command = typer.main.get_command(app)
     rest = list(args)
-    while isinstance(command, click.Group):
+    while isinstance(command, typer.core.TyperGroup):
         name, rest = rest[0], rest[1:]
-        found = command.get_command(click.Context(command), name)
-        assert found is not None, f"batchtide has no command {name!r} ({args})"
-        command = found
+        assert name in command.commands, f"batchtide has no command {name!r} ({args})"
+        command = command.commands[name]
     command.make_context(command.name, rest)
-    return command
 
 
 def test_every_batchtide_service_runs_with_the_config(compose: dict[str, Any]) -> None:

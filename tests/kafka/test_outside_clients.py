@@ -99,7 +99,9 @@ def _answers(config: dict[str, Any], topic: str, ids: set[str], timeout_s: float
             message = consumer.poll(0.5)
             if message is None or message.error():
                 continue
-            got[message.key().decode()] = message
+            key = message.key()
+            assert key is not None, "every record here has a key"
+            got[key.decode()] = message
     finally:
         consumer.close()
     return got
@@ -109,13 +111,14 @@ def _placement(config: dict[str, Any], topic: str, keys: list[str]) -> dict[str,
     """The partition librdkafka's murmur2 partitioner (Java's default) picks for each key."""
     producer = Producer(config | {"partitioner": "murmur2_random"})
     placed: dict[str, int] = {}
+
+    def delivered(_error: object, message: Any) -> None:
+        key, partition = message.key(), message.partition()
+        assert key is not None and partition is not None
+        placed[key.decode()] = partition
+
     for key in keys:
-        producer.produce(
-            topic,
-            b"probe",
-            key=key.encode(),
-            on_delivery=lambda _e, m: placed.__setitem__(m.key().decode(), m.partition()),
-        )
+        producer.produce(topic, b"probe", key=key.encode(), on_delivery=delivered)
     assert producer.flush(30) == 0
     return placed
 

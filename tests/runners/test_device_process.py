@@ -11,6 +11,7 @@ from pathlib import Path
 from consumers.runners import make_runner, run_isolating, serving_runner
 from consumers.runners.cost_model import POISON_MARKER
 from consumers.runners.device_process import DeviceProcessDied, ProcessRunner
+from consumers.runners.transformers_runner import TransformersRunner
 from pipeline.core.config import BatchProfile, ModelConfig
 from schemas.messages import Request
 
@@ -19,6 +20,12 @@ TEXTS = ["kafka", "the quick brown fox jumps over the lazy dog", "tail latency o
 
 def _reqs(prefix: str, texts: list[str]) -> list[Request]:
     return [Request(id=f"{prefix}{i}", model="m", text=t) for i, t in enumerate(texts)]
+
+
+def _process_runner(model: ModelConfig) -> ProcessRunner:
+    runner = serving_runner(model)
+    assert isinstance(runner, ProcessRunner)
+    return runner
 
 
 def _children(runner: ProcessRunner) -> list[int]:
@@ -38,7 +45,7 @@ def test_isolation_setting_picks_the_runner(tiny_bert_dir: Path) -> None:
 def test_child_answers_equal_in_process_answers(tiny_bert_dir: Path) -> None:
     model = ModelConfig(name="m", model_path=str(tiny_bert_dir), torch_threads=1)
     local = make_runner(model)
-    runner = serving_runner(model)
+    runner = _process_runner(model)
     try:
         runner.load()
         reqs = _reqs("a", TEXTS)
@@ -53,13 +60,15 @@ def test_child_answers_equal_in_process_answers(tiny_bert_dir: Path) -> None:
         (pid,) = _children(runner)
         assert kind == "process_rss" and rss > 0 and pid != os.getpid()
         # the front never loaded weights: it validates, the child computes
-        assert runner._front._model is None
+        assert isinstance(runner._front, TransformersRunner) and runner._front._model is None
     finally:
         runner.close()
 
 
 def test_runner_errors_come_back_and_bisect_to_the_culprit() -> None:
-    runner = serving_runner(ModelConfig(name="m", runner="zero-cost", isolation="process", poison_marker=POISON_MARKER))
+    runner = _process_runner(
+        ModelConfig(name="m", runner="zero-cost", isolation="process", poison_marker=POISON_MARKER)
+    )
     try:
         reqs = _reqs("p", ["fine", f"{POISON_MARKER} here", "fine too", "and this"])
         outputs, errors = run_isolating(runner, reqs)
@@ -70,7 +79,7 @@ def test_runner_errors_come_back_and_bisect_to_the_culprit() -> None:
 
 
 def test_a_killed_child_fails_its_batch_and_the_next_batch_gets_a_fresh_child() -> None:
-    runner = serving_runner(
+    runner = _process_runner(
         ModelConfig(name="m", runner="cost-model", isolation="process", cost_a_ms=3000.0, cost_c_ms=0.0)
     )
     try:
@@ -103,7 +112,7 @@ def test_a_killed_child_fails_its_batch_and_the_next_batch_gets_a_fresh_child() 
 
 
 def test_close_stops_every_child() -> None:
-    runner = serving_runner(ModelConfig(name="m", runner="zero-cost", isolation="process"))
+    runner = _process_runner(ModelConfig(name="m", runner="zero-cost", isolation="process"))
     runner.load()
     children = list(runner._children)
     runner.close()
@@ -120,7 +129,7 @@ def test_one_child_per_inflight_slot_and_concurrent_batches() -> None:
         cost_c_ms=0.0,
         profile=BatchProfile(max_inflight_batches=slots),
     )
-    runner = serving_runner(model)
+    runner = _process_runner(model)
     try:
         runner.load()
         assert len(set(_children(runner))) == slots

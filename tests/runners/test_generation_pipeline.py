@@ -46,9 +46,9 @@ async def _serve(
     model: ModelConfig,
     kafka: KafkaSettings,
     requests: list[dict[str, Any]],
-    dlq_ids: set[str] = frozenset(),
+    dlq_ids: frozenset[str] | set[str] = frozenset(),
     latency: dict[str, dict[str, Any]] | None = None,
-) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:  # type: ignore[assignment]
+) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
     """Send `requests` to a live consumer; their results by id, and dead letters by request id
     (and, into `latency` when given, their latency events by request id)."""
     await create_topics(kafka, model)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -107,9 +108,9 @@ def test_tokens_in_window_spreads_each_request_over_its_token_stamps() -> None:
     outside = {"tokens_out": 4, "first_token_ms": 2500.0, "last_token_ms": 2800.0}
     unstamped = {"tokens_out": 7, "first_token_ms": None, "last_token_ms": None}
     expired_early = {"tokens_out": 0, "first_token_ms": 1200.0, "last_token_ms": 1200.0}
-    rows = [inside, straddles_start, straddles_end, single, outside, unstamped, expired_early]
+    rows: list[dict[str, Any]] = [inside, straddles_start, straddles_end, single, outside, unstamped, expired_early]
     assert tokens_in_window(rows, 1000.0, 2000.0) == 5 + 6 + 1 + 1
-    assert tokens_in_window([outside], 1000.0, 2000.0) == 0
+    assert tokens_in_window(rows[4:5], 1000.0, 2000.0) == 0
     assert tokens_in_window(rows, 0.0, 10_000.0) == 5 + 11 + 3 + 1 + 4
 
 

@@ -12,6 +12,7 @@ from consumers.worker import build_consumer
 from pipeline.cli import app
 from pipeline.core import profile_file
 from pipeline.core.config import load_config
+from pipeline.core.engine.costcurve import CostCurve
 
 
 def _profile(*args: str) -> tuple[str, dict]:
@@ -131,11 +132,13 @@ def test_consumer_starts_from_its_profile_file(
     )
     consumer = build_consumer(load_config(config), "tiny")
     assert consumer.engine.ceiling <= 4  # held under what the profile measured
-    assert [s for s, _ in consumer.engine.curve.points()] == [1, 2, 4]  # no cold probing
+    curve = consumer.engine.curve
+    assert isinstance(curve, CostCurve) and [s for s, _ in curve.points()] == [1, 2, 4]  # no cold probing
     # a profile measured for another set-up is ignored
     other = tmp_path / "other.toml"
     other.write_text(
         f'[models.tiny]\nmodel_path = "{tiny_bert_dir}"\ntorch_threads = 2\nisolation = "thread"\nhard_cap = 48\n'
     )
     fresh = build_consumer(load_config(other), "tiny")
-    assert fresh.engine.ceiling == 48 and fresh.engine.curve.points() == []
+    curve = fresh.engine.curve
+    assert fresh.engine.ceiling == 48 and isinstance(curve, CostCurve) and curve.points() == []

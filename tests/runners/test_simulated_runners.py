@@ -72,7 +72,7 @@ def test_tokens_cost_unit_counts_tokens() -> None:
 
 def test_outputs_are_marked_simulated() -> None:
     for kind in ("cost-model", "zero-cost"):
-        runner = make_runner(ModelConfig(name="sim", runner=kind))  # type: ignore[arg-type]
+        runner = make_runner(ModelConfig(name="sim", runner=kind))
         outs = runner.run(_reqs(3))
         assert len(outs) == 3
         assert all(o.text == SIMULATED_TEXT and o.embedding == [] for o in outs)

@@ -12,7 +12,7 @@ from consumers.runners import make_runner
 from consumers.runners.base import Runner
 from consumers.runners.model_source import ModelNotFound, ModelSource, resolve_model_source
 from consumers.runners.transformers_runner import EncodingCache, TransformersRunner
-from pipeline.core.config import ModelConfig
+from pipeline.core.config import BatchProfile, ModelConfig
 from schemas.messages import GenerationParams, Request
 
 TEXTS = [
@@ -65,8 +65,9 @@ def test_batched_embeddings_equal_single_requests(bert: TransformersRunner) -> N
     batch = bert.run([_req(i, t) for i, t in enumerate(TEXTS)])
     for i, text in enumerate(TEXTS):
         (single,) = bert.run([_req(100 + i, text)])
-        assert single.embedding is not None and batch[i].embedding is not None
-        assert max(abs(a - b) for a, b in zip(single.embedding, batch[i].embedding, strict=True)) < 1e-5
+        together = batch[i].embedding
+        assert single.embedding is not None and together is not None
+        assert max(abs(a - b) for a, b in zip(single.embedding, together, strict=True)) < 1e-5
 
 
 def test_token_ids_and_text_inputs_mix_in_one_batch(bert: TransformersRunner) -> None:
@@ -248,3 +249,23 @@ def test_plain_copy_saves_the_same_model(tiny_gpt2_dir: Path, tmp_path: Path) ->
         a = original.generate(prompt, max_new_tokens=6, do_sample=False, pad_token_id=0)
         b = reloaded.generate(prompt, max_new_tokens=6, do_sample=False, pad_token_id=0)
     assert torch.equal(a, b)
+
+
+def test_a_token_cap_still_auto_bounds_nothing(tiny_gpt2_dir: Path) -> None:
+    """A config whose hard_cap is still `auto` (a consumer resolves it against its engine first;
+    `make_runner` on the raw config does not) runs and checks requests instead of comparing with "auto"."""
+    model = ModelConfig(
+        name="tiny",
+        model_path=str(tiny_gpt2_dir),
+        max_new_tokens=4,
+        batching="iteration",
+        profile=BatchProfile(cost_unit="tokens"),
+    )
+    assert model.profile.hard_cap == "auto"
+    runner = _loaded(model)
+    try:
+        assert runner.check(_req(0, "kafka", params=GenerationParams(max_new_tokens=4))) is None
+        (out,) = runner.run([_req(1, "kafka", params=GenerationParams(max_new_tokens=4))])
+        assert out.tokens_out >= 1
+    finally:
+        runner.close()

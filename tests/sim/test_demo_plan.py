@@ -134,7 +134,7 @@ def test_the_verdict_checks_each_goal_per_model() -> None:
 def test_a_refused_request_of_the_load_fails_the_verdict_and_is_named_by_reason() -> None:
     """The issue's demo: 49 of 49 answered, 5 of them refused, and every other goal met."""
     row = {"model": "smollm", "e2e_p99_ms": 400.0, "share_wait_over_1s": 0.0, "marked_share": 0.0}
-    answers = {f"r{i}": ("ok", None) for i in range(44)}
+    answers: dict[str, tuple[str, str | None]] = {f"r{i}": ("ok", None) for i in range(44)}
     answers |= {f"x{i}": ("rejected", f"input_too_long: request needs {60 + i} tokens") for i in range(5)}
     not_ok = plan.not_ok_by_reason(answers)
     assert not_ok == {"rejected: input_too_long": 5}
@@ -163,7 +163,9 @@ def test_the_speed_seen_weighs_each_profiled_size_by_its_batches() -> None:
         {"size": 8, "batches": 10, "compute_p50_ms": 80.0},
         {"size": 3, "batches": 99, "compute_p50_ms": 50.0},
     ]
-    ratio, batches = plan.speed_seen(_encoder(), rows)
+    seen = plan.speed_seen(_encoder(), rows)
+    assert seen is not None
+    ratio, batches = seen
     assert batches == 40, "size 3 was not profiled"
     assert ratio == pytest.approx((0.5 * 30 + 1.0 * 10) / 40)
     assert plan.speed_seen(_encoder(), rows[2:]) is None

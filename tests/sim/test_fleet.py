@@ -232,7 +232,7 @@ def test_shipped_fleet_scenarios_load_and_lay_out_their_groups():
         s = load_scenario(path)
         assert s.fleet is not None and s.fleet.partitions >= s.topology.consumers
     flapping = load_scenario(root / "fleet-flapping.toml").fleet
-    assert len(flapping.slowdowns) == 6
+    assert flapping is not None and len(flapping.slowdowns) == 6
     assert [flapping.factor(0, t * 1000.0) for t in (1.5, 2.5, 3.5, 7.2)] == [1.0, 4.0, 1.0, 4.0]
-    big = load_scenario(root / "fleet-64.toml")
-    assert [c for c in range(64) if big.fleet.steady_factor(c) == 3.0] == [0, 21, 42, 63]
+    big = load_scenario(root / "fleet-64.toml").fleet
+    assert big is not None and [c for c in range(64) if big.steady_factor(c) == 3.0] == [0, 21, 42, 63]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ from pipeline.tools.bench.generation import GenWorkload, bench_scenario, default
 
 ROOT = Path(__file__).resolve().parents[2]
 COST = GenerationCost.linear(10.0, 0.1, 20.0, 0.2)
-SMALL = {
+SMALL: dict[str, Any] = {
     "name": "small",
     "seed": 3,
     "phases": [{"duration_s": 8, "rate_per_s": 4}],

@@ -9,6 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from pipeline.cli import app
+from pipeline.core import profile_file
+from pipeline.core.config import ModelConfig
 from pipeline.core.profile_file import CostPoint, DeviceProfile, ProfileError, load_profile
 from pipeline.core.sim.scenario_file import load_scenario, with_cost
 
@@ -77,3 +79,13 @@ def test_bench_policies_runs_on_a_profile_and_rejects_a_broken_one(tmp_path: Pat
     path.write_text("{")
     broken = runner.invoke(app, ["bench", "policies", "-s", str(scenario), "--profile", str(path)])
     assert broken.exit_code == 2 and "not valid JSON" in broken.output
+
+
+@pytest.mark.parametrize("content", ["[]", "null", "3"])
+def test_a_profile_that_is_not_a_json_object_is_ignored_at_start(tmp_path: Path, content: str) -> None:
+    """A consumer starts without it (logged), as for any other unreadable profile; it does not crash."""
+    path = tmp_path / "m.json"
+    path.write_text(content)
+    assert profile_file.apply(ModelConfig(name="m", runner="zero-cost"), path) == {}
+    with pytest.raises(ValueError, match="not a"):
+        profile_file.read(path)

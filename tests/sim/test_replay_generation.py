@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from pipeline.core.config import BatchProfile, ClickHouseSettings, ModelConfig
-from pipeline.core.profile_file import parse_profile
+from pipeline.core.profile_file import GenerationCurves, parse_profile
 from pipeline.core.sim.generation.cost import GenerationCost
 from pipeline.core.sim.generation.decode_loop import GenArrivals, simulate_generation
 from pipeline.core.store.connection import connect
@@ -80,6 +80,11 @@ RAW = {
     "recommended": {"hard_cap": 272, "target_size": 48, "max_inflight_batches": 24},
 }
 PROFILE = parse_profile(RAW)
+
+
+def _curves() -> GenerationCurves:
+    assert PROFILE.generation is not None, "RAW is a generation profile"
+    return PROFILE.generation
 
 
 def _store(client, settings: ClickHouseSettings, database: str, arr: GenArrivals, cost: GenerationCost):
@@ -158,7 +163,7 @@ def recorded(clickhouse_client, clickhouse_settings: ClickHouseSettings):
         clickhouse_settings,
         database,
         arr,
-        GenerationCost.from_curves(PROFILE.generation).scaled(SLOW),
+        GenerationCost.from_curves(_curves()).scaled(SLOW),
     )
     yield {"traffic": traffic, "database": database}
     clickhouse_client.command(f"DROP DATABASE IF EXISTS {database} SYNC")
@@ -177,7 +182,7 @@ def overhead(clickhouse_client, clickhouse_settings: ClickHouseSettings):
         clickhouse_settings,
         database,
         _arrivals(create, rng),
-        GenerationCost.from_curves(PROFILE.generation).scaled(3.0).with_step_overhead(OVERHEAD_MS),
+        GenerationCost.from_curves(_curves()).scaled(3.0).with_step_overhead(OVERHEAD_MS),
     )
     yield traffic
     clickhouse_client.command(f"DROP DATABASE IF EXISTS {database} SYNC")
@@ -220,7 +225,7 @@ def test_replay_measures_a_fixed_cost_per_step_from_the_answers(recorded, overhe
     assert abs(check["p99_ratio"] - 1) < 0.05 and abs(check["throughput_ratio"] - 1) < 0.05, check
     # a device that only ran slower is not given a fixed cost (the recording above: 2x the profile, none)
     plain = replay_generation(recorded["traffic"], RAN, GenSetup(MODEL, PROFILE))
-    assert plain.recorded.step_overhead_ms < 0.1 * 50.0 * SLOW
+    assert plain.recorded.step_overhead_ms is not None and plain.recorded.step_overhead_ms < 0.1 * 50.0 * SLOW
 
 
 def test_join_pace_counts_the_joins_that_ended_a_wait_beside_decoding_rows() -> None:

@@ -64,7 +64,7 @@ def test_replay_of_a_live_cost_model_run_agrees_with_the_recording(
     n = int(RATE_PER_S * DURATION_S)
     ids = {f"live{i}" for i in range(n)}
 
-    async def live_run():  # type: ignore[no-untyped-def]
+    async def live_run():
         async with serving(model, kafka_settings):
             # A consumer joining its group holds the first records back for a second:
             # that is startup, not batching, and the simulator does not model it.

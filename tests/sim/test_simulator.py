@@ -146,10 +146,12 @@ def test_default_engine_gets_the_device_limit_and_the_profile_it_would_have_meas
 
     s = scenario(cost={"a_ms": 4.0, "c_ms": 0.5, "max_batch": 60})
     default = Evaluator(s).policies(Candidate("batchtide-default", {}))[0]
+    assert isinstance(default, BatchingEngine)
     assert default.ceiling == 60, "hard_cap auto: the scenario's [cost] max_batch"
     assert [size for size, _ in default.curve.points()] == [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 60]
     assert default.curve.cap == 60, "affine: the knee is the memory limit"
     unlimited = Evaluator(scenario()).policies(Candidate("batchtide-default", {}))[0]
+    assert isinstance(unlimited, BatchingEngine)
     assert unlimited.ceiling == 128
     outcome = simulate(s, make_arrivals(s, 3.0), Evaluator(s).policies(Candidate("batchtide-default", {})))
     assert max(outcome.batches.size) <= 60 and not conservation_problems(outcome)

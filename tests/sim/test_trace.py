@@ -97,4 +97,4 @@ def test_missing_files_and_empty_windows_and_bad_scales_say_so(tmp_path: Path) -
         {"answer_scale": 0.0},
     ):
         with pytest.raises(TraceError):
-            TraceSlice(**bad)  # type: ignore[arg-type]
+            TraceSlice(**bad)

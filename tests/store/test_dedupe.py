@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 from clickhouse_connect.driver.client import Client
 
@@ -14,15 +16,15 @@ from pipeline.tools.views.report import run_query
 DURATION_MS = 120_000
 
 
-def _figures(settings: ClickHouseSettings, database: str, start_ms: int) -> dict[str, object]:
+def _figures(settings: ClickHouseSettings, database: str, start_ms: int) -> dict[str, Any]:
     client = connect(settings, database=database)
-    window = {
+    window: dict[str, Any] = {
         "time_from_ms": start_ms - 120_000,
         "time_to_ms": start_ms + DURATION_MS + 60_000,
         "interval_ms": 60_000,
         "model": None,
     }
-    figures = {
+    figures: dict[str, Any] = {
         "raw": client.command(f"SELECT count() FROM {database}.request_latency"),
         "raw_batches": client.command(f"SELECT count() FROM {database}.batches"),
         "rollup": client.command(f"SELECT sum(requests) FROM {database}.latency_minute"),

@@ -83,7 +83,7 @@ def test_lag_queries_sum_the_latest_sample_of_each_partition(
     ]
     insert_lag_events(clickhouse_client, ch_database, events)
     client = _client_on(clickhouse_settings, ch_database)
-    span = {"time_from_ms": T0, "time_to_ms": T0 + 120_000, "interval_ms": 60_000, "model": "m"}
+    span: dict[str, Any] = {"time_from_ms": T0, "time_to_ms": T0 + 120_000, "interval_ms": 60_000, "model": "m"}
     over_time = run_query(client, "lag_over_time", **span)
     assert [(r["lag"], r["lag_age_ms"]) for r in over_time] == [(10 + 20 + 5 + 0, 9_000.0), (1, 300.0)]
     (summary,) = run_query(client, "lag_summary", **span)

@@ -23,11 +23,10 @@ def test_migrate_twice_records_every_version_once(clickhouse_client: Client, ch_
         f"SELECT version, count() FROM {ch_database}.schema_migrations GROUP BY version ORDER BY version"
     ).result_rows
     assert recorded == [(v, 1) for v in versions]
-    tables = dict(
-        clickhouse_client.query(
-            "SELECT name, engine FROM system.tables WHERE database = {db:String}", parameters={"db": ch_database}
-        ).result_rows
-    )
+    rows = clickhouse_client.query(
+        "SELECT name, engine FROM system.tables WHERE database = {db:String}", parameters={"db": ch_database}
+    ).result_rows
+    tables = {row[0]: row[1] for row in rows}
     assert tables["request_latency"] == "ReplacingMergeTree"
     assert tables["batches"] == "ReplacingMergeTree"
     assert tables["latency_minute"] == "AggregatingMergeTree"
@@ -35,16 +34,15 @@ def test_migrate_twice_records_every_version_once(clickhouse_client: Client, ch_
 
 
 def test_columns_have_the_promised_types(clickhouse_client: Client, ch_database: str) -> None:
-    types = dict(
-        clickhouse_client.query(
-            "SELECT name, type FROM system.columns WHERE database = {db:String} AND table = 'request_latency'",
-            parameters={"db": ch_database},
-        ).result_rows
-    )
+    rows = clickhouse_client.query(
+        "SELECT name, type FROM system.columns WHERE database = {db:String} AND table = 'request_latency'",
+        parameters={"db": ch_database},
+    ).result_rows
+    types = {row[0]: row[1] for row in rows}
     assert types["enqueue_time"] == "DateTime64(3, 'UTC')"
     for name in ("model", "consumer_id", "outcome", "device_mem_kind"):
         assert types[name] == "LowCardinality(String)"
-    create = clickhouse_client.command(f"SHOW CREATE TABLE {ch_database}.request_latency")
+    create = str(clickhouse_client.command(f"SHOW CREATE TABLE {ch_database}.request_latency"))
     assert "ORDER BY (model, enqueue_time, request_id)" in create
     assert "PARTITION BY toDate(enqueue_time)" in create
     assert "toIntervalDay(30)" in create
@@ -54,8 +52,8 @@ def test_ttl_follows_the_layout(clickhouse_client: Client) -> None:
     database = "t_ttl_seven"
     try:
         migrate(clickhouse_client, Layout(database, ttl_days=7, rollup_ttl_days=90))
-        create = clickhouse_client.command(f"SHOW CREATE TABLE {database}.batches")
-        rollup = clickhouse_client.command(f"SHOW CREATE TABLE {database}.latency_minute")
+        create = str(clickhouse_client.command(f"SHOW CREATE TABLE {database}.batches"))
+        rollup = str(clickhouse_client.command(f"SHOW CREATE TABLE {database}.latency_minute"))
         assert "toIntervalDay(7)" in create and "toIntervalDay(90)" in rollup
     finally:
         clickhouse_client.command(f"DROP DATABASE IF EXISTS {database} SYNC")

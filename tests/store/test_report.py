@@ -6,6 +6,7 @@ import json
 from collections import Counter
 from datetime import UTC
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -183,7 +184,12 @@ def test_batch_figures_match_numpy(seeded_clickhouse: SeededClickHouse, report: 
 
 def test_rollups_agree_with_raw_rows(seeded_clickhouse: SeededClickHouse) -> None:
     s = seeded_clickhouse
-    common = {"time_from_ms": s.time_from_ms, "time_to_ms": s.time_to_ms, "interval_ms": 300_000, "model": None}
+    common: dict[str, Any] = {
+        "time_from_ms": s.time_from_ms,
+        "time_to_ms": s.time_to_ms,
+        "interval_ms": 300_000,
+        "model": None,
+    }
     raw = {(r["time"], r["model"]): r for r in run_query(s.client, "latency_quantiles", **common)}
     rolled = {(r["time"], r["model"]): r for r in run_query(s.client, "latency_quantiles_rollup", **common)}
     assert rolled.keys() == raw.keys()

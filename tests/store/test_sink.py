@@ -21,7 +21,7 @@ from clickhouse_connect.driver.client import Client
 
 from pipeline.core.config import ClickHouseSettings, Config, KafkaSettings
 from pipeline.core.kafka.client import Topics, client_options, create_topics
-from pipeline.core.store.connection import ClickHouseUnavailable, connect
+from pipeline.core.store.connection import ClickHouseUnavailable, connect, scalar_int
 from pipeline.core.store.migrations import Layout
 from pipeline.core.store.seed import batch_events, generate, latency_events, recent_start_ms
 from pipeline.sink.app import Sink, build_sink, wait_until_ready
@@ -103,9 +103,9 @@ def sink_config(kafka_settings: KafkaSettings, clickhouse_settings: ClickHouseSe
 
 def _counts(client: Client, database: str) -> tuple[int, int, int]:
     return (
-        int(client.command(f"SELECT count() FROM {database}.request_latency")),
-        int(client.command(f"SELECT count() FROM {database}.batches")),
-        int(client.command(f"SELECT sum(requests) FROM {database}.latency_minute")),
+        scalar_int(client, f"SELECT count() FROM {database}.request_latency"),
+        scalar_int(client, f"SELECT count() FROM {database}.batches"),
+        scalar_int(client, f"SELECT sum(requests) FROM {database}.latency_minute"),
     )
 
 

@@ -17,7 +17,7 @@ from clickhouse_connect.driver.client import Client
 
 from pipeline.core.config import ClickHouseSettings, KafkaSettings, parse_config
 from pipeline.core.kafka.client import Topics, client_options, create_topics
-from pipeline.core.store.connection import connect
+from pipeline.core.store.connection import connect, scalar_int
 from pipeline.sink.app import build_sink
 from tests.store.test_sink import _running, _sink_config, _until
 from tests.support.kafka import consume_n, produce_json
@@ -97,7 +97,7 @@ def test_sink_samples_groups_with_and_without_consumers(
         await _running(sink, body)
 
     asyncio.run(scenario())
-    consumer_rows = clickhouse_client.command(
-        f"SELECT count() FROM {ch_database}.consumer_lag WHERE source = 'consumer'"
+    consumer_rows = scalar_int(
+        clickhouse_client, f"SELECT count() FROM {ch_database}.consumer_lag WHERE source = 'consumer'"
     )
-    assert int(consumer_rows) == 0, "no consumer ran: every row is the sink's own sample"
+    assert consumer_rows == 0, "no consumer ran: every row is the sink's own sample"

@@ -13,7 +13,7 @@ from clickhouse_connect.driver.client import Client
 
 from pipeline.core.config import ClickHouseSettings, KafkaSettings
 from pipeline.core.kafka.client import Topics, create_topics
-from pipeline.core.store.connection import connect
+from pipeline.core.store.connection import connect, scalar_int
 from pipeline.sink.app import build_sink
 from tests.store.test_lag_store import T0, lag_event
 from tests.store.test_sink import _produce, _running, _sink_config, _until
@@ -32,18 +32,19 @@ def test_sink_stores_lag_samples_once(
     values = [msgspec.json.encode(e) for e in events]
 
     def rows() -> int:
-        return int(
-            clickhouse_client.command(f"SELECT count() FROM {ch_database}.consumer_lag WHERE source = 'consumer'")
+        return scalar_int(
+            clickhouse_client, f"SELECT count() FROM {ch_database}.consumer_lag WHERE source = 'consumer'"
         )
 
     async def scenario() -> None:
         await create_topics(kafka, dict.fromkeys((topics.latency_events, topics.batch_events, topics.lag_events), 1))
         await _produce(kafka, topics.lag_events, values + values[:10] + [b"{not a lag event"])
         sink = build_sink(config, connect=lambda: connect(clickhouse, database=ch_database), datadir=str(tmp_path))
-        assert sink.lags is not None
+        lags = sink.lags
+        assert lags is not None
 
         async def body() -> None:
-            await _until(lambda: sink.lags.stats.received == len(values) + 10 and sink.lags.buffered == 0,
+            await _until(lambda: lags.stats.received == len(values) + 10 and lags.buffered == 0,
                          what="every copy consumed")  # fmt: skip
             await _until(lambda: sink.rejected == 1, what="garbage rejected")
 

@@ -82,7 +82,7 @@ def kafka_settings(kafka_broker: LocalKafka, request: pytest.FixtureRequest) -> 
 
 
 def _secured(
-    broker: LocalKafka, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, **security: str
+    broker: LocalKafka, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, **security: Any
 ) -> KafkaSettings:
     """Settings for a secured broker; the password is set in the environment, as in production."""
     user, password = next(iter(SASL_USERS.items()))

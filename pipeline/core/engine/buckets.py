@@ -59,16 +59,16 @@ def monotone(points: list[tuple[int, float, int]]) -> list[tuple[int, float]]:
     """
     blocks: list[list[float]] = []  # [time x weight, weight, first index, last index]
     for index, (_, time_ms, weight) in enumerate(points):
-        blocks.append([time_ms * weight, float(weight), index, index])
+        blocks.append([time_ms * weight, float(weight), float(index), float(index)])
         while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
             last = blocks.pop()
             blocks[-1][0] += last[0]
             blocks[-1][1] += last[1]
             blocks[-1][3] = last[3]
     smoothed: list[tuple[int, float]] = []
-    for total, weight, first, last in blocks:
-        for index in range(int(first), int(last) + 1):
-            smoothed.append((points[index][0], total / weight))
+    for total, pooled, first, last_index in blocks:
+        for index in range(int(first), int(last_index) + 1):
+            smoothed.append((points[index][0], total / pooled))
     return smoothed
 
 

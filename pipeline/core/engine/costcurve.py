@@ -92,6 +92,7 @@ class CostCurve:
         key = bucket_key(size)
         bucket = self._buckets.get(key)
         refresh = bucket is None
+        expected: float | None
         if bucket is not None and len(bucket.times) >= 3:
             expected, spread = bucket.time_ms, bucket.spread or 0.0
         else:

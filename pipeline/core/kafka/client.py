@@ -128,11 +128,12 @@ class ClientOptions(dict[str, Any]):
 
 
 def _ssl_context(settings: KafkaSettings) -> ssl.SSLContext:
-    return create_ssl_context(
+    context: ssl.SSLContext = create_ssl_context(
         cafile=settings.ssl_cafile,
         certfile=settings.ssl_certfile,
         keyfile=settings.ssl_keyfile,
     )
+    return context
 
 
 def client_options(settings: KafkaSettings) -> ClientOptions:

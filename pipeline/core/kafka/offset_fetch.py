@@ -83,7 +83,12 @@ class StableOffsetFetch(Request[OffsetFetchRequest_v7]):
         by_topic: dict[str, list[int]] = defaultdict(list)
         for tp in partitions:
             by_topic[tp.topic].append(tp.partition)
-        self._args = (group_id, [(topic, sorted(ps), {}) for topic, ps in sorted(by_topic.items())], require_stable, {})
+        self._args: tuple[object, ...] = (
+            group_id,
+            [(topic, sorted(ps), {}) for topic, ps in sorted(by_topic.items())],
+            require_stable,
+            {},
+        )
 
     def build(self, request_struct_class: type[OffsetFetchRequest_v7]) -> OffsetFetchRequest_v7:
         return request_struct_class(*self._args)

@@ -172,8 +172,8 @@ class Outbox:
                     errors[index] = outcome
         if alone:
             retried = await self.send_all([messages[i] for i in alone], one_per_batch=True)
-            for index, error in zip(alone, retried, strict=True):
-                errors[index] = error
+            for index, retry_error in zip(alone, retried, strict=True):
+                errors[index] = retry_error
         return errors
 
     @staticmethod
@@ -202,4 +202,5 @@ class Outbox:
             m = messages[index]
             if batch.append(key=m.key, value=m.value, timestamp=None, headers=list(m.headers or ())) is None:
                 raise RecordListTooLargeError("record batch builder refused a record")
-        return await producer.send_batch(batch, topic, partition=partition)
+        delivered: asyncio.Future[object] = await producer.send_batch(batch, topic, partition=partition)
+        return delivered

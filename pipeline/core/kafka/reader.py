@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord
@@ -20,7 +20,7 @@ from aiokafka.structs import ConsumerRecord
 from pipeline.core.config import KafkaSettings
 from pipeline.core.kafka.client import client_options, stop_client
 
-Record = ConsumerRecord[bytes, bytes]
+Record: TypeAlias = ConsumerRecord[bytes, bytes]
 Isolation = Literal["read_committed", "read_uncommitted"]
 
 
@@ -77,7 +77,7 @@ class TopicReader:
     async def _assignment(self, timeout_s: float) -> set[Any]:
         """The partitions of the topics, once the background metadata fetch has assigned them."""
         deadline = time.monotonic() + timeout_s
-        partitions = self._consumer.assignment()
+        partitions: set[Any] = self._consumer.assignment()
         while not partitions and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
             partitions = self._consumer.assignment()

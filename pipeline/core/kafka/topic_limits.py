@@ -34,7 +34,8 @@ SAFETY_BYTES = 64
 
 def record_size(key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes]] | None) -> int:
     """Upper bound on the bytes one record takes as a batch of its own (what max.message.bytes limits)."""
-    return DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, list(headers or ())) + SAFETY_BYTES
+    estimate: int = DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, list(headers or ()))
+    return estimate + SAFETY_BYTES
 
 
 class TopicLimits:

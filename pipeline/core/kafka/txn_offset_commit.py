@@ -138,7 +138,7 @@ class FencedTxnOffsetCommit(Request[TxnOffsetCommitRequest_v3]):
         by_topic: dict[str, list[tuple[int, int, int, str, dict[int, bytes]]]] = defaultdict(list)
         for tp, (offset, metadata) in sorted(offsets.items()):
             by_topic[tp.topic].append((tp.partition, offset, -1, metadata, {}))
-        self._args = (
+        self._args: tuple[object, ...] = (
             transactional_id,
             group_id,
             producer_id,

@@ -86,7 +86,8 @@ def arrival_times(scenario: Scenario, multiplier: float) -> np.ndarray:
     seg = np.searchsorted(expected, x, side="right") - 1
     starts = np.array([s for s, _, _ in segs])
     rates = np.array([r for _, _, r in segs])
-    return starts[seg] + (x - expected[seg]) * 1000.0 / rates[seg]
+    times: np.ndarray = starts[seg] + (x - expected[seg]) * 1000.0 / rates[seg]
+    return times
 
 
 def make_arrivals(scenario: Scenario, multiplier: float = 1.0) -> Arrivals:

@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, replace
+from typing import cast
 
 import numpy as np
 
 from pipeline.core.config import BatchProfile
 from pipeline.core.engine import BatchingEngine
-from pipeline.core.engine.decisions import PendingRequest
+from pipeline.core.engine.decisions import Batch, PendingRequest
 from pipeline.core.engine.peer_forwarding import (
     Flow,
     ForwardRule,
@@ -281,7 +282,7 @@ def simulate_fleet(scenario: Scenario, arrivals: Arrivals) -> FleetOutcome:
             if kind in (_ARRIVE_FORWARD, _COMPLETE, _WAKE):
                 work -= 1
             if kind == _COMPLETE:
-                batch, compute = data  # type: ignore[misc]
+                batch, compute = cast(tuple[Batch, float], data)
                 busy[lane] = False
                 for req in batch.requests:
                     j = req.payload
@@ -297,7 +298,7 @@ def simulate_fleet(scenario: Scenario, arrivals: Arrivals) -> FleetOutcome:
                 if data == wake_version[lane] and not busy[lane]:
                     poll(lane, now)
             elif kind == _ARRIVE_FORWARD:
-                j = int(data)  # type: ignore[arg-type]
+                j = cast(int, data)
                 forwarded_in[j] = True
                 forwards_in[lane] += 1
                 offer(lane, j, 0, now)
@@ -308,7 +309,7 @@ def simulate_fleet(scenario: Scenario, arrivals: Arrivals) -> FleetOutcome:
             elif kind == _BEACON:
                 beacon(lane, now)
             else:
-                board[lane] = data  # type: ignore[assignment]
+                board[lane] = cast(MemberView, data)
             continue
         offer(lane_of[i], i, prio[i], t_arr)
         i += 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
@@ -45,8 +46,8 @@ class FleetMetrics:
     run (None without a slowdown, or when the run ends sooner)."""
     consumers: list[ConsumerMetrics]
 
-    def as_dict(self) -> dict:
-        def clean(v):
+    def as_dict(self) -> dict[str, Any]:
+        def clean(v: Any) -> Any:
             if isinstance(v, float) and math.isnan(v):
                 return None
             if isinstance(v, list):
@@ -55,7 +56,8 @@ class FleetMetrics:
                 return {k: clean(x) for k, x in v.items()}
             return v
 
-        return clean(asdict(self))
+        cleaned: dict[str, Any] = clean(asdict(self))
+        return cleaned
 
 
 def _pct(values: np.ndarray, q: float) -> float:

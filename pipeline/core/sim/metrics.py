@@ -43,7 +43,8 @@ class RunMetrics:
     good_share: float
     """Share of all requests served within the SLO."""
 
-    def as_dict(self) -> dict[str, float]:
+    def as_dict(self) -> dict[str, float | None]:
+        """The figures by name, NaN (no sample) as None: JSON has no NaN."""
         return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in asdict(self).items()}
 
 

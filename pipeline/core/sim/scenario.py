@@ -127,18 +127,18 @@ class Scenario:
         start = 0.0
         for ph in self.phases:
             end = start + ph.duration_s * 1000.0
-            cuts: list[tuple[float, float]] = []
+            bursts: list[tuple[float, float, float]] = []
             if ph.bursts is not None:
                 b = ph.bursts
                 t = start + b.offset_s * 1000.0
                 while t < end:
-                    cuts.append((t, min(end, t + b.duration_s * 1000.0)))
+                    bursts.append((t, min(end, t + b.duration_s * 1000.0), b.rate_per_s))
                     t += b.every_s * 1000.0
             cursor = start
-            for b0, b1 in cuts:
+            for b0, b1, rate in bursts:
                 if b0 > cursor:
                     out.append((cursor, b0, ph.rate_per_s))
-                out.append((b0, b1, ph.bursts.rate_per_s))  # type: ignore[union-attr]
+                out.append((b0, b1, rate))
                 cursor = b1
             if cursor < end:
                 out.append((cursor, end, ph.rate_per_s))

@@ -17,6 +17,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from pipeline.core.engine.decisions import BatchPolicy
 from pipeline.core.sim.arrivals import Arrivals, make_arrivals
 from pipeline.core.sim.families import DEFAULT_DEVICE_CAP, Builder, Config, LaneContext, builder
 from pipeline.core.sim.metrics import RunMetrics, measure, slo_budget
@@ -84,7 +85,7 @@ class Evaluator:
             self.arrivals[k] = make_arrivals(self.scenario, multiplier(k))
         return self.arrivals[k]
 
-    def policies(self, cand: Candidate) -> list:
+    def policies(self, cand: Candidate) -> list[BatchPolicy]:
         topo = self.scenario.topology
         levels = len(self.scenario.priority_mix)
         cost = self.scenario.cost
@@ -161,8 +162,8 @@ class Evaluator:
         else:
             lo, hi = None, 0
         step = 8
-        while hi is None:
-            k = min(K_MAX, lo + step)  # type: ignore[operator]
+        while lo is not None and hi is None:
+            k = min(K_MAX, lo + step)
             if k == lo:
                 break
             if self.passes(cand, k):
@@ -171,6 +172,7 @@ class Evaluator:
             else:
                 hi = k
         while lo is None:
+            assert hi is not None, "a search with no passing load starts from a failing one"
             k = max(K_MIN, hi - step)
             if self.passes(cand, k):
                 lo = k

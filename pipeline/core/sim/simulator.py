@@ -20,10 +20,11 @@ import heapq
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
-from pipeline.core.engine.decisions import BatchPolicy, PendingRequest
+from pipeline.core.engine.decisions import Batch, BatchPolicy, PendingRequest
 from pipeline.core.sim.arrivals import Arrivals
 from pipeline.core.sim.scenario import Scenario
 from pipeline.core.sim.timeline import Timeline
@@ -189,7 +190,7 @@ def simulate(
             now, _, kind, who, data = heapq.heappop(heap)
             events += 1
             if kind == _COMPLETE:
-                lane, batch, compute, publish = data  # type: ignore[misc]
+                lane, batch, compute, publish = cast(tuple[int, Batch, float, float], data)
                 busy[who] = False
                 answer = now + publish
                 for req in batch.requests:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import clickhouse_connect
 from clickhouse_connect.driver.client import Client
@@ -35,6 +36,14 @@ def describe(settings: ClickHouseSettings) -> str:
     if settings.url:
         return re.sub(r"//[^@/]*@", "//", settings.url)
     return f"embedded chDB at {Path(settings.data_dir).resolve()}"
+
+
+def scalar_int(client: Client, sql: str, parameters: dict[str, Any] | None = None) -> int:
+    """The one number a query returns (a count): `Client.command` may also return a row or a summary."""
+    value = client.command(sql, parameters=parameters)
+    if not isinstance(value, int | str):
+        raise TypeError(f"expected one number from {sql!r}, got {value!r}")
+    return int(value)
 
 
 def connect(settings: ClickHouseSettings, *, database: str | None = None) -> Client:

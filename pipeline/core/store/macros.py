@@ -86,7 +86,9 @@ def grafana_interval(interval_ms: int) -> str:
 
 
 def _split_args(text: str) -> list[str]:
-    args, depth, current = [], 0, []
+    args: list[str] = []
+    current: list[str] = []
+    depth = 0
     for ch in text:
         if ch == "," and depth == 0:
             args.append("".join(current).strip())

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from clickhouse_connect.driver.client import Client
 
+from pipeline.core.store.connection import scalar_int
 from pipeline.core.store.identifiers import checked_identifier
 
 SCHEMA_DIR = Path(__file__).resolve().parents[3] / "schemas" / "clickhouse"
@@ -129,11 +130,12 @@ def render_all(layout: Layout, directory: Path = SCHEMA_DIR) -> str:
 
 def applied_versions(client: Client, database: str) -> dict[int, str]:
     """version -> checksum of the files already applied (empty on a fresh database)."""
-    exists = client.command(
+    exists = scalar_int(
+        client,
         "SELECT count() FROM system.tables WHERE database = {db:String} AND name = 'schema_migrations'",
-        parameters={"db": database},
+        {"db": database},
     )
-    if not int(exists):
+    if not exists:
         return {}
     rows = client.query(
         f"SELECT version, argMax(checksum, applied_at) FROM {database}.schema_migrations GROUP BY version"

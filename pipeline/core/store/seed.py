@@ -103,7 +103,8 @@ def _load_curve(mean_rate: float, seconds: np.ndarray, rng: np.random.Generator)
     swell = 0.55 + 0.45 * np.sin(2 * np.pi * seconds / 900.0)
     bursts = (rng.random(len(seconds)) < 0.02) * rng.uniform(1.0, 2.5, len(seconds))
     curve = 0.08 + swell + bursts
-    return mean_rate * curve / curve.mean()
+    rates: np.ndarray = mean_rate * curve / curve.mean()
+    return rates
 
 
 def _model_chunk(
@@ -135,7 +136,7 @@ def _model_chunk(
     dispatch, lam, size, cells = dispatch[chosen], lam[chosen], size[chosen], cells[chosen]
     keep = len(chosen)
     size[int(np.searchsorted(chosen, order[taken - 1]))] -= surplus
-    heavier = 1.0
+    heavier: float | np.ndarray = 1.0
     if shape.heavier_after is not None:
         heavier = np.where(dispatch - range_start_ms > shape.heavier_after * range_ms, 1.5, 1.0)
     consumer = np.arange(keep) % 2

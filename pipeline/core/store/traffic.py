@@ -92,29 +92,28 @@ class RecordedTraffic:
     batch_size: np.ndarray
     batch_cost: np.ndarray
     batch_compute_ms: np.ndarray
-    batch_consumer: np.ndarray | None = None
+    batch_consumer: np.ndarray
     """Per batch: index into `consumers`, dispatch epoch ms, and the gaps from its answers'
-    stamps (NaN when none of its answers was read). None when not read."""
-    batch_dispatch_ms: np.ndarray | None = None
-    batch_start_gap_ms: np.ndarray | None = None
-    batch_publish_gap_ms: np.ndarray | None = None
-    tokens_in: np.ndarray | None = None
+    stamps (NaN when none of its answers was read)."""
+    batch_dispatch_ms: np.ndarray
+    batch_start_gap_ms: np.ndarray
+    batch_publish_gap_ms: np.ndarray
+    tokens_in: np.ndarray
     """Generation: prompt tokens, answer tokens and the epoch ms of the first and last token
-    (0 when the model does not generate). None when not read."""
-    tokens_out: np.ndarray | None = None
-    first_token_ms: np.ndarray | None = None
-    last_token_ms: np.ndarray | None = None
+    (0 when the model does not generate)."""
+    tokens_out: np.ndarray
+    first_token_ms: np.ndarray
+    last_token_ms: np.ndarray
 
     @property
     def stamped(self) -> bool:
         """Whether the batches carry their answers' stamps (start and publish gaps)."""
-        gaps = self.batch_start_gap_ms
-        return gaps is not None and bool((~np.isnan(gaps)).any())
+        return bool((~np.isnan(self.batch_start_gap_ms)).any())
 
     @property
     def generating(self) -> bool:
         """Whether the window is of a generating model (its answers have first-token stamps)."""
-        return self.first_token_ms is not None and bool((self.first_token_ms > 0).any())
+        return bool((self.first_token_ms > 0).any())
 
     def __len__(self) -> int:
         return int(self.enqueue_ms.shape[0])

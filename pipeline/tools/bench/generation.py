@@ -13,6 +13,7 @@ objective (an answer of one token has no TPOT and needs only the first).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import time
@@ -200,17 +201,21 @@ def run_default(scn: GenWorkload, arr: GenArrivals) -> GenOutcome:
     return simulate_generation(arr, scn.cost, [engine], loop, profile.max_inflight_batches)
 
 
-def grids(scn: GenWorkload, quick: bool) -> dict[str, list[tuple[str, Callable[[], TokenScheduler]]]]:
+Grid = list[tuple[str, Callable[[], TokenScheduler]]]
+"""A family's settings to try: each one's description and a maker of its scheduler."""
+
+
+def grids(scn: GenWorkload, quick: bool) -> dict[str, Grid]:
     """Each peer's knobs (as documented), a coarser grid with `quick`. Like the servers themselves,
     vLLM without chunked prefill and TGI need a prefill budget of at least the longest prompt."""
     kv = scn.kv_tokens
     longest = scn.longest_prompt
     seqs = (32, 128, 512) if quick else (16, 32, 64, 128, 256, 512)
     budgets = (512, 2048, 4096) if quick else (256, 512, 1024, 2048, 4096, 8192)
-    vllm = [
+    vllm: Grid = [
         (
             f"max_num_seqs={s} max_num_batched_tokens={t} chunked={c} {p}",
-            lambda s=s, t=t, c=c, p=p: VLLM(s, t, c, p, kv),
+            functools.partial(VLLM, s, t, c, p, kv),
         )
         for s, t, c, p in itertools.product(seqs, budgets, (True, False), ("fcfs", "priority"))
         if c or t >= longest
@@ -219,23 +224,23 @@ def grids(scn: GenWorkload, quick: bool) -> dict[str, list[tuple[str, Callable[[
     prefill = [b for b in ((2048, 4096) if quick else (512, 1024, 2048, 4096, 8192)) if b >= longest] or [longest]
     ratios = (0.3, 1.2) if quick else (0.3, 0.6, 1.2, 2.0)
     waits = (5, 20) if quick else (2, 5, 10, 20, 50)
-    tgi = [
+    tgi: Grid = [
         (
             f"max_batch_total_tokens={a} max_batch_prefill_tokens={b} waiting_served_ratio={r} max_waiting_tokens={w}",
-            lambda a=a, b=b, r=r, w=w: TGI(a, b, r, w),
+            functools.partial(TGI, a, b, r, w),
         )
         for a, b, r, w in itertools.product(total, prefill, ratios, waits)
     ]
     chunks = (512, 4096) if quick else (256, 512, 1024, 2048, 4096, 8192)
     cons = (0.3, 1.0) if quick else (0.3, 0.6, 1.0, 1.3, 1.6)
-    sglang = [
-        (f"chunked_prefill_size={c} schedule_conservativeness={k}", lambda c=c, k=k: SGLang(c, k, kv))
+    sglang: Grid = [
+        (f"chunked_prefill_size={c} schedule_conservativeness={k}", functools.partial(SGLang, c, k, kv))
         for c, k in itertools.product(chunks, cons)
     ]
     windows = (0.0, 20.0) if quick else (0.0, 5.0, 20.0, 50.0, 100.0)
     caps = (16, 48) if quick else (8, 16, 32, 48, 64, 128)
-    fixed = [
-        (f"window={w:g} ms cap={c}", lambda w=w, c=c: FixedWindowGen(w, c, kv))
+    fixed: Grid = [
+        (f"window={w:g} ms cap={c}", functools.partial(FixedWindowGen, w, c, kv))
         for w, c in itertools.product(windows, caps)
     ]
     return {"vllm": vllm, "tgi": tgi, "sglang": sglang, "fixed-window": fixed}

@@ -88,9 +88,9 @@ def find_device(explicit: Path | None, cached: list[Path]) -> TraceDevice:
         return device_from_profile(found, str(explicit))
     for path in cached:
         if path.is_file():
-            found = _generation_profile(path)
-            if found is not None:
-                return device_from_profile(found, str(path))
+            cached_profile = _generation_profile(path)
+            if cached_profile is not None:
+                return device_from_profile(cached_profile, str(path))
     return TraceDevice(DEFAULT_CURVE, DEFAULT_KV_TOKENS, "default curve (the generation scenarios' device)")
 
 

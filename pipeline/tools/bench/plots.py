@@ -9,17 +9,20 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.figure import Figure
 
+from pipeline.core.sim.search import Evaluation
 from pipeline.tools.bench.policy import PolicyBench
 
 
-def _served_latency(row) -> np.ndarray:  # type: ignore[no-untyped-def]
+def _served_latency(row: Evaluation) -> np.ndarray:
     o = row.outcome
     served = ~o.expired & ~np.isnan(o.done_ms)
-    return (o.done_ms - o.arrivals.create_ms)[served]
+    latency: np.ndarray = (o.done_ms - o.arrivals.create_ms)[served]
+    return latency
 
 
-def _save(fig, path: Path) -> Path:  # type: ignore[no-untyped-def]
+def _save(fig: Figure, path: Path) -> Path:
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
@@ -51,7 +54,7 @@ def write_plots(bench: PolicyBench, directory: str | Path) -> list[Path]:
     bins = np.arange(0.5, top + 1.5, max(1, top // 40))
     for row, s in zip(bench.rows, sizes, strict=True):
         if s.size:
-            ax.hist(s, bins=bins, histtype="step", label=row.candidate.family, density=True)
+            ax.hist(s, bins=bins.tolist(), histtype="step", label=row.candidate.family, density=True)
     ax.set_xlabel("batch size")
     ax.set_ylabel("share of batches")
     ax.set_title(f"{name}: batch size distribution at nominal load")

@@ -240,7 +240,7 @@ def best_single_fixed(
             mine = b.evaluator.nominal(Candidate(family.name, cap_cfg))[0].p99_ms
             p99s[b.scenario.name] = _ratio(mine, oracle_p99)
         worst_p99 = max(v for v in p99s.values() if v is not None)
-        if best is None or d > best_d or (d == best_d and worst_p99 < best["worst_p99_ratio"]):  # type: ignore[operator]
+        if best is None or best_d is None or d > best_d or (d == best_d and worst_p99 < best["worst_p99_ratio"]):
             best_d = d
             worst_scn = min(per, key=lambda n: per[n] - oracles[n])
             best = {

@@ -247,14 +247,12 @@ def candidates(ran: BatchProfile) -> list[tuple[str, BatchProfile]]:
 
 def traffic_timeline(traffic: RecordedTraffic, scenario: Scenario) -> Timeline | None:
     """The recorded device's speed and gaps per consumer over the window (None: no batch stamps)."""
-    if traffic.batch_dispatch_ms is None or traffic.batch_consumer is None or traffic.batch_dispatch_ms.size == 0:
+    if traffic.batch_dispatch_ms.size == 0:
         return None
     t0 = float(traffic.enqueue_ms.min())
     unit = scenario.cost.unit
     x = (traffic.batch_cost if unit == "tokens" else traffic.batch_size).astype(float)
-    nan = np.full(x.shape, np.nan)
-    start = traffic.batch_start_gap_ms if traffic.batch_start_gap_ms is not None else nan
-    publish = traffic.batch_publish_gap_ms if traffic.batch_publish_gap_ms is not None else nan
+    start, publish = traffic.batch_start_gap_ms, traffic.batch_publish_gap_ms
     curve = speed_curve(x, traffic.batch_compute_ms) or scenario.cost.base
     lanes: list[LaneStamps] = []
     for lane in range(scenario.topology.lanes):
@@ -354,6 +352,8 @@ def replay(
 def scenario_toml(replay_: Replay) -> str:
     """The window as a scenario file: per-second rates, token mix, measured t(b), consumers."""
     s = replay_.scenario
+    if s is None:
+        raise ReplayError("a generating model's window cannot be exported as a scenario yet")
     lines = [
         f"# Exported by `batchtide replay` from {s.description}.",
         f'name = "{s.name}"',

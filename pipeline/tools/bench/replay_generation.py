@@ -103,8 +103,6 @@ def generation_arrivals(
     """The recorded requests as the simulator takes them, in delivery order. A request emits its
     answer's tokens (an end-of-sequence token that stopped it early is not recorded: the step
     that produced it is not charged), and the delivery order (to index per-request arrays)."""
-    if traffic.tokens_in is None or traffic.tokens_out is None:
-        raise GenerationReplayError("the window was read without token counts")
     t0 = float(traffic.enqueue_ms.min())
     create = traffic.enqueue_ms - t0
     deliver = create + traffic.fetch_lag_ms

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import numpy as np
 
 from pipeline.core.config import ClickHouseSettings, Config
-from pipeline.core.store.connection import connect
+from pipeline.core.store.connection import connect, scalar_int
 from pipeline.core.store.migrations import Layout, migrate
 from pipeline.core.store.queries import REPORT_QUERIES
 from pipeline.core.store.seed import seed_database
@@ -32,7 +32,7 @@ def bench_report(settings: ClickHouseSettings, *, rows: int, repeat: int, echo: 
     database = settings.database
     try:
         migrate(client, Layout(database, ttl_days=settings.ttl_days, rollup_ttl_days=settings.rollup_ttl_days))
-        have = int(client.command(f"SELECT count() FROM {database}.request_latency"))
+        have = scalar_int(client, f"SELECT count() FROM {database}.request_latency")
         if have < rows:
             started = time.perf_counter()
             seed_database(client, database, rows - have, seed=int(time.time()))
@@ -113,8 +113,8 @@ async def bench_sink(config: Config, *, events: int, echo: Echo) -> None:
     finally:
         await sink.app.stop()
         sink.store.close()
-    stored = int(client.command(f"SELECT count() FROM {database}.request_latency"))
-    stored += int(client.command(f"SELECT count() FROM {database}.batches"))
+    stored = scalar_int(client, f"SELECT count() FROM {database}.request_latency")
+    stored += scalar_int(client, f"SELECT count() FROM {database}.batches")
     echo(
         f"sink stored {stored:,} rows in {elapsed:.1f} s wall (incl. ~1 s group join): {stored / elapsed:,.0f} events/s; "
         f"{cpu:.1f} CPU s in this process (faust + chDB engine): {stored / max(cpu, 1e-9):,.0f} events per CPU-second "

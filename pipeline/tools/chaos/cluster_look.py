@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable
-from typing import Any
+from typing import TypeVar
 
 from pipeline.core.config import KafkaSettings
 from pipeline.core.kafka.cluster import (
@@ -48,7 +48,10 @@ def without(cluster: LocalCluster, settings: KafkaSettings, node_id: int) -> Kaf
     return KafkaSettings(bootstrap_servers=others, topic_prefix=settings.topic_prefix)
 
 
-async def look(call: Awaitable[Any]) -> Any:
+T = TypeVar("T")
+
+
+async def look(call: Awaitable[T]) -> T:
     return await asyncio.wait_for(call, LOOK_TIMEOUT_S)
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -161,14 +161,14 @@ class Accounting:
     dead_lettered: int = 0
     rejected_answers: int = 0
     rerouted: int = 0
-    unaccounted: list[str] | None = None
+    unaccounted: list[str] = field(default_factory=list)
     truncated_letters: int = 0
 
 
 def account(sent: list[Sent], topic: str, letters: list[DeadLetter], results: dict[str, list[Any]]) -> Accounting:
     """Match every hostile record to its dead letter (by partition and offset) or its rerouted answer."""
     by_place = {(letter.topic, letter.partition, letter.offset): letter for letter in letters}
-    out = Accounting(unaccounted=[])
+    out = Accounting()
     for item in sent:
         hostile = item.hostile
         if hostile.expect == "rerouted":
@@ -235,9 +235,9 @@ async def hostile_input(stage: Stage, sizes: ChaosSizes) -> FaultReport:
             answer = json.loads(value)
             results.setdefault(answer["id"], []).append(answer)
         accounting = account(hostile.sent, topics.requests(CHAOS_MODEL), letters, results)
-        failures = list(accounting.unaccounted or [])[:10]
-        if len(accounting.unaccounted or []) > 10:
-            failures.append(f"... {len(accounting.unaccounted or []) - 10} more hostile records unaccounted for")
+        failures = accounting.unaccounted[:10]
+        if len(accounting.unaccounted) > 10:
+            failures.append(f"... {len(accounting.unaccounted) - 10} more hostile records unaccounted for")
         restarted = not proc.alive or proc.pid != pid
         if restarted:
             failures.append(f"the consumer stopped; its log ends:\n{proc.log_tail()}")

@@ -68,9 +68,9 @@ def _batch_mates(d: Deployment, poison: list[str]) -> int:
             batches.setdefault((first.consumer_id, first.batch_id), []).append(first)
     mates = 0
     for request_id in poison:
-        answers = d.ledger.results.get(request_id)
-        if not answers or answers[0].batch_id is None:
+        seen = d.ledger.results.get(request_id)
+        if not seen or seen[0].batch_id is None:
             continue
-        key = (answers[0].consumer_id, answers[0].batch_id)
+        key = (seen[0].consumer_id, seen[0].batch_id)
         mates += sum(1 for other in batches.get(key, []) if other.outcome == "ok")
     return mates

@@ -471,14 +471,17 @@ def bench_pipeline(
     import logging
 
     from pipeline.tools.bench.pipeline.lengths import MIXES
-    from pipeline.tools.bench.pipeline.options import BenchOptions
+    from pipeline.tools.bench.pipeline.options import ISOLATIONS, LLM_MODES, RUNNERS, BenchOptions
     from pipeline.tools.bench.pipeline.run import run_bench
+    from pipeline.tools.commands.literal_choice import pick
 
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # new topics log transient leader errors
-    if runner not in ("minilm", "smollm", "zero-cost", "cost-model"):
+    runner_choice = pick(runner, RUNNERS)
+    if runner_choice is None:
         typer.echo(f"error: --runner must be minilm, smollm, zero-cost or cost-model (got {runner!r})", err=True)
         raise typer.Exit(2)
-    if isolation not in ("auto", "process", "thread"):
+    isolation_choice = pick(isolation, ISOLATIONS)
+    if isolation_choice is None:
         typer.echo(f"error: --isolation must be auto, process or thread (got {isolation!r})", err=True)
         raise typer.Exit(2)
     if timeout_ms is not None and timeout_ms <= 0:
@@ -506,7 +509,7 @@ def bench_pipeline(
         typer.echo(f"error: --rates must be numbers separated by commas (got {rates!r})", err=True)
         raise typer.Exit(2) from None
     options = BenchOptions(
-        runner=runner,  # type: ignore[arg-type]
+        runner=runner_choice,
         rates=offered,
         duration_s=duration,
         find_max_duration_s=find_max_duration,
@@ -523,7 +526,7 @@ def bench_pipeline(
         adaptive_cap=adaptive_cap,
         hard_cap=hard_cap,
         late_consumer_s=late_consumer_s,
-        isolation=isolation,  # type: ignore[arg-type]
+        isolation=isolation_choice,
         llm_profile=str(llm_profile) if llm_profile else None,
         timeout_ms=timeout_ms,
         straggler=straggler,
@@ -577,8 +580,9 @@ def bench_pipeline(
         typer.echo(f"error: --chunk-fusion takes on and off separated by commas (got {chunk_fusion!r})", err=True)
         raise typer.Exit(2)
     fusions: tuple[bool | None, ...] = tuple(switch[w] for w in fusion_words) or (None,)
-    mode_list = tuple(m.strip() for m in modes.split(",") if m.strip())
-    if runner == "smollm" and not set(mode_list) <= {"static", "iteration", "fixed"}:
+    picked = [pick(m.strip(), LLM_MODES) for m in modes.split(",") if m.strip()]
+    mode_list = tuple(m for m in picked if m is not None)
+    if runner == "smollm" and len(mode_list) < len(picked):
         typer.echo(f"error: --modes takes static, iteration and fixed (got {modes!r})", err=True)
         raise typer.Exit(2)
     figures = asyncio.run(
@@ -729,10 +733,13 @@ def bench_generation(
     batchtide-default (untuned) and of vLLM's, TGI's, SGLang's and the fixed window's scheduler,
     each at its best configuration of its grid, on the same simulated device."""
     from pipeline.core.sim.generation.gen_scenario import load_gen_scenario
+    from pipeline.core.sim.generation.peer_schedulers import KERNELS
     from pipeline.core.sim.scenario import ScenarioError
     from pipeline.tools.bench.generation import bench_scenario
+    from pipeline.tools.commands.literal_choice import pick
 
-    if peer_kernels not in ("runner", "ragged"):
+    kernels = pick(peer_kernels, KERNELS)
+    if kernels is None:
         wide_console.print(f"[red]error:[/red] --peer-kernels must be runner or ragged (got {escape(peer_kernels)})")
         raise typer.Exit(2)
     if bool(scenario_opts) == (trace is not None):
@@ -758,7 +765,7 @@ def bench_generation(
             wide_console.print(f"[red]error:[/red] {escape(str(e))}")
             raise typer.Exit(2) from None
         with wide_console.status(f"{scn.name}: batchtide-default and the peers' grids ..."):
-            report = bench_scenario(scn, quick=quick, peer_kernels=peer_kernels)  # type: ignore[arg-type]
+            report = bench_scenario(scn, quick=quick, peer_kernels=kernels)
         reports.append(report)
         _generation_table(report, f"{scn.name}: {report['requests']} requests", peer_kernels)
     if json_out:

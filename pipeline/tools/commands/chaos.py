@@ -14,7 +14,7 @@ import logging
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -56,7 +56,7 @@ def chaos(
         raise typer.Exit(2)
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     sizes = ChaosSizes.quick() if quick else ChaosSizes()
-    overrides = {
+    overrides: dict[str, Any] = {
         "outage_s": outage_s,
         "freeze_s": freeze_s,
         "overload_s": overload_s,

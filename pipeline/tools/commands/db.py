@@ -7,10 +7,16 @@ import logging
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from pipeline.core.config import Config, ConfigError, load_config
+
+if TYPE_CHECKING:
+    from clickhouse_connect.driver.client import Client
+
+    from pipeline.core.store.migrations import Layout
 
 db_app = typer.Typer(help="ClickHouse latency store: schema migrations, seed data, benchmarks.", no_args_is_help=True)
 
@@ -33,7 +39,7 @@ def _config(path: Path | None, clickhouse_url: str | None) -> Config:
     return config
 
 
-def _connect(config: Config, database: str | None = None, *, reading: bool = False):  # type: ignore[no-untyped-def]
+def _connect(config: Config, database: str | None = None, *, reading: bool = False) -> Client:
     """A ClickHouse client; `reading` ones use a running sink's read-only server when it holds the embedded store."""
     from pipeline.core.store.connection import ClickHouseUnavailable, connect, connect_reader
 
@@ -44,7 +50,7 @@ def _connect(config: Config, database: str | None = None, *, reading: bool = Fal
         raise typer.Exit(1) from None
 
 
-def _layout(config: Config, cluster: str | None):  # type: ignore[no-untyped-def]
+def _layout(config: Config, cluster: str | None) -> Layout:
     from pipeline.core.store.migrations import Layout
 
     ch = config.clickhouse

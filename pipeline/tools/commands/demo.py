@@ -16,6 +16,7 @@ fails the verdict; refusals are printed by reason.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import shutil
@@ -291,7 +292,9 @@ def demo(
         for model in chosen:
             asyncio.run(_send_warmup(config, model.name))
         for model in chosen:
-            warm = asyncio.run(_read_results(config, model.name, lambda seen: WARMUP_ID in seen or _exited(procs), 240))
+            warm = asyncio.run(
+                _read_results(config, model.name, lambda seen: WARMUP_ID in seen or bool(_exited(procs)), 240)
+            )
             if WARMUP_ID not in warm:
                 why = f"{_exited(procs)} exited" if _exited(procs) else "it answered nothing within 240 s"
                 raise typer.Exit(_fail_with_logs(logs, f"no warm-up answer from {model.name}: {why}"))
@@ -308,9 +311,7 @@ def demo(
         not_ok: dict[str, dict[str, int]] = {}
         for model in chosen:
             expected = len(loads[model.name]) + 1  # the load, and the warm-up request
-            outcomes = asyncio.run(
-                _read_results(config, model.name, lambda seen, n=expected: len(seen) >= n or _exited(procs), 300)
-            )
+            outcomes = asyncio.run(_read_results(config, model.name, functools.partial(_has, expected, procs), 300))
             outcomes.pop(WARMUP_ID, None)
             answered[model.name] = (len(outcomes), len(loads[model.name]))
             not_ok[model.name] = plan.not_ok_by_reason(outcomes)
@@ -361,6 +362,11 @@ def demo(
             _stop(proc, timeout_s=20)
         if broker is not None:
             broker.stop()
+
+
+def _has(count: int, procs: Processes, seen: dict[str, tuple[str, str | None]]) -> bool:
+    """Enough read: `count` answers, or a process stopped (it would answer nothing more)."""
+    return len(seen) >= count or bool(_exited(procs))
 
 
 def _exited(procs: Processes) -> str:

@@ -112,7 +112,7 @@ def up(
             cluster.start(timeout_s=timeout, detached=True)
         except KafkaSetupError as e:
             raise _fail(str(e)) from None
-        state = {
+        state: dict[str, object] = {
             "pids": [node.pid for node in cluster.nodes],
             "bootstrap": cluster.bootstrap,
             "data_dir": str(cluster.data_dir),

@@ -8,11 +8,17 @@ import dataclasses
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from consumers.runners.profile import Point
+    from pipeline.core.config import BatchProfile
+    from pipeline.tools.bench.replay import Replay
 
 console = Console()
 
@@ -94,6 +100,7 @@ def replay_command(
                     f"replaying generation needs the model's profile file: pass --profile (or write "
                     f"{profile_path(model)} with `batchtide profile --model {model}`)"
                 )
+            assert spec is not None  # `generation` says so
             result = replay_generation(traffic, ran, GenSetup(spec, device), calibrate=calibrate)
         else:
             result = replay(
@@ -159,7 +166,7 @@ def replay_command(
             raise typer.Exit(1)
 
 
-def _request_table(result, model: str, since: str, ran) -> None:  # type: ignore[no-untyped-def]
+def _request_table(result: Replay, model: str, since: str, ran: BatchProfile) -> None:
     from pipeline.tools.views.tables import print_table
 
     rec = result.recorded
@@ -225,7 +232,7 @@ def _request_table(result, model: str, since: str, ran) -> None:  # type: ignore
     print_table(console, table)
 
 
-def _generation_table(result, model: str, since: str, ran) -> None:  # type: ignore[no-untyped-def]
+def _generation_table(result: Replay, model: str, since: str, ran: BatchProfile) -> None:
     from pipeline.tools.views.tables import print_table
 
     rec = result.recorded
@@ -353,18 +360,28 @@ def profile(
         def advance(text: str) -> None:
             progress.update(task, advance=1, description=f"profiling {spec.name} on {device}: {text}")
 
-        common = {
-            "device": device,
-            "tokens": tokens,
-            "max_size": max_size,
-            "budget_ms": budget,
-            "headroom": headroom,
-            "on_point": advance,
-        }
         if generate:
-            found = measure.measure_generation(runner, decode_steps=decode_steps, **common)  # type: ignore[arg-type]
+            found = measure.measure_generation(
+                runner,
+                device=device,
+                tokens=tokens,
+                max_size=max_size,
+                budget_ms=budget,
+                headroom=headroom,
+                on_point=advance,
+                decode_steps=decode_steps,
+            )
         else:
-            found = measure.measure_batches(runner, seconds=seconds, **common)  # type: ignore[arg-type]
+            found = measure.measure_batches(
+                runner,
+                device=device,
+                tokens=tokens,
+                max_size=max_size,
+                budget_ms=budget,
+                headroom=headroom,
+                on_point=advance,
+                seconds=seconds,
+            )
         progress.update(task, completed=steps)
     runner.close()
     data = measured_profile.build(found, spec, simulated=runner.simulated)
@@ -408,7 +425,7 @@ def profile(
     console.print(f"wrote {target} (`batchtide consume --model {spec.name}` loads it at start)")
 
 
-def _longest_line(data: dict, max_new_tokens: int) -> str:
+def _longest_line(data: dict[str, Any], max_new_tokens: int) -> str:
     """What the longest request the model admits costs, or why the device cannot hold it."""
     longest = data["longest"]
     tokens = longest["prompt_tokens"] + max_new_tokens
@@ -427,7 +444,7 @@ def _longest_line(data: dict, max_new_tokens: int) -> str:
     return line
 
 
-def _table(table_cls: type, title: str, points: list, generate: bool, kind: str):  # type: ignore[no-untyped-def]
+def _table(table_cls: type[Table], title: str, points: list[Point], generate: bool, kind: str) -> Table:
     table = table_cls(title=title)
     rate = "gen tok/s" if kind == "decode" else ("prompt tok/s" if generate else "tokens/s")
     for column in ("batch", "tokens", "median ms", "p90 ms", "items/s", rate, "peak MiB", "runs"):

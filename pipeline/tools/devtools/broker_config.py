@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import uuid
 from pathlib import Path
+from typing import Any
 
 from pipeline.tools.devtools.broker_process import free_port
 from pipeline.tools.devtools.kafka_jars import KafkaSetupError
@@ -32,8 +33,8 @@ def jaas_escape(value: str) -> str:
 
 
 def write_identity(
-    data_dir: Path, path: Path, known: dict[str, object] | None, port: int | None, sasl_users: dict[str, str], tls: bool
-) -> dict[str, object]:
+    data_dir: Path, path: Path, known: dict[str, Any] | None, port: int | None, sasl_users: dict[str, str], tls: bool
+) -> dict[str, Any]:
     """The node's identity (cluster id, ports, security), made on its first start and kept in `path`
     (cluster.json) so a restart comes back on the same address; a requested port moves it."""
     cluster = known
@@ -75,15 +76,15 @@ def tls_dir(data_dir: Path) -> Path:
 
 
 def server_properties(
-    cluster: dict[str, object], *, node_id: int, data_dir: Path, sasl_users: dict[str, str], tls: bool
+    cluster: dict[str, Any], *, node_id: int, data_dir: Path, sasl_users: dict[str, str], tls: bool
 ) -> str:
     """server.properties of one KRaft node (broker and controller in one JVM) from its cluster.json."""
     port, cport = cluster["port"], cluster["controller_port"]
     # A cluster node's cluster.json (written by LocalCluster) names its quorum and the
     # replication its internal topics get; a single broker replicates nothing.
-    replicas = int(cluster.get("replicas", 1))  # type: ignore[arg-type]
-    min_isr = int(cluster.get("min_insync_replicas", 1))  # type: ignore[arg-type]
-    props: dict[str, object] = {
+    replicas = int(cluster.get("replicas", 1))
+    min_isr = int(cluster.get("min_insync_replicas", 1))
+    props: dict[str, Any] = {
         "process.roles": "broker,controller",
         "node.id": node_id,
         "controller.quorum.voters": cluster.get("voters", f"1@127.0.0.1:{cport}"),

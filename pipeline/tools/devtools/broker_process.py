@@ -121,7 +121,7 @@ async def metadata_probe(
         user, password = next(iter(sorted(sasl_users.items())))
         REDACTOR.add(password)
         options |= {"sasl_mechanism": "PLAIN", "sasl_plain_username": user, "sasl_plain_password": password}
-    client = AIOKafkaClient(**options)  # type: ignore[arg-type]
+    client = AIOKafkaClient(**options)
     try:
         await asyncio.wait_for(client.bootstrap(), timeout=max(budget_s, 0.5))
         if client.cluster.broker_metadata(node_id) is None:

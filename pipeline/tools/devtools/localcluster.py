@@ -16,6 +16,7 @@ import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from pipeline.tools.devtools.broker_config import kafka_uuid
 from pipeline.tools.devtools.broker_process import free_port, port_is_free, run_sync
@@ -71,7 +72,7 @@ class LocalCluster:
     def _layout_file(self) -> Path:
         return self.data_dir / QUORUM_FILE
 
-    def _load_layout(self) -> dict[str, object] | None:
+    def _load_layout(self) -> dict[str, Any] | None:
         return json.loads(self._layout_file.read_text()) if self._layout_file.is_file() else None
 
     def _ports(self) -> list[tuple[int, int]]:

@@ -27,6 +27,7 @@ import time
 import uuid
 import weakref
 from pathlib import Path
+from typing import Any
 
 from pipeline.tools.devtools.broker_config import (
     ensure_tls_material,
@@ -133,7 +134,7 @@ class LocalKafka:
         self._process: subprocess.Popen[bytes] | None = None
         self._lifeline: int | None = None
         """Write end of the pipe whose closing stops the broker (see LIFELINE)."""
-        self._cluster: dict[str, object] | None = None
+        self._cluster: dict[str, Any] | None = None
         self._archive_dump: Path | None = None
         self.last_start_s: float | None = None
         self._launched_at: float | None = None
@@ -158,12 +159,12 @@ class LocalKafka:
         """The broker's log4j output (the console stays quiet)."""
         return self.data_dir / LOG_FILE
 
-    def _load_cluster(self) -> dict[str, object] | None:
+    def _load_cluster(self) -> dict[str, Any] | None:
         if self._cluster is None and self._cluster_file.is_file():
             self._cluster = json.loads(self._cluster_file.read_text())
         return self._cluster
 
-    def _prepare_cluster(self) -> dict[str, object]:
+    def _prepare_cluster(self) -> dict[str, Any]:
         self._cluster = write_identity(
             self.data_dir, self._cluster_file, self._load_cluster(), self._requested_port, self.sasl_users, self.tls
         )
@@ -174,7 +175,7 @@ class LocalKafka:
         cluster = self._load_cluster()
         if cluster is None:
             raise KafkaSetupError(f"the broker in {self.data_dir} has never been started")
-        return int(cluster["port"])  # type: ignore[arg-type]
+        return int(cluster["port"])
 
     @property
     def bootstrap(self) -> str:
@@ -190,7 +191,7 @@ class LocalKafka:
     def node_id(self) -> int:
         """KRaft node id: 1 for a single broker, the node's number in a cluster (localcluster.py)."""
         cluster = self._load_cluster()
-        return int(cluster.get("node_id", 1)) if cluster else 1  # type: ignore[arg-type]
+        return int(cluster.get("node_id", 1)) if cluster else 1
 
     @property
     def security_protocol(self) -> str:
@@ -202,7 +203,7 @@ class LocalKafka:
         """PEM of the CA that signed the broker's certificate (clients' ssl_cafile), when `tls`."""
         return tls_dir(self.data_dir) / "ca.pem" if self.tls else None
 
-    def _write_config(self, cluster: dict[str, object]) -> Path:
+    def _write_config(self, cluster: dict[str, Any]) -> Path:
         config = self.data_dir / "server.properties"
         config.write_text(
             server_properties(
@@ -220,9 +221,9 @@ class LocalKafka:
 
     def _heap_mb(self) -> int:
         cluster = self._load_cluster()
-        return int(cluster.get("heap_mb", HEAP_MB)) if cluster else HEAP_MB  # type: ignore[arg-type]
+        return int(cluster.get("heap_mb", HEAP_MB)) if cluster else HEAP_MB
 
-    def _format_storage(self, cluster: dict[str, object], config: Path) -> None:
+    def _format_storage(self, cluster: dict[str, Any], config: Path) -> None:
         """Format the KRaft log dir once; SCRAM credentials can only be seeded here."""
         if (self.data_dir / "logs" / "meta.properties").is_file():
             return
@@ -283,7 +284,7 @@ class LocalKafka:
         if self.is_running:
             return
         cluster = self._prepare_cluster()
-        port = int(cluster["port"])  # type: ignore[arg-type]
+        port = int(cluster["port"])
         if not port_is_free(port):
             raise KafkaSetupError(f"port {port} on 127.0.0.1 is taken; the broker in {self.data_dir} cannot start")
         if self.tls:

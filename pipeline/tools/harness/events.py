@@ -57,4 +57,5 @@ async def stored_rows(clickhouse_dir: Path, database: str = "batchtide") -> dict
     )
     if done.returncode != 0:
         raise HarnessError(f"counting ClickHouse rows failed:\n{done.stderr[-2000:]}")
-    return msgspec.json.decode(done.stdout.strip().splitlines()[-1])
+    counts: dict[str, Any] = msgspec.json.decode(done.stdout.strip().splitlines()[-1])
+    return counts

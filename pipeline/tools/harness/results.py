@@ -35,7 +35,7 @@ class Follower:
         poll_ms: int,
         request_timeout_ms: int | None = None,
     ) -> None:
-        extra = {} if request_timeout_ms is None else {"request_timeout_ms": request_timeout_ms}
+        extra: dict[str, Any] = {} if request_timeout_ms is None else {"request_timeout_ms": request_timeout_ms}
         self._reader = TopicReader(settings, topics, **extra)
         self._on_record = on_record
         self._poll_ms = poll_ms

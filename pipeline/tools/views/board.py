@@ -197,7 +197,7 @@ def make_server(
                 with lock:
                     everyone = list_models(client, window)
                     chosen = [params["model"]] if params.get("model") else ([model] if model else everyone[:1])
-                    keep = {k: params[k] for k in ("since", "until") if k in params}
+                    keep: dict[str, str] = {k: params[k] for k in ("since", "until") if k in params}
                     links = {m: "/?" + urlencode({**keep, "model": m}) for m in everyone}
                     page = build_page(client, window, chosen, links=links)
             except ValueError as error:

@@ -90,7 +90,8 @@ def grafana_credential() -> str | tuple[str, str]:
 
 
 def connect(grafana_url: str, timeout_s: float = 10.0) -> GrafanaApi:
-    return GrafanaApi.from_url(grafana_url, credential=grafana_credential(), timeout=timeout_s)
+    api: GrafanaApi = GrafanaApi.from_url(grafana_url, credential=grafana_credential(), timeout=timeout_s)
+    return api
 
 
 def datasource_body(target: ClickHouseTarget) -> dict[str, Any]:

@@ -17,15 +17,24 @@ Pure: no clock.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
 
 from pipeline.core.engine.joins import MIN_CHUNK, RIDE_SHARE
 
 
+class _Reserving(Protocol):
+    @property
+    def reserved(self) -> int: ...
+
+
+RowT = TypeVar("RowT", bound=_Reserving)
+
+
 @dataclass(eq=False)
-class ChunkedGroup:
+class ChunkedGroup(Generic[RowT]):
     """One group's prefill, a chunk of columns per decode step."""
 
-    rows: list
+    rows: list[RowT]
     width: int
     """Its longest prompt: every row is left-padded to it."""
     done: int = 0

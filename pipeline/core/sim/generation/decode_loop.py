@@ -21,6 +21,7 @@ import heapq
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -137,9 +138,9 @@ class _Loop:
     """One device's decode loop."""
 
     rule: JoinRule
-    joiners: deque = field(default_factory=deque)
-    live: list = field(default_factory=list)
-    prefills: deque = field(default_factory=deque)
+    joiners: deque[_Row] = field(default_factory=deque)
+    live: list[_Row] = field(default_factory=list)
+    prefills: deque[ChunkedGroup[_Row]] = field(default_factory=deque)
     """Groups prefilled in chunks riding the steps (the head advances)."""
     dead: int = 0
     """Finished rows still in the cache."""
@@ -287,7 +288,7 @@ def simulate_generation(
                 tokens = ride_tokens(
                     chunk_tokens(budget, decoding), ms, ride_token_ms(device, budget, decoding), settings.tpot_ms
                 )
-            queue: list[ChunkedGroup] = list(loop.prefills)
+            queue: list[ChunkedGroup[_Row]] = list(loop.prefills)
             fed = 0
             for k, chunk in ride_plan([p.rest_tokens() for p in queue], tokens):
                 group = queue[k]
@@ -390,14 +391,14 @@ def simulate_generation(
                 if data == wake_version[lane]:
                     poll(lane, now)
             elif kind == _PREFILLED:
-                merge(lane, data, now)  # type: ignore[arg-type]
+                merge(lane, cast(list[_Row], data), now)
                 poll(lane, now)
                 if loop.live:
                     step(lane, now)
                 else:
                     iterate(lane, now)
             else:
-                ms, merged = data  # type: ignore[misc]
+                ms, merged = cast(tuple[float, list[_Row]], data)
                 loop.steps += 1
                 loop.last_step_ms = float(ms)
                 emitted(lane, list(loop.live), now)

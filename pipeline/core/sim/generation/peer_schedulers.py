@@ -41,6 +41,7 @@ from pipeline.core.sim.generation.decode_loop import STEP_TOKEN_BUDGET, GenArriv
 
 Kernels = Literal["runner", "ragged"]
 """What a peer's iterations cost: the runner's measured kernels, or the servers' own idealised ones."""
+KERNELS: tuple[Kernels, ...] = ("runner", "ragged")
 
 
 @dataclass(eq=False)

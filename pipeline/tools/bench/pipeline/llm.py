@@ -15,7 +15,7 @@ from typing import Any
 
 from pipeline.core.config import KafkaSettings
 from pipeline.tools.bench.pipeline.lengths import draw
-from pipeline.tools.bench.pipeline.options import BenchOptions
+from pipeline.tools.bench.pipeline.options import BenchOptions, LlmMode
 from pipeline.tools.bench.pipeline.printout import describe, llm_table
 from pipeline.tools.bench.pipeline.trial import run_trial
 
@@ -76,7 +76,7 @@ async def llm_modes(
     kafka: KafkaSettings,
     workdir: Path,
     say: Callable[[str], None],
-    modes: tuple[str, ...],
+    modes: tuple[LlmMode, ...],
     equal_tokens: int,
     mixes: tuple[str, ...] = ("mixed", "equal"),
     profile_now: bool = False,
@@ -130,7 +130,7 @@ async def llm_modes(
                     new_tokens=new_tokens,
                     lengths=mix,
                     step_token_budget=budget,
-                    chunk_fusion=fused,  # type: ignore[arg-type]
+                    chunk_fusion=fused,
                 )
                 say(
                     f" {mix} / {mode}"

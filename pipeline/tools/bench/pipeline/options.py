@@ -6,7 +6,11 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 RunnerChoice = Literal["zero-cost", "minilm", "cost-model", "smollm"]
+RUNNERS: tuple[RunnerChoice, ...] = ("zero-cost", "minilm", "cost-model", "smollm")
 LlmMode = Literal["static", "iteration", "fixed"]
+LLM_MODES: tuple[LlmMode, ...] = ("static", "iteration", "fixed")
+Isolation = Literal["auto", "process", "thread"]
+ISOLATIONS: tuple[Isolation, ...] = ("auto", "process", "thread")
 MIXED_NEW_TOKENS = (8, 128)
 """max_new_tokens of the mixed LLM load: uniform over this range, inclusive."""
 MODEL = "bench"
@@ -34,7 +38,7 @@ class BenchOptions:
     adaptive_cap: bool = True
     """The engine's learned cap (product default); False holds the configured hard_cap."""
     hard_cap: int = 48
-    isolation: Literal["auto", "process", "thread"] = "auto"
+    isolation: Isolation = "auto"
     """Where the consumers run batches (the model config's `isolation`)."""
     late_consumer_s: float | None = None
     """Start the last consumer this long after the load began (to measure a rebalance)."""

@@ -41,7 +41,7 @@ does; the raw rows' TTL (`[clickhouse] ttl_days`, 30 by default) drops them afte
 
 def trial_label(options: BenchOptions, rate: float) -> str:
     """What the trial ran, as a directory name: runner, batching mode, length mix, chunking, rate."""
-    parts = [options.runner]
+    parts: list[str] = [options.runner]
     if options.runner == "smollm":
         parts += [options.llm_mode, options.lengths]
         if options.step_token_budget is not None:

@@ -37,7 +37,7 @@ from typing import Any
 from pipeline.core.config import KafkaSettings
 from pipeline.core.sim.generation.trace import TraceSlice
 from pipeline.tools.bench.pipeline.llm import llm_modes
-from pipeline.tools.bench.pipeline.options import BenchOptions
+from pipeline.tools.bench.pipeline.options import LLM_MODES, BenchOptions, LlmMode
 from pipeline.tools.bench.pipeline.printout import describe
 from pipeline.tools.bench.pipeline.record import replay_commands
 from pipeline.tools.bench.pipeline.trace_replay import trace_live
@@ -95,7 +95,11 @@ async def at_rates(
         trial = await run_trial(options, kafka, rate, workdir, say, read_events=True)
         say(describe(trial))
         trials.append(trial)
-    key = lambda t: f"{t.offered_rps:g}"  # noqa: E731 - JSON keys by offered rate
+
+    def key(t: Trial) -> str:
+        """JSON keys by offered rate."""
+        return f"{t.offered_rps:g}"
+
     top = max(trials, key=lambda t: t.throughput_rps)
     return {
         "model_runner": options.runner,
@@ -135,7 +139,7 @@ async def run_bench(
     find_max_mode: bool,
     rates_mode: bool,
     say: Callable[[str], None] = print,
-    llm_modes_list: tuple[str, ...] = ("static", "iteration", "fixed"),
+    llm_modes_list: tuple[LlmMode, ...] = LLM_MODES,
     equal_tokens: int = 64,
     llm_mixes: tuple[str, ...] = ("mixed", "equal"),
     profile_now: bool = False,
