@@ -14,7 +14,7 @@ export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup demo test bench bench-fleet bench-triton gpu-check clean-venv install-cli uninstall
+.PHONY: setup lint demo test bench bench-fleet bench-triton gpu-check clean-venv install-cli uninstall
 
 $(VENV)/.ready: pyproject.toml
 	@if [ ! -f $(VENV)/.ready ]; then \
@@ -39,7 +39,13 @@ setup: $(VENV)/.ready
 demo: setup
 	$(PY) -m pipeline.cli demo
 
-test: setup
+# Lint, format and types first (seconds), then every test.
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+test: lint
 	$(PY) -m pytest -q -ra
 
 bench: setup

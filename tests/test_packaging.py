@@ -15,7 +15,19 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SKIP = ("var", "out", ".git", "build", ".pytest_cache", ".hypothesis", "tests", "peers", "docs")
+SKIP = (
+    "var",
+    "out",
+    ".git",
+    "build",
+    ".pytest_cache",
+    ".hypothesis",
+    ".mypy_cache",
+    ".ruff_cache",
+    "tests",
+    "peers",
+    "docs",
+)
 
 
 @pytest.fixture(scope="module")
