@@ -106,12 +106,6 @@ class RunningSet:
         """Width of the shared cache (longest row, padding included)."""
         return 0 if self._mask is None else int(self._mask.shape[1])
 
-    def kv_bytes(self) -> int:
-        """Bytes the KV cache holds now."""
-        if self._cache is None:
-            return 0
-        return sum(layer.keys.nbytes + layer.values.nbytes for layer in self._cache.layers)
-
     def join(self, seqs: list[Sequence]) -> list[Sequence]:
         """Prefill `seqs` and merge them in; returns those already finished by their first token."""
         if not seqs:

@@ -131,8 +131,6 @@ class IterationScheduler:
         self.token_cap = token_cap
         self.step_budget_ms = step_budget_ms
         self._last_step_ms = 0.0
-        self._join_group = join_group
-        self._join_wait_steps = join_wait_steps
         self.step_token_budget = step_token_budget
         self.fused_chunks = fused_chunks
         self._pacer = RidePacer(step_token_budget, tpot_ms) if fused_chunks else ChunkPacer(step_token_budget)

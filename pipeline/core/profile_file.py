@@ -88,10 +88,6 @@ class DeviceProfile:
     def cost_points(self) -> list[tuple[int, float]]:
         return [(p.size, p.median_ms) for p in self.points]
 
-    def engine_args(self) -> dict[str, Any]:
-        """Keyword arguments of BatchingEngine for a consumer on this device."""
-        return {"device_cap": self.memory_limit, "prior_costs": self.cost_points()}
-
     def items_per_s(self) -> list[tuple[int, float]]:
         return [(p.size, 1000.0 * p.size / p.median_ms) for p in self.points]
 

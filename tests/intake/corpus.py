@@ -40,9 +40,6 @@ class Corpus:
     poison_marker: str
     cases: list[Case]
 
-    def by_name(self, name: str) -> Case:
-        return next(c for c in self.cases if c.name == name)
-
 
 def _case(raw: dict[str, Any]) -> Case:
     value = (CORPUS_DIR / raw["file"]).read_bytes() if raw["file"] else None

@@ -5,12 +5,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from pipeline.core.config import KafkaSettings
-from pipeline.core.kafka.client import Topics, client_options, create_topics, ensure_topics, partition_lag
-from tests.support.kafka import produce_json
+from pipeline.core.kafka.client import Topics, client_options, ensure_topics
 
 
 def test_topic_names_follow_the_documented_layout() -> None:
@@ -63,28 +61,3 @@ def test_ensure_topics_is_idempotent_and_grows_partitions(kafka_settings: KafkaS
         assert shrunk[f"{p}.requests.minilm"] == 5, "an existing topic is never shrunk"
 
     asyncio.run(scenario())
-
-
-def test_partition_lag_counts_records_not_yet_fetched(kafka_settings: KafkaSettings) -> None:
-    topic = f"{kafka_settings.topic_prefix}.lag"
-
-    async def scenario() -> tuple[int, int, int]:
-        await create_topics(kafka_settings, {topic: 2})
-        await produce_json(kafka_settings, topic, [{"n": n} for n in range(7)], partition=0)
-        await produce_json(kafka_settings, topic, [{"n": n} for n in range(3)], partition=1)
-        consumer = AIOKafkaConsumer(**client_options(kafka_settings), auto_offset_reset="earliest")
-        await consumer.start()
-        try:
-            empty = await partition_lag(consumer)
-            consumer.assign([TopicPartition(topic, 0), TopicPartition(topic, 1)])
-            before = await partition_lag(consumer)
-            fetched = 0
-            while fetched < 4:
-                batch = await consumer.getmany(TopicPartition(topic, 0), timeout_ms=1000, max_records=4 - fetched)
-                fetched += sum(len(records) for records in batch.values())
-            return empty, before, await partition_lag(consumer)
-        finally:
-            await consumer.stop()
-
-    empty, before, after = asyncio.run(scenario())
-    assert (empty, before, after) == (0, 10, 6)

@@ -34,7 +34,7 @@ def test_round_trip_and_what_the_engine_and_simulator_get(tmp_path: Path) -> Non
     _profile().write(path)
     loaded = load_profile(path)
     assert loaded == _profile()
-    assert loaded.engine_args() == {"device_cap": 64, "prior_costs": [(1, 17.0), (8, 94.0), (64, 900.0)]}
+    assert loaded.memory_limit == 64 and loaded.cost_points() == [(1, 17.0), (8, 94.0), (64, 900.0)]
     cost = with_cost(load_scenario(ROOT / "scenarios" / "demo.toml"), loaded.scenario_cost(), str(path)).cost
     assert cost.max_batch == 64
     assert cost.batch_ms(8, 0, 0.0) == 94.0 and cost.batch_ms(64, 0, 0.0) == 900.0

@@ -8,7 +8,6 @@ import math
 from schemas.messages import LagEvent, PartitionLag
 
 INTERVAL_MS = 5_000
-PARTITIONS = 4
 
 
 def lag_samples(models: tuple[str, ...], time_from_ms: int, time_to_ms: int) -> list[LagEvent]:

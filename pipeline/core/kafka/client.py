@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from aiokafka import AIOKafkaClient, AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaClient
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
 from aiokafka.cluster import ClusterMetadata
 from aiokafka.errors import TopicAlreadyExistsError, for_code
@@ -372,19 +372,3 @@ async def stable_group_size(settings: KafkaSettings, group: str) -> int:
             if error_code == 0 and state == "Stable":
                 members += len(description[5])
     return members
-
-
-async def partition_lag(consumer: AIOKafkaConsumer) -> int:
-    """Records on the consumer's assigned partitions not yet fetched: end offset - position."""
-    assigned: set[TopicPartition] = consumer.assignment()
-    if not assigned:
-        return 0
-    ends = await consumer.end_offsets(list(assigned))
-    lag = 0
-    for tp in assigned:
-        try:
-            position = await consumer.position(tp)
-        except Exception:
-            continue
-        lag += max(ends.get(tp, 0) - position, 0)
-    return lag

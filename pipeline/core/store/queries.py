@@ -41,10 +41,6 @@ class AnalysisQuery:
     """Grafana target format: time_series (0) or table (1)."""
     description: str
 
-    @property
-    def grafana_format(self) -> int:
-        return 0 if self.format == "time_series" else 1
-
 
 def _q(name: str, title: str, fmt: Literal["time_series", "table"], description: str, sql: str) -> AnalysisQuery:
     return AnalysisQuery(name=name, title=title, sql=sql.strip(), format=fmt, description=description)
