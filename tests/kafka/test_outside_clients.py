@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import shutil
+import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -168,3 +171,51 @@ def test_confluent_kafka_producer_and_consumer_with_every_codec(kafka_settings: 
 @pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256"])
 def test_confluent_kafka_over_sasl(sasl_kafka_settings: KafkaSettings, mechanism: str) -> None:
     _round_trip(sasl_kafka_settings, mechanism, ("zstd",))
+
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def _readme_kcat_lines() -> list[str]:
+    """The README's kcat block, its continuation lines joined."""
+    block = next(b for b in re.findall(r"```bash\n(.*?)```", README.read_text(), re.S) if "kcat" in b)
+    return [line for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+
+
+@pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat is not installed (apt-get install kcat)")
+def test_the_readme_kcat_lines_round_trip(kafka_settings: KafkaSettings) -> None:
+    """The README's kcat lines, run against this session's broker and topics, ask a live consumer
+    and read its answer back, keyed by the request id."""
+    produce, read = (
+        line.replace("127.0.0.1:9092", kafka_settings.bootstrap_servers)
+        .replace("batchtide.", f"{kafka_settings.topic_prefix}.")
+        .replace("minilm", MODEL)
+        for line in _readme_kcat_lines()
+    )
+    assert "kcat -P" in produce and "kcat -C" in read
+    names = topics(kafka_settings)
+    request_id = json.loads(re.search(r"\|(\{.*?\})'", produce).group(1))["id"]  # type: ignore[union-attr]
+
+    async def scenario() -> str:
+        await create_topics(
+            kafka_settings, {names.requests(MODEL): 4, names.priority(MODEL): 4, names.results(MODEL): 4}
+        )
+        await create_topics(kafka_settings, dict.fromkeys(names.shared, kafka_settings.events_partitions))
+        async with running(make_consumer(cost_model(partitions=4), kafka_settings)):
+            sent = await asyncio.to_thread(
+                subprocess.run, ["bash", "-c", produce], capture_output=True, text=True, timeout=60
+            )
+            assert sent.returncode == 0, sent.stderr
+            got = await asyncio.to_thread(
+                _answers, _client_config(kafka_settings, None), names.results(MODEL), {request_id}
+            )
+            assert request_id in got
+        shown = await asyncio.to_thread(
+            subprocess.run, ["bash", "-c", read], capture_output=True, text=True, timeout=60
+        )
+        assert shown.returncode == 0, shown.stderr
+        return shown.stdout
+
+    line = next(line for line in asyncio.run(scenario()).splitlines() if line.startswith(f"{request_id} => "))
+    answer = json.loads(line.split(" => ", 1)[1])
+    assert answer["id"] == request_id and answer["outcome"] == "ok"
