@@ -31,6 +31,39 @@ def test_the_share_is_what_the_machine_spent_less_the_tree_over_its_cores() -> N
     assert cpu_share.other_share(start, start) == 0.0
 
 
+def _samples(others_per_s: list[float], cpus: int = 2) -> list[CpuSample]:
+    """One sample a second; other processes spending the given CPU seconds in each second."""
+    samples, busy = [CpuSample(0.0, 0.0, 0.0, cpus)], 0.0
+    for k, spent in enumerate(others_per_s, 1):
+        busy += spent
+        samples.append(CpuSample(float(k), busy, 0.0, cpus))
+    return samples
+
+
+def test_the_worst_stretch_finds_a_spell_the_whole_window_hides() -> None:
+    samples = _samples([0.02] * 40 + [1.6] * 10 + [0.02] * 10)  # ten seconds of 80% of two cores
+    whole = cpu_share.other_share(samples[0], samples[-1])
+    assert whole == pytest.approx((0.02 * 50 + 16.0) / 120.0)
+    assert cpu_share.worst_share(samples, 10.0) == pytest.approx(0.8)
+    assert cpu_share.worst_share(samples, 60.0) == pytest.approx(whole)
+    short = samples[:6]
+    assert cpu_share.worst_share(short, 10.0) == pytest.approx(0.01), "shorter than the span: the whole"
+    assert cpu_share.worst_share(samples[:1], 10.0) == 0.0
+
+
+def test_a_watch_keeps_its_samples_in_order_between_two_marks() -> None:
+    watch = cpu_share.CpuWatch(every_s=0.01).start()
+    try:
+        first = watch.mark()
+        _burn()
+        last = watch.mark()
+    finally:
+        watch.stop()
+    kept = watch.between(first, last)
+    assert kept[0] == first and kept[-1] == last and len(kept) >= 3, "the thread sampled in between"
+    assert [s.at_s for s in kept] == sorted(s.at_s for s in kept)
+
+
 def test_a_finished_child_counts_as_the_trees_own() -> None:
     before = cpu_share.sample()
     spent = _burn()

@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 if TYPE_CHECKING:
+    from pipeline.tools.devtools.demo_plan import Check
+    from pipeline.tools.harness.cpu_share import CpuSample, CpuWatch
     from pipeline.tools.harness.processes import Proc, Processes
 
 WARMUP_ID = "demo-warmup"
@@ -284,17 +286,16 @@ def demo(
     _write_config(config, bootstrap or "127.0.0.1:9092", workdir, torch_threads, {}, chosen)
     measured: dict[str, dict[str, Any]] = {}
     busy: list[plan.Check] = []
+    watch = cpu_share.CpuWatch().start()
     for model in chosen:
-        t0, before = time.time(), cpu_share.sample()
+        t0, before = time.time(), watch.mark()
         source, cached = _profile(model, config, profile_cache, reprofile, env, logs / "profile.log")
         shutil.copyfile(source, profiles / f"{model.name}.json")
         measured[model.name] = json.loads(source.read_text())
         how = "cached" if cached else f"measured in {time.time() - t0:.0f} s"
         typer.echo(f"    {model.name}: {source} ({how})")
         if not cached:
-            check = plan.busy_check(
-                f"profiled {model.name}", cpu_share.other_share(before, cpu_share.sample()), busy_max
-            )
+            check = _busy(watch, before, f"profiled {model.name}", busy_max)
             busy.append(check)
             if not check.passed:
                 source.unlink(missing_ok=True)
@@ -338,8 +339,10 @@ def demo(
                 raise typer.Exit(_fail_with_logs(logs, f"no warm-up answer from {model.name}: {why}"))
 
         scenarios = {m.name: load_scenario(m.scenario) for m in chosen}
-        capacity, cal_share = _calibrate(config, chosen, scenarios, measured, calibrate_s, procs, logs)
-        busy.append(plan.busy_check("calibrated", cal_share, busy_max))
+        before = watch.mark()
+        capacity = _calibrate(config, chosen, scenarios, measured, calibrate_s, procs, logs)
+        busy.append(_busy(watch, before, "calibrated", busy_max))
+        typer.echo(f"    while it ran: {busy[-1].detail}")
         loads = {}
         typer.echo("==> sizing the load: each busiest phase at a share of what its model served in the calibration")
         for model in chosen:
@@ -355,7 +358,7 @@ def demo(
         typer.echo(
             f"==> sending the load of {', '.join(loads)} in real time ({sum(len(v) for v in loads.values())} requests)"
         )
-        before = cpu_share.sample()
+        before = watch.mark()
         sent, ids = asyncio.run(_send_loads(config, loads))
         for name, report in sent.items():
             typer.echo(
@@ -377,7 +380,7 @@ def demo(
                 f"    {model.name}: answered {len(outcomes)} of {len(wanted)}: {ok} ok; "
                 f"refused or failed by reason: {refused}"
             )
-        busy.append(plan.busy_check("ran its load", cpu_share.other_share(before, cpu_share.sample()), busy_max))
+        busy.append(_busy(watch, before, "ran its load", busy_max))
 
         for proc in procs.consumers.values():
             _stop(proc)
@@ -418,6 +421,17 @@ def demo(
             _stop(proc, timeout_s=20)
         if broker is not None:
             broker.stop()
+        watch.stop()
+
+
+def _busy(watch: CpuWatch, since: CpuSample, while_: str, limit: float) -> Check:
+    """The busy check of the window from `since` to now."""
+    from pipeline.tools.devtools import demo_plan as plan
+    from pipeline.tools.harness.cpu_share import other_share, worst_share
+
+    samples = watch.between(since, watch.mark())
+    whole = other_share(samples[0], samples[-1])
+    return plan.busy_check(while_, whole, worst_share(samples, plan.BUSY_SPAN_S), limit)
 
 
 def _calibrate(
@@ -428,18 +442,20 @@ def _calibrate(
     seconds: float,
     procs: Processes,
     logs: Path,
-) -> tuple[dict[str, float], float]:
-    """Keep every chosen model busy at once (a closed-loop client each, requests like its scenario's)
-    and measure what each serves: requests/s, and the share of the CPU other processes took meanwhile."""
+) -> dict[str, float]:
+    """Keep every chosen model busy at once (a closed-loop client each, requests like its scenario's,
+    as many in flight as it answers within its objective) and measure what each serves, requests/s."""
     from pipeline.core.config import load_config
+    from pipeline.core.engine.joins import JOIN_GROUP
     from pipeline.tools.devtools import demo_plan as plan
-    from pipeline.tools.harness import cpu_share
     from pipeline.tools.harness.saturation import Drive, drive_together
 
     drives = []
     for m in chosen:
         most = plan.most_in_flight(measured[m.name])
-        start = most if m.max_new_tokens == 0 else max(1, most // 2)
+        # an encoder starts at its most (its answers come back within a second and correct the depth
+        # at once); a decode loop at one join group, doubling while its answers stay in time
+        start = most if m.max_new_tokens == 0 else min(JOIN_GROUP, most)
         pool = plan.sized_load(scenarios[m.name], 1.0)
         drives.append(Drive(m.name, pool, start, most, m.objective_ms, m.seed))
     typer.echo(
@@ -447,9 +463,7 @@ def _calibrate(
         f"as it answers within its objective (tagged warmup); what each serves is read over the last half"
     )
     kafka = load_config(config_path).kafka
-    before = cpu_share.sample()
     start_ms, end_ms, seen = asyncio.run(drive_together(kafka, drives, seconds, stop=lambda: bool(_exited(procs))))
-    share = cpu_share.other_share(before, cpu_share.sample())
     if _exited(procs):
         raise typer.Exit(_fail_with_logs(logs, f"{_exited(procs)} exited during the calibration"))
     capacity: dict[str, float] = {}
@@ -464,14 +478,19 @@ def _calibrate(
             )
         capacity[m.name] = plan.served_per_s(driven.answers_ms, (start_ms + end_ms) / 2, end_ms)
         alone = plan.capacity(measured[m.name], m.max_new_tokens).requests_per_s
-        rounds = ", ".join(f"{depth} -> p90 {p90 / 1000:.1f} s" for depth, p90 in driven.rounds)
+        rounds = driven.rounds
+        depths = (
+            f"{rounds[0][0]} -> {rounds[-1][0]} in flight over {len(rounds)} rounds, the last one's p90 "
+            f"{rounds[-1][1]:,.0f} ms"
+            if rounds
+            else "no round ended"
+        )
         typer.echo(
             f"    {m.name}: served {capacity[m.name]:.2f} req/s with everything running "
             f"({capacity[m.name] / alone:.2f} x the {alone:.2f} req/s its profile measured alone at the knee); "
-            f"{driven.sent} requests; in flight by round: {rounds or 'no round ended'}"
+            f"{driven.sent} requests, {depths}"
         )
-    typer.echo(f"    other processes took {share:.0%} of the CPU meanwhile")
-    return capacity, share
+    return capacity
 
 
 def _exited(procs: Processes) -> str:
