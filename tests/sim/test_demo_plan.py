@@ -245,7 +245,7 @@ def test_the_demo_config_carries_the_objectives_and_what_the_profiles_sized(tmp_
     from pipeline.tools.commands.demo import MINILM, SMOLLM, _write_config
 
     path = tmp_path / "batchtide.toml"
-    sized = {"smollm": {"hard_cap": 96, "target_size": 48, "max_inflight_batches": 16}}
+    sized: dict[str, dict[str, float]] = {"smollm": {"hard_cap": 96, "target_size": 48, "max_inflight_batches": 16}}
     _write_config(path, "127.0.0.1:9999", tmp_path, 1, sized)
     cfg = load_config(path)
     llm, encoder = cfg.model("smollm"), cfg.model("minilm")

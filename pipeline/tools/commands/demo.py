@@ -211,7 +211,7 @@ def demo(
         typer.Option(
             help="MiniLM's busiest phase as a share of what the calibration measured it serving (at least 0.5)."
         ),
-    ] = 0.6,
+    ] = 0.5,
     llm_load: Annotated[
         float,
         typer.Option(
@@ -333,7 +333,9 @@ def demo(
         for model in chosen:
             asyncio.run(_send_warmup(config, model.name))
         for model in chosen:
-            warm = asyncio.run(_read_results(config, model.name, lambda seen: WARMUP_ID in seen or _exited(procs), 240))
+            warm = asyncio.run(
+                _read_results(config, model.name, lambda seen: WARMUP_ID in seen or bool(_exited(procs)), 240)
+            )
             if WARMUP_ID not in warm:
                 why = f"{_exited(procs)} exited" if _exited(procs) else "it answered nothing within 240 s"
                 raise typer.Exit(_fail_with_logs(logs, f"no warm-up answer from {model.name}: {why}"))
@@ -368,9 +370,11 @@ def demo(
         not_ok: dict[str, dict[str, int]] = {}
         for model in chosen:
             wanted = ids[model.name]
-            outcomes = asyncio.run(
-                _read_results(config, model.name, lambda seen, w=wanted: w <= seen.keys() or bool(_exited(procs)), 300)
-            )
+
+            def all_in(seen: dict[str, tuple[str, str | None]], wanted: set[str] = wanted) -> bool:
+                return wanted <= seen.keys() or bool(_exited(procs))
+
+            outcomes = asyncio.run(_read_results(config, model.name, all_in, 300))
             outcomes = {rid: outcome for rid, outcome in outcomes.items() if rid in wanted}
             answered[model.name] = (len(outcomes), len(wanted))
             not_ok[model.name] = plan.not_ok_by_reason(outcomes)
