@@ -1,4 +1,4 @@
-"""The demo's plan: capacity from a profile, load sized to it, the profile cache key, the verdict."""
+"""The demo's plan: capacity from a calibration's answers, load sized to it, the profile cache key, the verdict."""
 
 from __future__ import annotations
 
@@ -67,25 +67,30 @@ def test_a_knee_between_measured_sizes_falls_back_to_the_size_below() -> None:
     assert plan.capacity(profile, 0).knee == 8
 
 
-def test_the_busiest_phase_runs_at_load_times_the_derated_capacity() -> None:
+def test_the_busiest_phase_runs_at_load_times_the_measured_capacity() -> None:
     scenario = load_scenario(ROOT / "scenarios" / "demo.toml")
-    scale = plan.multiplier(scenario, capacity_per_s=100.0, load=0.85, derate=0.5)
-    assert plan.busiest_rate(scenario) * scale == pytest.approx(42.5)
+    scale = plan.multiplier(scenario, capacity_per_s=80.0, load=0.6)
+    assert plan.busiest_rate(scenario) * scale == pytest.approx(48.0)
     burst = max(p.bursts.rate_per_s for p in scenario.phases if p.bursts)
-    assert burst * scale > 50.0, "bursts go past the de-rated capacity"
+    assert burst * scale > 48.0, "bursts go past the busy rate"
     quiet = min(p.rate_per_s for p in scenario.phases)
-    assert quiet * scale < 42.5
-    with pytest.raises(ValueError):
-        plan.multiplier(scenario, 100.0, 0.85, derate=1.5)
+    assert quiet * scale < 48.0
+
+
+def test_a_load_under_half_the_measured_capacity_is_refused() -> None:
+    scenario = load_scenario(ROOT / "scenarios" / "demo.toml")
+    assert plan.busiest_rate(scenario) * plan.multiplier(scenario, 80.0, plan.LOAD_MIN) == pytest.approx(40.0)
+    with pytest.raises(ValueError, match=r"at least 0\.5"):
+        plan.multiplier(scenario, 80.0, 0.3)
 
 
 def test_the_sized_load_follows_the_scale() -> None:
     scenario = load_scenario(ROOT / "scenarios" / "demo.toml")
-    small = plan.sized_load(scenario, plan.multiplier(scenario, 60.0, 0.85, 0.5))
-    large = plan.sized_load(scenario, plan.multiplier(scenario, 120.0, 0.85, 0.5))
+    small = plan.sized_load(scenario, plan.multiplier(scenario, 60.0, 0.6))
+    large = plan.sized_load(scenario, plan.multiplier(scenario, 120.0, 0.6))
     expected = sum(rate * (e - s) / 1000 for s, e, rate in scenario.segments())
     for load, capacity in ((small, 60.0), (large, 120.0)):
-        scale = plan.multiplier(scenario, capacity, 0.85, 0.5)
+        scale = plan.multiplier(scenario, capacity, 0.6)
         assert len(load) == pytest.approx(expected * scale, rel=0.1)
     assert small.new_tokens is None and int(small.tokens.min()) >= 12
 
@@ -98,10 +103,47 @@ def test_a_generation_load_sends_its_fixed_output_as_max_new_tokens() -> None:
     assert np.all(np.diff(load.send_ms) >= 0)
 
 
-def test_the_generation_slo_scales_with_max_new_tokens() -> None:
-    short, long = plan.generation_slo_ms(_generator(), 16), plan.generation_slo_ms(_generator(), 64)
-    assert short == 6000.0  # 5 x (150 + 16 x 60) = 5550, rounded up to 500 ms
-    assert long > short and long % 500 == 0
+def test_what_a_model_served_is_the_rate_of_its_answers_in_the_window() -> None:
+    steady = [float(t) for t in range(0, 20_000, 100)]  # one answer every 100 ms
+    assert plan.served_per_s(steady, 5_000.0, 15_000.0) == pytest.approx(10.0, rel=0.02)
+    assert plan.served_per_s(steady, 30_000.0, 40_000.0) == 0.0, "no answer in the window"
+    with pytest.raises(ValueError):
+        plan.served_per_s(steady, 5_000.0, 5_000.0)
+
+
+def test_a_decode_loop_answering_in_waves_is_read_at_the_rate_of_its_waves() -> None:
+    """8 rows end together every 2 s: 4 answers/s. Counted over a window that holds three waves
+    but only 5 s, the rate would read 4.8/s; the slope through the waves reads 4."""
+    waves = [float(t) for t in (1_000, 3_000, 5_000, 7_000) for _ in range(8)]
+    assert 24 / 5 == pytest.approx(4.8)
+    assert plan.served_per_s(waves, 500.0, 5_500.0) == pytest.approx(4.0, rel=0.01)
+    one_wave = [3_000.0] * 8
+    assert plan.served_per_s(one_wave, 0.0, 10_000.0) == pytest.approx(0.8), "one wave: counted over the window"
+
+
+def test_a_calibration_client_may_hold_two_of_the_largest_batch_or_the_recommended_running_set() -> None:
+    assert plan.most_in_flight(_encoder()) == 64, "two of the largest profiled batch, 32"
+    generator = {**_generator(), "recommended": {"max_inflight_batches": 40}}
+    assert plan.most_in_flight(generator) == 40
+    assert plan.most_in_flight(_generator()) == 16, "no recommendation: two of the knee's rows"
+
+
+def test_a_share_of_the_cpu_over_the_limit_fails_and_says_the_machine_was_busy() -> None:
+    quiet = plan.busy_check("ran its load", 0.02, 0.03, plan.BUSY_MAX)
+    assert quiet.passed and quiet.detail.startswith("3% of its CPU went to other processes in the busiest 10 s")
+    busy = plan.busy_check("ran its load", 0.41, 0.43, plan.BUSY_MAX)
+    assert not busy.passed
+    assert busy.detail == (
+        "the machine was busy: 43% of its CPU went to other processes in the busiest 10 s "
+        "(41% over the whole; at most 20%)"
+    )
+    assert plan.busy_check("calibrated", 0.1, plan.BUSY_MAX, plan.BUSY_MAX).passed, "the limit itself is allowed"
+
+
+def test_a_short_busy_spell_fails_a_window_whose_whole_share_is_low() -> None:
+    """Ten busy seconds in a minute fill a p99 with late answers; over the minute they are 9%."""
+    spell = plan.busy_check("ran its load", 0.09, 0.55, plan.BUSY_MAX)
+    assert not spell.passed and "55%" in spell.detail and "9% over the whole" in spell.detail
 
 
 def test_the_cache_key_changes_with_what_the_measurement_depends_on() -> None:
@@ -114,21 +156,49 @@ def test_the_cache_key_changes_with_what_the_measurement_depends_on() -> None:
     assert "|" in plan.machine_fingerprint()
 
 
+def _slo(model: str, ratio: float, base: float = 1000.0, per_token: float = 0.0) -> dict:
+    return {"model": model, "slo_p99_ms": base, "slo_ms_per_new_token": per_token, "p99_over_slo": ratio}
+
+
 def test_the_verdict_checks_each_goal_per_model() -> None:
     row = {"model": "minilm", "e2e_p99_ms": 400.0, "share_wait_over_1s": 0.001, "marked_share": 0.02}
-    checks = plan.verdict([row], {"minilm": 1000.0}, {"minilm": (100, 100)}, {"minilm": {}})
+    checks = plan.verdict([row], [_slo("minilm", 0.4)], {"minilm": (100, 100)}, {"minilm": {}})
     assert [c.passed for c in checks] == [True, True, True, True, True]
+    assert checks[2].detail == "p99 400 ms, 0.40 x the objective (1,000 ms)"
     slow = {**row, "e2e_p99_ms": 1500.0, "marked_share": 0.2}
-    failed = [c.name for c in plan.verdict([slow], {"minilm": 1000.0}, {"minilm": (99, 100)}) if not c.passed]
+    failed = [c.name for c in plan.verdict([slow], [_slo("minilm", 1.5)], {"minilm": (99, 100)}) if not c.passed]
     assert failed == [
         "minilm: every request answered",
-        "minilm: e2e p99 within the SLO",
+        "minilm: e2e p99 within its objective",
         "minilm: tail-marked under 10%",
     ]
-    nothing_waited = {**row, "share_wait_over_1s": 0.0, "marked_share": 0.0}
-    assert all(c.passed for c in plan.verdict([nothing_waited], {"minilm": 1000.0}, {}))
-    missing = plan.verdict([], {"smollm": 4000.0}, {})
-    assert [c.passed for c in missing] == [False]
+    missing = plan.verdict([], [], {"smollm": (10, 10)})
+    assert [c.name for c in missing if not c.passed] == ["smollm: in the report"]
+
+
+def test_a_generated_answer_is_judged_by_its_own_objective() -> None:
+    """The report's SLO rows judge each request by slo_p99_ms + its generated tokens x the per-token
+    part: the verdict reads their p99 ratio, not the p99 against the base alone."""
+    row = {"model": "smollm", "e2e_p99_ms": 4200.0, "share_wait_over_1s": 0.0, "marked_share": 0.0}
+    (latency,) = [
+        c for c in plan.verdict([row], [_slo("smollm", 0.84, 1000.0, 250.0)], {"smollm": (50, 50)}) if "p99" in c.name
+    ]
+    assert latency.passed
+    assert latency.detail == "p99 4,200 ms, 0.84 x the objective (1,000 ms + 250 ms per generated token)"
+
+
+def test_a_busy_machine_fails_a_run_that_met_every_objective() -> None:
+    """A calibration beside a CPU hog measures the hog's leftovers and sizes the load down to them:
+    every objective is met, and the verdict still fails, saying why."""
+    row = {"model": "minilm", "e2e_p99_ms": 300.0, "share_wait_over_1s": 0.0, "marked_share": 0.0}
+    busy = [plan.busy_check("calibrated", 0.46, 0.48, 0.2), plan.busy_check("ran its load", 0.45, 0.47, 0.2)]
+    checks = plan.verdict([row], [_slo("minilm", 0.3)], {"minilm": (900, 900)}, {"minilm": {}}, busy)
+    failed = [c for c in checks if not c.passed]
+    assert [c.name for c in failed] == [
+        "machine not busy while the demo calibrated",
+        "machine not busy while the demo ran its load",
+    ]
+    assert all(c.detail.startswith("the machine was busy: 4") for c in failed)
 
 
 def test_a_refused_request_of_the_load_fails_the_verdict_and_is_named_by_reason() -> None:
@@ -138,7 +208,7 @@ def test_a_refused_request_of_the_load_fails_the_verdict_and_is_named_by_reason(
     answers |= {f"x{i}": ("rejected", f"input_too_long: request needs {60 + i} tokens") for i in range(5)}
     not_ok = plan.not_ok_by_reason(answers)
     assert not_ok == {"rejected: input_too_long": 5}
-    checks = plan.verdict([row], {"smollm": 4000.0}, {"smollm": (49, 49)}, {"smollm": not_ok})
+    checks = plan.verdict([row], [_slo("smollm", 0.1)], {"smollm": (49, 49)}, {"smollm": not_ok})
     assert [c.name for c in checks if not c.passed] == ["smollm: none refused or failed"]
     (refused,) = [c for c in checks if not c.passed]
     assert refused.detail == "5 rejected: input_too_long"
@@ -172,21 +242,20 @@ def test_the_speed_seen_weighs_each_profiled_size_by_its_batches() -> None:
     assert plan.speed_seen(_generator(), rows) is None
 
 
-def test_the_demo_config_carries_what_the_profiles_sized(tmp_path: Path) -> None:
+def test_the_demo_config_carries_the_objectives_and_what_the_profiles_sized(tmp_path: Path) -> None:
     from pipeline.core.config import load_config
-    from pipeline.tools.commands.demo import _write_config
+    from pipeline.tools.commands.demo import MINILM, SMOLLM, _write_config
 
     path = tmp_path / "batchtide.toml"
-    sized = {
-        "minilm": {"slo_p99_ms": 1000.0},
-        "smollm": {"slo_p99_ms": 5000.0, "hard_cap": 96, "target_size": 48, "max_inflight_batches": 16},
-    }
+    sized: dict[str, dict[str, float]] = {"smollm": {"hard_cap": 96, "target_size": 48, "max_inflight_batches": 16}}
     _write_config(path, "127.0.0.1:9999", tmp_path, 1, sized)
     cfg = load_config(path)
     llm, encoder = cfg.model("smollm"), cfg.model("minilm")
     assert (llm.task, llm.batching, llm.isolation, llm.max_new_tokens) == ("generate", "iteration", "thread", 16)
     assert (llm.profile.hard_cap, llm.profile.target_size, llm.profile.max_inflight_batches) == (96, 48, 16)
-    assert llm.profile.cost_unit == "tokens" and llm.profile.slo_p99_ms == 5000.0
+    assert llm.profile.cost_unit == "tokens"
+    for model, spec in ((SMOLLM, llm), (MINILM, encoder)):
+        assert model.objective_ms == spec.profile.slo_p99_ms + spec.max_new_tokens * spec.profile.slo_ms_per_new_token
     assert encoder.profile.hard_cap == "auto" and encoder.torch_threads == 1
     assert cfg.kafka.bootstrap_servers == "127.0.0.1:9999"
 
@@ -211,11 +280,11 @@ def test_a_cached_profile_for_this_set_up_is_reused(tmp_path: Path) -> None:
     assert not (tmp_path / "profile.log").exists(), "nothing was measured"
 
 
-def test_the_demo_refuses_a_derate_above_one(tmp_path: Path) -> None:
+def test_the_demo_refuses_a_load_under_half_the_measured_capacity(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
     from pipeline.cli import app
 
-    result = CliRunner().invoke(app, ["demo", "--derate", "1.5", "--workdir", str(tmp_path / "demo")])
-    assert result.exit_code == 2 and "--derate" in result.output
+    result = CliRunner().invoke(app, ["demo", "--llm-load", "0.3", "--workdir", str(tmp_path / "demo")])
+    assert result.exit_code == 2 and "at least 0.5" in result.output
     assert not (tmp_path / "demo").exists()

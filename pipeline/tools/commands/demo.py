@@ -2,15 +2,17 @@
 
 A local Kafka broker, the embedded ClickHouse, the faust sink and two real
 consumers (MiniLM embeddings and SmolLM2 generation, one consumer group
-each) run as separate processes. Each model is profiled here first (a quick
-`batchtide profile` sweep, cached per model set-up and machine) and its
-consumer starts from that profile; each scenario's load is sized to the
-measured capacity (pipeline/tools/devtools/demo_plan.py). Once every request is
-answered and every event is in ClickHouse, one report covering both models
-(or the one `--only` names: a single-model recording in less time) is
-printed with a verdict on the demo's goals, and the local board is written.
-A request of the demo's own load that is refused, fails or is never answered
-fails the verdict; refusals are printed by reason.
+each) run as separate processes. The objectives are fixed and printed first.
+Each model is profiled here (a quick `batchtide profile` sweep, cached per
+model set-up and machine) and its consumer starts from that profile. A short
+calibration then keeps both models busy at once, and each scenario's load is
+sized to what that measured: what this machine serves with everything the demo
+runs (pipeline/tools/devtools/demo_plan.py). Once every request is answered and
+every event is in ClickHouse, one report covering both models (or the one
+`--only` names) is printed with a verdict on the objectives, and the local
+board is written. A request of the demo's own load that is refused, fails or
+is never answered fails the verdict, and so does a machine whose CPU went to
+other processes while the demo measured it or ran its load.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 if TYPE_CHECKING:
+    from pipeline.tools.devtools.demo_plan import Check
+    from pipeline.tools.harness.cpu_share import CpuSample, CpuWatch
     from pipeline.tools.harness.processes import Proc, Processes
 
 WARMUP_ID = "demo-warmup"
@@ -42,10 +46,28 @@ class DemoModel:
     name: str
     scenario: Path
     keys: dict[str, Any]
-    """The model's [models.NAME] keys, without its SLO."""
+    """The model's [models.NAME] keys, its objective included."""
     sweep: tuple[str, ...]
     """`batchtide profile` options of the quick sweep."""
     max_new_tokens: int = 0
+    seed: int = 0
+    """Of its requests' texts (the load's, and the calibration's)."""
+
+    @property
+    def objective_ms(self) -> float:
+        """The end-to-end objective of a request asking for max_new_tokens."""
+        return float(self.keys["slo_p99_ms"]) + self.max_new_tokens * float(self.keys.get("slo_ms_per_new_token", 0.0))
+
+    @property
+    def objective(self) -> str:
+        from pipeline.tools.devtools.demo_plan import objective_text
+
+        per_token = float(self.keys.get("slo_ms_per_new_token", 0.0))
+        text = objective_text(float(self.keys["slo_p99_ms"]), per_token)
+        if per_token:
+            total = self.keys["slo_p99_ms"] + self.max_new_tokens * per_token
+            text += f" ({total:,.0f} ms for {self.max_new_tokens})"
+        return text
 
 
 MINILM = DemoModel(
@@ -57,8 +79,11 @@ MINILM = DemoModel(
         "task": "embed",
         "max_input_tokens": 256,
         "partitions": 4,
+        # an embedding for a search or retrieval step, answered within a second
+        "slo_p99_ms": 1000.0,
     },
     ("--max-size", "64", "--seconds", "0.5", "--budget-ms", "500"),
+    seed=2026,
 )
 SMOLLM = DemoModel(
     "smollm",
@@ -73,9 +98,13 @@ SMOLLM = DemoModel(
         "cost_unit": "tokens",
         "isolation": "thread",
         "partitions": 2,
+        # a streamed answer: its first token within about a second, then 4 tokens a second or better
+        # (about the pace of reading aloud); the decode loop also paces joins by the per-token part
+        "slo_p99_ms": 5000.0,
     },
     ("--max-size", "32", "--decode-steps", "8", "--budget-ms", "1000"),
     max_new_tokens=16,
+    seed=2027,
 )
 MODELS = (MINILM, SMOLLM)
 
@@ -178,18 +207,35 @@ def demo(
     ] = Path("var/demo"),
     board: Annotated[Path, typer.Option(help="Where the local board (HTML) is written.")] = Path("out/board.html"),
     torch_threads: Annotated[int, typer.Option(help="torch threads of each consumer.")] = 1,
-    load: Annotated[float, typer.Option(help="MiniLM's busy phases as a share of its de-rated knee capacity.")] = 0.85,
-    llm_load: Annotated[
-        float, typer.Option(help="SmolLM2's busy phase as a share of its de-rated knee capacity.")
-    ] = 0.3,
-    derate: Annotated[
+    load: Annotated[
         float,
         typer.Option(
-            help="Share of a profiled capacity the demo counts on: the broker, sink, producer and the other consumer share the cores."
+            help="MiniLM's busiest phase as a share of what the calibration measured it serving (at least 0.5)."
         ),
     ] = 0.5,
+    llm_load: Annotated[
+        float,
+        typer.Option(
+            help="SmolLM2's busiest phase as a share of what the calibration measured it serving (at least 0.5)."
+        ),
+    ] = 0.5,
+    calibrate_s: Annotated[
+        float,
+        typer.Option(
+            help="Seconds the calibration keeps every model busy at once; capacity is read over the second half."
+        ),
+    ] = 36.0,
+    busy_max: Annotated[
+        float,
+        typer.Option(
+            help="Share of the machine's CPU other processes may take while the demo profiles, calibrates or runs its load; more fails the verdict."
+        ),
+    ] = 0.2,
     profile_cache: Annotated[
-        Path, typer.Option(help="Profiles measured here, keyed by model set-up and machine.")
+        Path,
+        typer.Option(
+            envvar="BATCHTIDE_PROFILE_CACHE", help="Profiles measured here, keyed by model set-up and machine."
+        ),
     ] = PROFILE_CACHE,
     reprofile: Annotated[bool, typer.Option(help="Measure again even when a cached profile fits.")] = False,
     bootstrap: Annotated[str | None, typer.Option(help="Use this Kafka instead of starting a local broker.")] = None,
@@ -197,20 +243,25 @@ def demo(
         str | None, typer.Option(help="Run one model only (minilm or smollm): a single-model recording in less time.")
     ] = None,
 ) -> None:
-    """Profile MiniLM and SmolLM2 here, size real traffic to what they measured, run it through a
-    local broker, two consumers and the sink; print one report and the verdict."""
+    """Profile MiniLM and SmolLM2 here, measure what they serve together, size real traffic to that,
+    run it through a local broker, two consumers and the sink; print one report and the verdict."""
     from pipeline.core.sim.scenario_file import load_scenario
     from pipeline.tools.devtools import demo_plan as plan
     from pipeline.tools.devtools.localkafka import LocalKafka
+    from pipeline.tools.harness import cpu_share
     from pipeline.tools.harness.processes import Processes, cli
 
-    if not 0 < derate <= 1 or load <= 0 or llm_load <= 0:
-        typer.echo("error: --derate must be in (0, 1], --load and --llm-load > 0", err=True)
+    if min(load, llm_load) < plan.LOAD_MIN or not 0 < busy_max < 1 or calibrate_s < 10:
+        typer.echo(
+            f"error: --load and --llm-load must be at least {plan.LOAD_MIN}, --busy-max in (0, 1), --calibrate-s at least 10",
+            err=True,
+        )
         raise typer.Exit(2)
     chosen = tuple(m for m in MODELS if only is None or m.name == only)
     if not chosen:
         typer.echo(f"error: --only takes one of {', '.join(m.name for m in MODELS)} (got {only!r})", err=True)
         raise typer.Exit(2)
+    shares = {MINILM.name: load, SMOLLM.name: llm_load}
     if workdir.exists():
         shutil.rmtree(workdir)
     logs = workdir / "logs"
@@ -224,49 +275,40 @@ def demo(
     started = time.time()
     config = workdir / "batchtide.toml"
 
+    typer.echo("==> objectives (fixed before anything runs; the verdict judges the run by these)")
+    for model in chosen:
+        typer.echo(f"    {model.name}: e2e p99 within {model.objective}")
+    typer.echo(
+        f"    every request answered ok; waited > 1 s under {plan.WAITED_1S_MAX:.0%}; tail-marked under {plan.MARKED_MAX:.0%}; "
+        f"other processes take at most {busy_max:.0%} of the CPU while the demo measures and runs"
+    )
+
     typer.echo("==> profiling each model on this machine (or reusing this machine's cached profile)")
     _write_config(config, bootstrap or "127.0.0.1:9092", workdir, torch_threads, {}, chosen)
     measured: dict[str, dict[str, Any]] = {}
+    busy: list[plan.Check] = []
+    watch = cpu_share.CpuWatch().start()
     for model in chosen:
-        t0 = time.time()
+        t0, before = time.time(), watch.mark()
         source, cached = _profile(model, config, profile_cache, reprofile, env, logs / "profile.log")
         shutil.copyfile(source, profiles / f"{model.name}.json")
         measured[model.name] = json.loads(source.read_text())
         how = "cached" if cached else f"measured in {time.time() - t0:.0f} s"
         typer.echo(f"    {model.name}: {source} ({how})")
-    slo_ms: dict[str, float] = {}
+        if not cached:
+            check = _busy(watch, before, f"profiled {model.name}", busy_max)
+            busy.append(check)
+            if not check.passed:
+                source.unlink(missing_ok=True)
+                typer.echo(f"    {check.detail}: this profile is used once and not kept")
+
     sized: dict[str, dict[str, float]] = {}
-    if MINILM in chosen:
-        slo_ms[MINILM.name] = 1000.0
-        sized[MINILM.name] = {"slo_p99_ms": slo_ms[MINILM.name]}
     if SMOLLM in chosen:
-        slo_ms[SMOLLM.name] = plan.generation_slo_ms(measured[SMOLLM.name], SMOLLM.max_new_tokens)
-        llm_caps = measured[SMOLLM.name]["recommended"]
         # the profile's recommended layout: a cap holding the longest request the model admits (none is
         # refused by it), a target of one profiled request, and the running set (batches in flight x
         # the target) the generation runner bounds its KV cache by
-        sized[SMOLLM.name] = {
-            "slo_p99_ms": slo_ms[SMOLLM.name],
-            **{k: llm_caps[k] for k in ("hard_cap", "target_size", "max_inflight_batches")},
-        }
-
-    loads = {}
-    typer.echo(
-        f"==> sizing the load: busy phases at {load:.0%} (MiniLM) and {llm_load:.0%} (SmolLM2) of the knee capacity x {derate} (shared cores)"
-    )
-    for model, share in ((MINILM, load), (SMOLLM, llm_load)):
-        if model not in chosen:
-            continue
-        scenario = load_scenario(model.scenario)
-        cap = plan.capacity(measured[model.name], model.max_new_tokens)
-        scale = plan.multiplier(scenario, cap.requests_per_s, share, derate)
-        loads[model.name] = plan.sized_load(scenario, scale)
-        unit = "generated tok/s" if model.max_new_tokens else "tok/s"
-        typer.echo(
-            f"    {model.name}: knee b={cap.knee}, {cap.requests_per_s:.1f} req/s ({cap.tokens_per_s:.0f} {unit}) profiled; "
-            f"busy {plan.busiest_rate(scenario) * scale:.1f} req/s; {len(loads[model.name])} requests over "
-            f"{loads[model.name].duration_s:.0f} s from {model.scenario}; SLO p99 {slo_ms[model.name]:.0f} ms"
-        )
+        llm_caps = measured[SMOLLM.name]["recommended"]
+        sized[SMOLLM.name] = {k: llm_caps[k] for k in ("hard_cap", "target_size", "max_inflight_batches")}
 
     broker = None
     if bootstrap is None:
@@ -299,10 +341,28 @@ def demo(
                 why = f"{_exited(procs)} exited" if _exited(procs) else "it answered nothing within 240 s"
                 raise typer.Exit(_fail_with_logs(logs, f"no warm-up answer from {model.name}: {why}"))
 
+        scenarios = {m.name: load_scenario(m.scenario) for m in chosen}
+        before = watch.mark()
+        capacity = _calibrate(config, chosen, scenarios, measured, calibrate_s, procs, logs)
+        busy.append(_busy(watch, before, "calibrated", busy_max))
+        typer.echo(f"    while it ran: {busy[-1].detail}")
+        loads = {}
+        typer.echo("==> sizing the load: each busiest phase at a share of what its model served in the calibration")
+        for model in chosen:
+            scale = plan.multiplier(scenarios[model.name], capacity[model.name], shares[model.name])
+            loads[model.name] = plan.sized_load(scenarios[model.name], scale)
+            busiest = plan.busiest_rate(scenarios[model.name]) * scale
+            typer.echo(
+                f"    {model.name}: busiest phase {busiest:.2f} req/s = {busiest / capacity[model.name]:.2f} x the "
+                f"{capacity[model.name]:.2f} req/s measured; {len(loads[model.name])} requests over "
+                f"{loads[model.name].duration_s:.0f} s from {model.scenario}"
+            )
+
         typer.echo(
             f"==> sending the load of {', '.join(loads)} in real time ({sum(len(v) for v in loads.values())} requests)"
         )
-        sent = asyncio.run(_send_loads(config, loads))
+        before = watch.mark()
+        sent, ids = asyncio.run(_send_loads(config, loads))
         for name, report in sent.items():
             typer.echo(
                 f"    {name}: sent {report.sent} in {report.elapsed_s:.1f} s (p99 send lateness {report.late_ms_p99:.0f} ms)"
@@ -310,17 +370,22 @@ def demo(
         answered: dict[str, tuple[int, int]] = {}
         not_ok: dict[str, dict[str, int]] = {}
         for model in chosen:
-            expected = len(loads[model.name]) + 1  # the load, and the warm-up request
-            outcomes = asyncio.run(_read_results(config, model.name, functools.partial(_has, expected, procs), 300))
-            outcomes.pop(WARMUP_ID, None)
-            answered[model.name] = (len(outcomes), len(loads[model.name]))
+            wanted = ids[model.name]
+
+            def all_in(seen: dict[str, tuple[str, str | None]], wanted: set[str] = wanted) -> bool:
+                return wanted <= seen.keys() or bool(_exited(procs))
+
+            outcomes = asyncio.run(_read_results(config, model.name, all_in, 300))
+            outcomes = {rid: outcome for rid, outcome in outcomes.items() if rid in wanted}
+            answered[model.name] = (len(outcomes), len(wanted))
             not_ok[model.name] = plan.not_ok_by_reason(outcomes)
             ok = sum(outcome == "ok" for outcome, _ in outcomes.values())
             refused = ", ".join(f"{n} {reason}" for reason, n in not_ok[model.name].items()) or "none"
             typer.echo(
-                f"    {model.name}: answered {len(outcomes)} of {len(loads[model.name])}: {ok} ok; "
+                f"    {model.name}: answered {len(outcomes)} of {len(wanted)}: {ok} ok; "
                 f"refused or failed by reason: {refused}"
             )
+        busy.append(_busy(watch, before, "ran its load", busy_max))
 
         for proc in procs.consumers.values():
             _stop(proc)
@@ -338,7 +403,6 @@ def demo(
                 capture_output=True,
             ).stdout
         )["sections"]
-        summary = sections.get("summary", [])
         subprocess.run(
             cli("board", "--config", str(config), "--since", since, "--out", str(board)), check=True, env=env
         )
@@ -349,10 +413,10 @@ def demo(
             if seen is not None:
                 typer.echo(
                     f"==> {model.name}'s batches ran at {seen[0]:.2f}x their profiled speed here "
-                    f"({seen[1]} batches at profiled sizes; the load assumed {derate}x capacity, overheads included)"
+                    f"({seen[1]} batches at profiled sizes, compute only)"
                 )
-        checks = plan.verdict(summary, slo_ms, answered, not_ok)
-        typer.echo(f"==> verdict ({time.time() - started:.0f} s in all; a shared machine makes these figures noisy)")
+        checks = plan.verdict(sections.get("summary", []), sections.get("slo", []), answered, not_ok, busy)
+        typer.echo(f"==> verdict ({time.time() - started:.0f} s in all)")
         for check in checks:
             typer.echo(f"    {'PASS' if check.passed else 'FAIL'}  {check.name}: {check.detail}")
         if not all(c.passed for c in checks):
@@ -362,6 +426,76 @@ def demo(
             _stop(proc, timeout_s=20)
         if broker is not None:
             broker.stop()
+        watch.stop()
+
+
+def _busy(watch: CpuWatch, since: CpuSample, while_: str, limit: float) -> Check:
+    """The busy check of the window from `since` to now."""
+    from pipeline.tools.devtools import demo_plan as plan
+    from pipeline.tools.harness.cpu_share import other_share, worst_share
+
+    samples = watch.between(since, watch.mark())
+    whole = other_share(samples[0], samples[-1])
+    return plan.busy_check(while_, whole, worst_share(samples, plan.BUSY_SPAN_S), limit)
+
+
+def _calibrate(
+    config_path: Path,
+    chosen: tuple[DemoModel, ...],
+    scenarios: dict[str, Any],
+    measured: dict[str, dict[str, Any]],
+    seconds: float,
+    procs: Processes,
+    logs: Path,
+) -> dict[str, float]:
+    """Keep every chosen model busy at once (a closed-loop client each, requests like its scenario's,
+    as many in flight as it answers within its objective) and measure what each serves, requests/s."""
+    from pipeline.core.config import load_config
+    from pipeline.core.engine.joins import JOIN_GROUP
+    from pipeline.tools.devtools import demo_plan as plan
+    from pipeline.tools.harness.saturation import Drive, drive_together
+
+    drives = []
+    for m in chosen:
+        most = plan.most_in_flight(measured[m.name])
+        # an encoder starts at its most (its answers come back within a second and correct the depth
+        # at once); a decode loop at one join group, doubling while its answers stay in time
+        start = most if m.max_new_tokens == 0 else min(JOIN_GROUP, most)
+        pool = plan.sized_load(scenarios[m.name], 1.0)
+        drives.append(Drive(m.name, pool, start, most, m.objective_ms, m.seed))
+    typer.echo(
+        f"==> calibrating: every model kept busy at once for {seconds:.0f} s, each with as many requests in flight "
+        f"as it answers within its objective (tagged warmup); what each serves is read over the last half"
+    )
+    kafka = load_config(config_path).kafka
+    start_ms, end_ms, seen = asyncio.run(drive_together(kafka, drives, seconds, stop=lambda: bool(_exited(procs))))
+    if _exited(procs):
+        raise typer.Exit(_fail_with_logs(logs, f"{_exited(procs)} exited during the calibration"))
+    capacity: dict[str, float] = {}
+    for m in chosen:
+        driven = seen[m.name]
+        if driven.unanswered or driven.not_ok:
+            raise typer.Exit(
+                _fail_with_logs(
+                    logs,
+                    f"calibrating {m.name}: {driven.unanswered} of {driven.sent} unanswered, {driven.not_ok} not ok",
+                )
+            )
+        capacity[m.name] = plan.served_per_s(driven.answers_ms, (start_ms + end_ms) / 2, end_ms)
+        alone = plan.capacity(measured[m.name], m.max_new_tokens).requests_per_s
+        rounds = driven.rounds
+        depths = (
+            f"{rounds[0][0]} -> {rounds[-1][0]} in flight over {len(rounds)} rounds, the last one's p90 "
+            f"{rounds[-1][1]:,.0f} ms"
+            if rounds
+            else "no round ended"
+        )
+        typer.echo(
+            f"    {m.name}: served {capacity[m.name]:.2f} req/s with everything running "
+            f"({capacity[m.name] / alone:.2f} x the {alone:.2f} req/s its profile measured alone at the knee); "
+            f"{driven.sent} requests, {depths}"
+        )
+    return capacity
 
 
 def _has(count: int, procs: Processes, seen: dict[str, tuple[str, str | None]]) -> bool:
@@ -374,19 +508,23 @@ def _exited(procs: Processes) -> str:
     return ", ".join(proc.name for proc in procs.all if not proc.alive)
 
 
-async def _send_loads(config_path: Path, loads: dict[str, Any]) -> dict[str, Any]:
-    """Every model's load at once, open loop, on its own schedule."""
+async def _send_loads(config_path: Path, loads: dict[str, Any]) -> tuple[dict[str, Any], dict[str, set[str]]]:
+    """Every model's load at once, open loop, on its own schedule; the send reports and the ids sent."""
     from pipeline.core.config import load_config
     from pipeline.tools.devtools.producer import LoadProducer
 
     cfg = load_config(config_path)
+    ids: dict[str, set[str]] = {}
 
     async def one(model: str) -> Any:
-        async with LoadProducer(cfg.kafka, model, seed=2026 + [m.name for m in MODELS].index(model)) as producer:
-            return await producer.send(loads[model])
+        seed = next(m.seed for m in MODELS if m.name == model)
+        async with LoadProducer(cfg.kafka, model, seed=seed) as producer:
+            report = await producer.send(loads[model])
+            ids[model] = set(producer.sent_ms)
+            return report
 
     reports = await asyncio.gather(*(one(name) for name in loads))
-    return dict(zip(loads, reports, strict=True))
+    return dict(zip(loads, reports, strict=True)), ids
 
 
 def _fail_with_logs(logs: Path, message: str) -> int:
