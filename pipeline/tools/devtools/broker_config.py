@@ -137,11 +137,12 @@ def server_properties(
         "broker.session.timeout.ms": 3000,
     }
     if supports_share_groups(version):
-        # Share groups (KIP-932): the share protocol among the group coordinator's, and the
-        # share coordinator's state topic sized and replicated like the transaction log (its
-        # defaults, 50 partitions and 3 replicas, would not come up on one broker).
+        # Share groups (KIP-932): the share protocol added to Kafka's default protocols (the
+        # setting is deprecated by 4.4 in favour of feature levels, which `_format_storage`
+        # sets too), and the share coordinator's state topic sized and replicated like the
+        # transaction log (its defaults, 50 partitions and 3 replicas, would not come up on one broker).
         props |= {
-            "group.coordinator.rebalance.protocols": "classic,consumer,share",
+            "group.coordinator.rebalance.protocols": "classic,consumer,streams,share",
             "share.coordinator.state.topic.replication.factor": replicas,
             "share.coordinator.state.topic.min.isr": min_isr,
             "share.coordinator.state.topic.num.partitions": 4,
