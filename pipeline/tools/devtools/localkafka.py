@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.tools.devtools.broker_config import (
+    FIRST_RECORDED_VERSION,
     ensure_tls_material,
     kafka_uuid,
     log4j2_properties,
@@ -186,6 +187,12 @@ class LocalKafka:
             self.kafka_version,
         )
         return self._cluster
+
+    @property
+    def recorded_version(self) -> str | None:
+        """The Kafka release that last started this data dir (the running one, while it runs)."""
+        cluster = self._load_cluster()
+        return None if cluster is None else str(cluster.get("kafka_version", FIRST_RECORDED_VERSION))
 
     @property
     def port(self) -> int:
