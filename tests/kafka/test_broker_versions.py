@@ -29,7 +29,10 @@ from pipeline.tools.devtools.kafka_jars import (
     supports_share_groups,
 )
 from pipeline.tools.devtools.localkafka import LocalKafka
-from tests.support.kafka import produce_json
+from tests.support.kafka import consume_n, json_values, produce_json
+
+OLDEST = "3.9.1"
+"""The oldest release the suite runs on (Makefile KAFKA_OLDEST)."""
 
 
 def test_the_broker_runs_the_selected_release(kafka_broker: LocalKafka) -> None:
@@ -65,6 +68,39 @@ def test_a_data_dir_never_goes_back_to_an_older_release(tmp_path: Path) -> None:
     made_before_versions = {k: v for k, v in identity.items() if k != "kafka_version"}
     with pytest.raises(KafkaSetupError, match=r"run by Apache Kafka 3\.9\.1"):
         write_identity(tmp_path, tmp_path / "cluster.json", made_before_versions, None, {}, False, "3.9.0")
+
+
+def test_a_data_dir_of_the_oldest_release_comes_up_on_the_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A var/kafka made by 3.9.1 keeps its topics, records and committed offsets on 4.x."""
+    topic, group, values = "kept", "kept-group", [{"n": n} for n in range(10)]
+    monkeypatch.setenv("BATCHTIDE_KAFKA_VERSION", OLDEST)
+    old = LocalKafka(tmp_path)
+    old.start(timeout_s=120)
+    settings = KafkaSettings(bootstrap_servers=old.bootstrap)
+
+    async def before() -> None:
+        await create_topics(settings, {topic: 1})
+        await produce_json(settings, topic, values)
+        assert json_values(await consume_n(settings, topic, 6, group_id=group)) == values[:6]
+
+    try:
+        asyncio.run(before())
+    finally:
+        old.stop()
+    monkeypatch.setenv("BATCHTIDE_KAFKA_VERSION", DEFAULT_KAFKA_VERSION)
+    new = LocalKafka(tmp_path)
+    new.start(timeout_s=120)
+    try:
+        rest = asyncio.run(consume_n(settings, topic, 4, group_id=group))
+        assert json_values(rest) == values[6:], "the group resumes from the offset 3.9.1 committed"
+        assert new.recorded_version == DEFAULT_KAFKA_VERSION
+    finally:
+        new.stop()
+    monkeypatch.setenv("BATCHTIDE_KAFKA_VERSION", OLDEST)
+    with pytest.raises(KafkaSetupError, match="cannot read"):
+        LocalKafka(tmp_path).start(timeout_s=120)
 
 
 def test_share_groups_deliver_each_record_once(kafka_broker: LocalKafka, kafka_settings: KafkaSettings) -> None:
