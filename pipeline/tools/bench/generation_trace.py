@@ -116,7 +116,7 @@ def configured_row(workload: GenWorkload, model: ModelConfig, device: DeviceProf
 
     start = time.perf_counter()
     arr = workload.arrivals
-    run = simulate_profile(GenSetup(model, device), model.engine_profile(), arr, workload.cost, arr.emits)
+    run = simulate_profile(GenSetup(model, device), model.profile, arr, workload.cost, arr.emits)
     return GenRow(
         f"batchtide ({model.name} as configured)",
         "config",
