@@ -208,6 +208,8 @@ def simulate_generation(
     answered = 0
     gap = [0.0]
     deadline = arr.deadline_ms
+    due = bool(np.isfinite(deadline).any())
+    """Whether any request has a deadline (without, the scans for the expired are skipped)."""
 
     def push(t: float, kind: int, lane: int, data: object = None) -> None:
         nonlocal seq
@@ -333,7 +335,7 @@ def simulate_generation(
         """One pass of the decode loop from `now`: drop, refuse, admit, expire, prefill or step (or idle)."""
         loop = loops[lane]
         rule = loop.rule
-        for row in [r for r in loop.joiners if not np.isnan(deadline[r.i]) and deadline[r.i] <= now]:
+        for row in [r for r in loop.joiners if due and not np.isnan(deadline[r.i]) and deadline[r.i] <= now]:
             finish_row(lane, row, now, True)
         waiting = [r for r in loop.joiners if not r.done]
         view = loop.view()
@@ -346,11 +348,11 @@ def simulate_generation(
         joining = [waiting[k] for k in chosen]
         taken = set(map(id, joining))
         loop.joiners = deque(r for r in waiting if id(r) not in taken)
-        for row in [r for r in loop.live if not np.isnan(deadline[r.i]) and deadline[r.i] <= now]:
+        for row in [r for r in loop.live if due and not np.isnan(deadline[r.i]) and deadline[r.i] <= now]:
             finish_row(lane, row, now, True)
             loop.dead += 1
         loop.live = [r for r in loop.live if not r.done]
-        for p in [p for p in loop.prefills if all(deadline[r.i] <= now for r in p.rows)]:
+        for p in [p for p in loop.prefills if due and all(deadline[r.i] <= now for r in p.rows)]:
             loop.prefills.remove(p)
             for row in p.rows:
                 finish_row(lane, row, now, True)
