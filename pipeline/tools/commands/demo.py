@@ -18,7 +18,6 @@ other processes while the demo measured it or ran its load.
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import os
 import shutil
