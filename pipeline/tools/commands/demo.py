@@ -497,11 +497,6 @@ def _calibrate(
     return capacity
 
 
-def _has(count: int, procs: Processes, seen: dict[str, tuple[str, str | None]]) -> bool:
-    """Enough read: `count` answers, or a process stopped (it would answer nothing more)."""
-    return len(seen) >= count or bool(_exited(procs))
-
-
 def _exited(procs: Processes) -> str:
     """Names of the demo's processes that have stopped (a consumer that crashed answers nothing more)."""
     return ", ".join(proc.name for proc in procs.all if not proc.alive)
