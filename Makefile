@@ -1,5 +1,6 @@
-# The two commands: `make demo` (the main job) and `make test` (the suite).
-# Both install what is missing first. The virtualenv is cached under
+# The main commands: `make demo` (the main job), `make test` (the suite, CI's) and `make check`
+# (the fast part of it, while working).
+# Each installs what is missing first. The virtualenv is cached under
 # ~/.cache/batchtide, keyed by a hash of the dependency spec, so a second run
 # (or CI on a machine with warm caches) skips installation.
 
@@ -14,7 +15,7 @@ export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup lint demo test test-kafka-oldest bench bench-fleet bench-triton gpu-check clean-venv install-cli uninstall
+.PHONY: setup lint check demo test test-kafka-oldest bench bench-fleet bench-triton gpu-check clean-venv install-cli uninstall
 
 $(VENV)/.ready: pyproject.toml
 	@if [ ! -f $(VENV)/.ready ]; then \
@@ -57,6 +58,12 @@ KAFKA_OLDEST_TESTS := tests/kafka tests/consumers/test_txn_offset_fencing.py tes
 test-kafka-oldest: setup
 	@BATCHTIDE_KAFKA_VERSION=$(KAFKA_OLDEST) $(PY) -m pipeline.cli local fetch
 	BATCHTIDE_KAFKA_VERSION=$(KAFKA_OLDEST) $(PY) -m pytest -q -ra $(KAFKA_OLDEST_TESTS)
+
+# The command to run while working (under 2 minutes): lint, format, types, and every test that
+# needs neither a Kafka broker nor a model and takes seconds, not minutes (the `kafka`, `model` and
+# `slow` marks; tests/conftest.py fails a test that starts a broker or a model without its mark).
+check: lint
+	$(PY) -m pytest -q -m "not kafka and not model and not slow"
 
 bench: setup
 	$(PY) -m pipeline.cli bench suite --json out/bench-suite.json

@@ -106,6 +106,7 @@ def test_block_parses_as_the_commands_a_user_types() -> None:
     assert [c.split()[1] for c in map(_command, lines) if c.startswith("batchtide")][:3] == ["local", "topics", "db"]
 
 
+@pytest.mark.model
 def test_readme_using_it_block_runs_as_written(kafka_broker: LocalKafka, tiny_bert_dir: Path, tmp_path: Path) -> None:
     lines = using_it_block((ROOT / "README.md").read_text())
     work = tmp_path / "work"

@@ -7,6 +7,8 @@ import json
 import time
 from pathlib import Path
 
+import pytest
+
 from consumers.answers import DECISION_FIELDS, Answers, BatchTiming
 from consumers.runners import serving_runner
 from consumers.runners.device_process import ProcessRunner
@@ -31,6 +33,8 @@ from tests.consumers.harness import (
 from tests.support.kafka import consume_n, json_values
 
 
+@pytest.mark.model
+@pytest.mark.kafka
 def test_every_request_answered_once_by_a_real_model(kafka_settings: KafkaSettings, tiny_bert_dir: Path) -> None:
     """The served path: the model computes in a device process (isolation auto)."""
     model = ModelConfig(
@@ -91,6 +95,7 @@ def test_every_request_answered_once_by_a_real_model(kafka_settings: KafkaSettin
     asyncio.run(scenario())
 
 
+@pytest.mark.kafka
 def test_requests_past_their_deadline_are_answered_expired(kafka_settings: KafkaSettings) -> None:
     model = cost_model(a_ms=200.0, c_ms=0.0, partitions=1, hard_cap=4, target_size=4)
 
@@ -123,6 +128,7 @@ def test_requests_past_their_deadline_are_answered_expired(kafka_settings: Kafka
     asyncio.run(scenario())
 
 
+@pytest.mark.kafka
 def test_a_request_id_seen_again_while_its_batch_runs_is_a_duplicate(kafka_settings: KafkaSettings) -> None:
     """The id must stay known between dispatch and the published answer, or a resend is computed twice."""
     model = cost_model(a_ms=600.0, c_ms=0.0, partitions=1)

@@ -7,6 +7,7 @@ import base64
 import json
 from pathlib import Path
 
+import pytest
 from aiokafka import AIOKafkaProducer
 
 from consumers.answers import record_id
@@ -14,6 +15,8 @@ from pipeline.core.config import ConsumerSettings, KafkaSettings, ModelConfig
 from pipeline.core.kafka.client import client_options
 from pipeline.core.kafka.client import create_topics as create_topics_named
 from tests.consumers.harness import collect, create_topics, make_consumer, request, running, send, topics
+
+pytestmark = pytest.mark.kafka
 
 CORPUS = Path(__file__).resolve().parents[1] / "fuzz_corpus"
 REPLIES = "fuzz.replies"

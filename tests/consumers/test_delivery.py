@@ -7,6 +7,8 @@ import dataclasses
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from consumers.runners import make_runner
 from consumers.worker import Consumer
 from pipeline.core.config import BatchProfile, ConsumerSettings, KafkaSettings, ModelConfig
@@ -28,6 +30,8 @@ from tests.consumers.harness import (
 )
 from tests.support.kafka import produce_json
 from tests.support.models import build_tiny_gpt2
+
+pytestmark = pytest.mark.kafka
 
 
 def _config_file(path: Path, kafka: KafkaSettings) -> Path:
@@ -185,6 +189,7 @@ def _generating(model_path: Path, kafka: KafkaSettings, settings: ConsumerSettin
     )
 
 
+@pytest.mark.model
 def test_generating_consumers_answer_every_request_once_when_one_joins_mid_load(
     tiny_gpt2_dir: Path, tmp_path: Path, kafka_settings: KafkaSettings
 ) -> None:

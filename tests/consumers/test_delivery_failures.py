@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
@@ -17,6 +18,8 @@ from pipeline.core.kafka.client import Topics, client_options, create_topics
 from pipeline.core.kafka.outbox import BATCH_BYTES, Message, Outbox
 from pipeline.core.kafka.topic_limits import TopicLimits
 from tests.support.kafka import consume_n
+
+pytestmark = pytest.mark.kafka
 
 REQUEST_TIMEOUT_MS = 3000
 

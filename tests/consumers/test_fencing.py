@@ -10,6 +10,7 @@ import asyncio
 import json
 import uuid
 
+import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from consumers.fencing import NO_GENERATION, MembershipGuard, stale
@@ -38,6 +39,7 @@ def test_a_guard_without_a_group_is_never_fresh() -> None:
     assert guard.generation == NO_GENERATION and guard.stale(NO_GENERATION) is not None
 
 
+@pytest.mark.kafka
 def test_a_stale_member_waits_for_a_heartbeat_and_an_expelled_one_leaves_its_records(
     kafka_settings: KafkaSettings,
 ) -> None:

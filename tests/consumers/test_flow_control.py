@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import statistics
 
+import pytest
+
 from pipeline.core.config import ConsumerSettings, KafkaSettings
 from tests.consumers.harness import (
     collect,
@@ -17,6 +19,8 @@ from tests.consumers.harness import (
     serving,
     topics,
 )
+
+pytestmark = pytest.mark.kafka
 
 
 def test_backpressure_bounds_the_queue_while_everything_is_answered(kafka_settings: KafkaSettings) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import MessageSizeTooLargeError
 
@@ -13,6 +14,8 @@ from pipeline.core.kafka.outbox import BATCH_BYTES, Message, Outbox
 from pipeline.core.kafka.topic_limits import KAFKA_DEFAULT_MAX_MESSAGE_BYTES, TopicLimits
 from tests.consumers.harness import configure_topic
 from tests.support.kafka import consume_n
+
+pytestmark = pytest.mark.kafka
 
 
 def test_a_batch_refused_as_too_large_is_resent_record_by_record(kafka_settings: KafkaSettings) -> None:

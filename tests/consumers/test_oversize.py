@@ -30,6 +30,8 @@ from tests.consumers.harness import (
 )
 from tests.support.kafka import consume_n, json_values
 
+pytestmark = pytest.mark.kafka
+
 TEN_MB = 10 * 1024 * 1024
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 DEAD_LETTER_SCHEMA = jsonschema.Draft202012Validator(json.loads((SCHEMAS / "dead_letter.schema.json").read_text()))
@@ -165,6 +167,7 @@ def test_a_dead_letter_topic_shrunk_under_a_running_consumer(
     asyncio.run(scenario())
 
 
+@pytest.mark.model
 @pytest.mark.parametrize(
     ("lowered", "transactional"),
     [(False, False), (True, False), (False, True)],

@@ -13,6 +13,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from consumers.runners.cost_model import SlowdownHook
 from pipeline.core.config import KafkaSettings, load_config
 from pipeline.tools.bench.fleet_live import CASES, median_trial, recovered_after_s
@@ -24,6 +26,7 @@ from pipeline.tools.harness.events import stored_rows
 from pipeline.tools.harness.processes import REPO_ROOT, child_env, cli
 
 
+@pytest.mark.kafka
 def test_a_short_run_answers_every_request_and_breaks_its_latency_down(kafka_settings: KafkaSettings) -> None:
     options = BenchOptions(
         runner="cost-model",
@@ -55,6 +58,7 @@ def test_a_short_run_answers_every_request_and_breaks_its_latency_down(kafka_set
     assert any("stage p50/p99 ms: kafka_in" in line for line in lines)
 
 
+@pytest.mark.kafka
 def test_a_recorded_run_leaves_its_events_in_a_store_that_replay_reads(
     kafka_settings: KafkaSettings, tmp_path: Path
 ) -> None:
@@ -96,6 +100,7 @@ def test_a_recorded_run_leaves_its_events_in_a_store_that_replay_reads(
     assert json.loads(out.read_text())["recorded"]["requests"] == trial["answered"]
 
 
+@pytest.mark.kafka
 def test_a_straggler_run_reports_each_consumer_and_the_forwards(kafka_settings: KafkaSettings) -> None:
     """`--straggler`: consumer 0's device is 4x slower; with the group's balance on it hands work to
     consumer 1, and the trial says so per consumer."""

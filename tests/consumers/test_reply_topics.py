@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import jsonschema
+import pytest
 
 from pipeline.core.config import KafkaSettings
 from tests.consumers.harness import (
@@ -20,6 +21,8 @@ from tests.consumers.harness import (
     topics,
 )
 from tests.support.kafka import consume_n, json_values
+
+pytestmark = pytest.mark.kafka
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 

@@ -96,6 +96,7 @@ def test_a_commit_runs_again_when_more_is_answered_past_an_offset_that_does_not_
     assert tracker.to_commit() == {}
 
 
+@pytest.mark.kafka
 def test_require_stable_waits_for_an_open_transaction_carrying_offsets(kafka_settings: KafkaSettings) -> None:
     prefix = kafka_settings.topic_prefix
     source, group = f"{prefix}.stable.in", f"{prefix}.stable.group"
@@ -140,6 +141,7 @@ def test_require_stable_waits_for_an_open_transaction_carrying_offsets(kafka_set
     asyncio.run(scenario())
 
 
+@pytest.mark.kafka
 def test_a_new_owner_waits_for_an_open_transaction_and_starts_at_its_commit_point(
     kafka_settings: KafkaSettings,
 ) -> None:
@@ -205,6 +207,7 @@ def test_a_new_owner_waits_for_an_open_transaction_and_starts_at_its_commit_poin
     asyncio.run(scenario())
 
 
+@pytest.mark.kafka
 @pytest.mark.parametrize("transactional", [True, False])
 def test_a_new_owner_skips_what_the_last_owner_answered_past_its_commit(
     kafka_settings: KafkaSettings, transactional: bool

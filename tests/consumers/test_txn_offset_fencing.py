@@ -35,6 +35,8 @@ from tests.consumers.harness import hand_publisher, read_committed, take_records
 from tests.support.clock import FakeClock
 from tests.support.kafka import produce_json
 
+pytestmark = pytest.mark.kafka
+
 
 def test_offsets_of_a_stale_or_unknown_member_are_refused_and_the_current_members_land(
     kafka_settings: KafkaSettings,

@@ -20,6 +20,7 @@ from pipeline.tools.devtools.localkafka import LocalKafka, port_is_free
 from tests.support.kafka import consume_n, json_values, produce_json
 
 
+@pytest.mark.kafka
 def test_round_trip_over_tcp(kafka_broker: LocalKafka, kafka_settings: KafkaSettings) -> None:
     topic = f"{kafka_settings.topic_prefix}.roundtrip"
     values = [{"i": i, "text": f"hello {i}"} for i in range(200)]
@@ -38,6 +39,7 @@ def test_round_trip_over_tcp(kafka_broker: LocalKafka, kafka_settings: KafkaSett
     assert "INFO" not in console, "broker logs must go to the log file, not the console"
 
 
+@pytest.mark.kafka
 def test_restart_keeps_topics_messages_and_committed_offsets(
     kafka_broker: LocalKafka, kafka_settings: KafkaSettings
 ) -> None:
@@ -71,6 +73,7 @@ def test_restart_keeps_topics_messages_and_committed_offsets(
     asyncio.run(after())
 
 
+@pytest.mark.kafka
 def test_messages_survive_sigkill(kafka_broker: LocalKafka, kafka_settings: KafkaSettings) -> None:
     topic = f"{kafka_settings.topic_prefix}.crash"
     values = [{"n": n} for n in range(50)]
@@ -87,6 +90,7 @@ def test_messages_survive_sigkill(kafka_broker: LocalKafka, kafka_settings: Kafk
     assert sorted(json_values(received), key=lambda v: v["n"]) == values
 
 
+@pytest.mark.kafka
 def test_transactions_commit_is_visible_and_abort_is_not(kafka_settings: KafkaSettings) -> None:
     topic = f"{kafka_settings.topic_prefix}.txn"
 
@@ -117,6 +121,7 @@ def test_transactions_commit_is_visible_and_abort_is_not(kafka_settings: KafkaSe
     assert [v["txn"] for v in uncommitted] == ["committed"] * 3 + ["aborted"] * 2 + ["last"]  # type: ignore[index]
 
 
+@pytest.mark.kafka
 def test_topic_auto_creation_is_off(kafka_settings: KafkaSettings) -> None:
     """Topics are created explicitly; a typo in a topic name must not create a new topic."""
     topic = f"{kafka_settings.topic_prefix}.never-created"
@@ -152,6 +157,7 @@ threading.Event().wait()
 """
 
 
+@pytest.mark.kafka
 @pytest.mark.timeout(150)
 def test_a_broker_ends_with_the_process_that_started_it_even_from_a_thread(tmp_path: Path) -> None:
     """SIGKILL of the starting process (no atexit runs) still stops the broker, also when a

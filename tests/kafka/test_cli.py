@@ -6,6 +6,7 @@ import json
 import time
 from pathlib import Path
 
+import pytest
 import typer
 from typer.testing import CliRunner
 
@@ -21,6 +22,7 @@ def _app() -> typer.Typer:
     return app
 
 
+@pytest.mark.kafka
 def test_local_up_status_down_with_a_detached_broker(tmp_path: Path) -> None:
     runner, app, data_dir, port = CliRunner(), _app(), tmp_path / "kafka", free_port()
     try:
@@ -53,6 +55,7 @@ def test_local_up_status_down_with_a_detached_broker(tmp_path: Path) -> None:
         LocalKafka(data_dir).stop()
 
 
+@pytest.mark.kafka
 def test_topics_create_reads_models_and_partitions_from_config(tmp_path: Path, kafka_settings: KafkaSettings) -> None:
     config = tmp_path / "batchtide.toml"
     config.write_text(
@@ -81,6 +84,7 @@ def test_topics_create_without_models_is_an_error() -> None:
     assert "no models" in result.output
 
 
+@pytest.mark.kafka
 def test_local_up_brokers_3_replicates_topics_and_status_shows_leaders_and_isr(tmp_path: Path) -> None:
     """A KRaft quorum of three detached nodes; topics get 3 replicas and min.insync.replicas 2; down stops all."""
     import asyncio

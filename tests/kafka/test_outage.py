@@ -14,6 +14,8 @@ from pipeline.core.config import KafkaSettings
 from pipeline.core.kafka.client import client_options, create_topics
 from pipeline.tools.devtools.localkafka import LocalKafka
 
+pytestmark = pytest.mark.kafka
+
 
 @pytest.mark.parametrize("hard", [False, True], ids=["sigterm", "sigkill"])
 def test_clients_ride_through_a_broker_outage(

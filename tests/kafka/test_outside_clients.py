@@ -27,6 +27,8 @@ from pipeline.core.kafka.client import create_topics
 from tests.consumers.harness import MODEL, cost_model, make_consumer, running, topics
 from tests.support.kafka import SASL_USERS
 
+pytestmark = pytest.mark.kafka
+
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 CODECS = ("gzip", "lz4", "zstd")
 PER_CODEC = 30

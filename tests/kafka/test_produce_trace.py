@@ -33,6 +33,7 @@ def _config(tmp_path: Path, kafka: KafkaSettings, model_dir: Path) -> Path:
     return path
 
 
+@pytest.mark.model
 @pytest.mark.kafka
 def test_a_trace_slice_reaches_the_topic_with_exact_prompts_forced_answers_and_indices(
     kafka_settings: KafkaSettings, tiny_gpt2_dir: Path, tmp_path: Path
@@ -59,6 +60,7 @@ def test_a_trace_slice_reaches_the_topic_with_exact_prompts_forced_answers_and_i
         assert body["params"] == {"max_new_tokens": int(answers[index]), "ignore_eos": True}
 
 
+@pytest.mark.model
 @pytest.mark.kafka
 def test_requests_the_model_would_refuse_and_bad_files_stop_produce_before_sending(
     kafka_settings: KafkaSettings, tiny_gpt2_dir: Path, tmp_path: Path

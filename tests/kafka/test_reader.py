@@ -6,12 +6,15 @@ import asyncio
 import time
 import uuid
 
+import pytest
 from aiokafka import AIOKafkaProducer
 
 from pipeline.core.config import KafkaSettings
 from pipeline.core.kafka.client import client_options, create_topics
 from pipeline.core.kafka.reader import Record, TopicReader
 from tests.support.kafka import produce_json
+
+pytestmark = pytest.mark.kafka
 
 
 async def _aborted_then_committed(settings: KafkaSettings, topic: str) -> None:

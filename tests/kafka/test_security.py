@@ -29,6 +29,7 @@ async def _round_trip(
     return json_values(await consume_n(settings, topic, len(values)))
 
 
+@pytest.mark.kafka
 @pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256"])
 def test_right_credentials_produce_and_consume(
     sasl_kafka_settings: KafkaSettings, mechanism: str, caplog: pytest.LogCaptureFixture
@@ -49,6 +50,7 @@ async def _bootstrap(settings: KafkaSettings) -> None:
         await producer.stop()
 
 
+@pytest.mark.kafka
 @pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256"])
 def test_wrong_password_is_refused(
     sasl_kafka_settings: KafkaSettings,
@@ -63,6 +65,7 @@ def test_wrong_password_is_refused(
     assert "SaslAuthenticationFailed" in caplog.text
 
 
+@pytest.mark.kafka
 def test_unknown_user_is_refused(sasl_kafka_settings: KafkaSettings, caplog: pytest.LogCaptureFixture) -> None:
     settings = dataclasses.replace(sasl_kafka_settings, sasl_username="mallory")
     with caplog.at_level(logging.ERROR, logger="aiokafka"), pytest.raises(KafkaConnectionError):
@@ -70,6 +73,7 @@ def test_unknown_user_is_refused(sasl_kafka_settings: KafkaSettings, caplog: pyt
     assert "SaslAuthenticationFailed" in caplog.text
 
 
+@pytest.mark.kafka
 def test_client_without_sasl_is_refused(sasl_kafka_settings: KafkaSettings) -> None:
     settings = KafkaSettings(bootstrap_servers=sasl_kafka_settings.bootstrap_servers)
     with pytest.raises(KafkaConnectionError):
@@ -111,11 +115,13 @@ def test_tls_settings_build_an_ssl_context() -> None:
         client_options(KafkaSettings(ssl_cafile="/etc/ssl/certs/ca-certificates.crt"))
 
 
+@pytest.mark.kafka
 def test_sasl_over_tls_round_trip(tls_kafka_settings: KafkaSettings) -> None:
     values = [{"n": n} for n in range(10)]
     assert asyncio.run(_round_trip(tls_kafka_settings, f"{tls_kafka_settings.topic_prefix}.tls", 1, values)) == values
 
 
+@pytest.mark.kafka
 def test_tls_client_that_does_not_trust_the_ca_is_refused(
     tls_kafka_settings: KafkaSettings, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -125,6 +131,7 @@ def test_tls_client_that_does_not_trust_the_ca_is_refused(
     assert "CERTIFICATE_VERIFY_FAILED" in caplog.text
 
 
+@pytest.mark.kafka
 def test_plaintext_sasl_client_is_refused_by_the_tls_listener(tls_kafka_settings: KafkaSettings) -> None:
     cleartext = dataclasses.replace(tls_kafka_settings, security_protocol="SASL_PLAINTEXT", ssl_cafile=None)
     with pytest.raises(KafkaConnectionError):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
+import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
 from pipeline.core.config import KafkaSettings
@@ -32,6 +33,7 @@ async def _described(settings: KafkaSettings) -> dict[str, int]:
         await admin.close()
 
 
+@pytest.mark.kafka
 def test_ensure_topics_is_idempotent_and_grows_partitions(kafka_settings: KafkaSettings) -> None:
     settings = dataclasses.replace(kafka_settings, events_partitions=2)
     p = settings.topic_prefix

@@ -18,6 +18,8 @@ from consumers.runners.transformers_runner import TransformersRunner
 from pipeline.core.config import ModelConfig
 from schemas.messages import GenerationParams, Request
 
+pytestmark = pytest.mark.model
+
 PROPERTY = settings(
     max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 )

@@ -45,6 +45,7 @@ def _alone(runner: TransformersRunner, prompt: list[int], limit: int) -> list[in
     return seq.generated
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("chunk", [1, 3, 7, 16])
 def test_a_group_prefilled_in_chunks_decodes_what_one_piece_decodes(runner: TransformersRunner, chunk: int) -> None:
     """Left-padded rows of different lengths, fed `chunk` tokens a row at a time, then decoded
@@ -69,6 +70,7 @@ def test_a_group_prefilled_in_chunks_decodes_what_one_piece_decodes(runner: Tran
     assert first.generated == _alone(runner, early, 20)
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("chunk", [1, 5, 16, 64])
 def test_a_group_riding_in_decode_steps_decodes_what_one_piece_decodes(runner: TransformersRunner, chunk: int) -> None:
     """A group of left-padded prompts fed `chunk` tokens a row at a time inside the decode steps
@@ -106,6 +108,7 @@ def test_a_group_riding_in_decode_steps_decodes_what_one_piece_decodes(runner: T
     assert [s.generated for s in behind] == [_alone(runner, s.prompt, 12) for s in behind]
 
 
+@pytest.mark.model
 def test_prompts_riding_side_by_side_in_part_chunks_decode_what_one_piece_decodes(runner: TransformersRunner) -> None:
     """A ride spread over the queue as riders() spreads it: several prompts each fed part of their
     columns in the same decode step (not only the oldest), joining as each completes; every row's
@@ -159,6 +162,7 @@ def _long_joins_a_decoding_row(
     return got
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("fused", [True, False])
 def test_a_long_prompt_joins_in_chunks_between_the_running_rows_steps(runner: TransformersRunner, fused: bool) -> None:
     """A 60-token prompt joining one decoding row under a small budget: chunks of MIN_CHUNK
@@ -199,6 +203,7 @@ def test_separate_chunks_are_paced_to_half_a_step_within_the_budget() -> None:
     assert pacer.tokens(10, 80.0) == 15  # the fixed part is over half the share: as many tokens as it costs, not fewer
 
 
+@pytest.mark.model
 def test_a_ride_takes_short_groups_whole_within_half_and_spends_the_rest_oldest_first(
     runner: TransformersRunner,
 ) -> None:
@@ -258,6 +263,7 @@ def test_rides_with_a_fixed_part_learn_it_carry_more_and_go_less_often() -> None
     assert 15 <= rides <= 20  # one ride in about every 2.3 steps
 
 
+@pytest.mark.model
 def test_a_ride_waits_while_the_last_rides_are_paid_back(runner: TransformersRunner) -> None:
     """While the pacer's credit is owed, a long prompt does not ride: the row decodes alone and the
     prompt is prefilled once the set is empty."""
@@ -280,6 +286,7 @@ def test_a_negative_step_token_budget_is_refused_at_load() -> None:
     assert parse_config({"models": {"g": {"step_token_budget": 0}}}).models["g"].step_token_budget == 0
 
 
+@pytest.mark.model
 def test_the_model_config_budget_reaches_the_decode_loop(tiny_gpt2_dir: Path) -> None:
     runner = make_runner(
         ModelConfig(name="g", model_path=str(tiny_gpt2_dir), device="cpu", batching="iteration", step_token_budget=7)

@@ -48,6 +48,7 @@ def llama(tiny_llama_dir: Path) -> TransformersRunner:
     return _runner(tiny_llama_dir, max_new_tokens=40)
 
 
+@pytest.mark.model
 def test_generation_models_decode_with_their_own_attention(llama: TransformersRunner, tiny_gpt2_dir: Path) -> None:
     from consumers.runners.fused_step import NAME
 
@@ -55,6 +56,7 @@ def test_generation_models_decode_with_their_own_attention(llama: TransformersRu
     assert _runner(tiny_gpt2_dir, max_new_tokens=4)._model.config._attn_implementation == NAME
 
 
+@pytest.mark.model
 def test_rows_attend_their_own_columns_after_a_long_row_joined(llama: TransformersRunner, tiny_llama_dir: Path) -> None:
     """Short rows beside one long row: a step splits them (all rows over the short ones' columns,
     the long row alone over the whole width), and every row's tokens are what it gets alone."""
@@ -88,6 +90,7 @@ def test_a_full_buffer_grows_by_a_quarter_of_its_width() -> None:
     assert torch.equal(layer.keys, torch.ones((2, 1, 400 + SLACK + 1, 2)))
 
 
+@pytest.mark.model
 def test_padded_running_set_gives_transformers_greedy_tokens(llama: TransformersRunner, tiny_llama_dir: Path) -> None:
     """Prompts of different lengths (left padding, so a mask) decoding past SLACK columns
     (the buffers regrow) give what transformers generates for each prompt alone."""
@@ -100,6 +103,7 @@ def test_padded_running_set_gives_transformers_greedy_tokens(llama: Transformers
     assert [s.generated for s in seqs] == [_reference(tiny_llama_dir, x, new) for x in ids]
 
 
+@pytest.mark.model
 def test_rows_leave_lazily_and_joiners_get_the_same_tokens(llama: TransformersRunner, tiny_llama_dir: Path) -> None:
     ids = [llama._tokenize([p])[0] for p in PROMPTS]
     running = RunningSet(llama._model, "cpu", llama._pad_id, frozenset())
@@ -115,6 +119,7 @@ def test_rows_leave_lazily_and_joiners_get_the_same_tokens(llama: TransformersRu
     assert [s.generated for s in seqs] == [_reference(tiny_llama_dir, s.prompt, s.limit) for s in seqs]
 
 
+@pytest.mark.model
 def test_joiners_fill_spare_rows_in_place(llama: TransformersRunner, tiny_llama_dir: Path) -> None:
     """Later joiners, the longest prompt included, land in the buffers' spare rows without a copy
     of the running cache, and decode as if alone."""
@@ -150,6 +155,7 @@ def test_a_trimmed_view_widens_back_over_zeroed_columns() -> None:
     assert not torch.isnan(layer.keys).any() and torch.count_nonzero(layer.keys[:, :, :3]) == 0  # ... shown zeroed
 
 
+@pytest.mark.model
 def test_a_joiner_that_cannot_make_its_deadline_is_refused(llama: TransformersRunner) -> None:
     """Eight 40-token answers teach the loop how long answers run; then, at the current time per
     step, a 40-token answer needs ~0.8 s: with 0.3 s left it would only slow the running rows and

@@ -8,6 +8,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from consumers.runners import make_runner, run_isolating, serving_runner
 from consumers.runners.cost_model import POISON_MARKER
 from consumers.runners.device_process import DeviceProcessDied, ProcessRunner
@@ -32,6 +34,7 @@ def _children(runner: ProcessRunner) -> list[int]:
     return [child.process.pid for child in runner._children]
 
 
+@pytest.mark.model
 def test_isolation_setting_picks_the_runner(tiny_bert_dir: Path) -> None:
     real = ModelConfig(name="m", model_path=str(tiny_bert_dir))
     assert isinstance(serving_runner(real), ProcessRunner)
@@ -42,6 +45,7 @@ def test_isolation_setting_picks_the_runner(tiny_bert_dir: Path) -> None:
     assert isinstance(serving_runner(ModelConfig(name="m", runner="zero-cost", isolation="process")), ProcessRunner)
 
 
+@pytest.mark.model
 def test_child_answers_equal_in_process_answers(tiny_bert_dir: Path) -> None:
     model = ModelConfig(name="m", model_path=str(tiny_bert_dir), torch_threads=1)
     local = make_runner(model)

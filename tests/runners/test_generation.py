@@ -15,6 +15,8 @@ from pipeline.core.config import BatchProfile, ModelConfig
 from schemas.messages import GenerationParams, Request
 from tests.support.models import with_stop_token
 
+pytestmark = pytest.mark.model
+
 PROMPTS = [
     "the quick brown fox",
     "kafka",

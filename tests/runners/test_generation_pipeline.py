@@ -18,6 +18,8 @@ from pipeline.core.kafka.client import Topics
 from tests.consumers.harness import collect, create_topics, running, send
 from tests.support.models import with_stop_token
 
+pytestmark = pytest.mark.kafka
+
 NAME = "gen"
 PROMPTS = ["the quick brown fox", "kafka", "results go back to kafka and events go to", "grafana shows p99"]
 
@@ -86,6 +88,7 @@ def _model(directory: Path, **fields: Any) -> ModelConfig:
     return ModelConfig(**(base | fields))
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("batching", ["static", "iteration"])
 def test_generation_answers_through_the_broker(
     tiny_gpt2_dir: Path, kafka_settings: KafkaSettings, batching: str
@@ -117,6 +120,7 @@ def test_generation_answers_through_the_broker(
     assert len({tuple(results[f"a{i}"]["token_ids"]) for i in range(len(PROMPTS))}) > 1
 
 
+@pytest.mark.model
 def test_eos_ends_an_answer_early_through_the_broker(
     tiny_gpt2_dir: Path, tmp_path: Path, kafka_settings: KafkaSettings
 ) -> None:
@@ -157,6 +161,7 @@ def replace_prefix(kafka: KafkaSettings, suffix: str) -> KafkaSettings:
     return dataclasses.replace(kafka, topic_prefix=f"{kafka.topic_prefix}-{suffix}")
 
 
+@pytest.mark.model
 def test_bad_generation_requests_are_rejected_and_the_consumer_keeps_serving(
     tiny_gpt2_dir: Path, kafka_settings: KafkaSettings
 ) -> None:
@@ -207,6 +212,7 @@ def test_smollm2_from_the_default_install_answers_through_the_broker(kafka_setti
     assert "paris" in s1["text"].lower()
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("batching", ["static", "iteration"])
 def test_a_deadline_stops_generation_mid_answer_through_the_broker(
     tiny_gpt2_dir: Path, kafka_settings: KafkaSettings, monkeypatch: pytest.MonkeyPatch, batching: str
@@ -239,6 +245,7 @@ def test_a_deadline_stops_generation_mid_answer_through_the_broker(
     assert free["outcome"] == "ok" and len(free["token_ids"]) == 20
 
 
+@pytest.mark.model
 def test_the_longest_request_the_config_admits_is_answered_with_the_profiles_caps(
     tiny_gpt2_dir: Path, tmp_path: Path, kafka_settings: KafkaSettings, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -17,6 +17,7 @@ from schemas.messages import GenerationParams, Request
 
 pytestmark = [
     pytest.mark.gpu,
+    pytest.mark.model,
     pytest.mark.skipif(
         not torch.cuda.is_available(), reason="no CUDA device on this machine (torch.cuda.is_available() is False)"
     ),

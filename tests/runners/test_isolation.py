@@ -67,6 +67,7 @@ def test_wrong_output_count_counts_as_failure() -> None:
     assert sorted(outputs) == [0, 1, 2, 3] and errors == {}
 
 
+@pytest.mark.model
 def test_real_model_rejecting_an_input_is_isolated(tiny_bert_dir: Path) -> None:
     """A real failure, not a hook: token ids past the tiny BERT's vocabulary make
     its embedding lookup raise IndexError. check() would refuse it up front; here

