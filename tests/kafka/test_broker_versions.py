@@ -35,6 +35,7 @@ OLDEST = "3.9.1"
 """The oldest release the suite runs on (Makefile KAFKA_OLDEST)."""
 
 
+@pytest.mark.kafka
 def test_the_broker_runs_the_selected_release(kafka_broker: LocalKafka) -> None:
     assert kafka_broker.kafka_version == kafka_version()
     command = Path(f"/proc/{kafka_broker.pid}/cmdline").read_bytes().split(b"\0")
@@ -70,6 +71,7 @@ def test_a_data_dir_never_goes_back_to_an_older_release(tmp_path: Path) -> None:
         write_identity(tmp_path, tmp_path / "cluster.json", made_before_versions, None, {}, False, "3.9.0")
 
 
+@pytest.mark.kafka
 def test_a_data_dir_of_the_oldest_release_comes_up_on_the_default(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -103,6 +105,7 @@ def test_a_data_dir_of_the_oldest_release_comes_up_on_the_default(
         LocalKafka(tmp_path).start(timeout_s=120)
 
 
+@pytest.mark.kafka
 def test_share_groups_deliver_each_record_once(kafka_broker: LocalKafka, kafka_settings: KafkaSettings) -> None:
     """Two members of one share group on ONE partition: every record reaches exactly one of them."""
     if not supports_share_groups(kafka_broker.kafka_version):

@@ -197,6 +197,7 @@ def test_a_joiner_that_cannot_make_its_deadline_is_refused(llama: TransformersRu
     assert joins == 3  # the eight, the long one, then the feasible one: the hopeless one was never prefilled
 
 
+@pytest.mark.model
 def test_a_joiner_whose_first_token_cannot_come_in_time_is_given_up(llama: TransformersRunner) -> None:
     """Once a prefill measured the price of a prompt token, a joiner whose first token was due a
     moment ago cannot make it whatever the order: it leaves unprefilled, `cannot_meet_slo`; one due
