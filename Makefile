@@ -15,7 +15,7 @@ export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup lint check demo test bench bench-fleet bench-triton gpu-check clean-venv install-cli uninstall
+.PHONY: setup lint check demo test test-kafka-oldest bench bench-fleet bench-triton gpu-check clean-venv install-cli uninstall
 
 $(VENV)/.ready: pyproject.toml
 	@if [ ! -f $(VENV)/.ready ]; then \
@@ -48,6 +48,16 @@ lint: setup
 
 test: lint
 	$(PY) -m pytest -q -ra
+	@$(MAKE) --no-print-directory test-kafka-oldest
+
+# The oldest supported broker (docs/kafka.md#broker-versions): the tests of every protocol path
+# batchtide uses, again on Apache Kafka 3.9.1 (its jars fetched once into ~/.cache/batchtide).
+KAFKA_OLDEST := 3.9.1
+KAFKA_OLDEST_TESTS := tests/kafka tests/consumers/test_txn_offset_fencing.py tests/consumers/test_fencing.py \
+  tests/consumers/test_stable_start.py tests/consumers/test_delivery.py tests/store/test_sink.py
+test-kafka-oldest: setup
+	@BATCHTIDE_KAFKA_VERSION=$(KAFKA_OLDEST) $(PY) -m pipeline.cli local fetch
+	BATCHTIDE_KAFKA_VERSION=$(KAFKA_OLDEST) $(PY) -m pytest -q -ra $(KAFKA_OLDEST_TESTS)
 
 # The command to run while working (under 2 minutes): lint, format, types, and every test that
 # needs neither a Kafka broker nor a model and takes seconds, not minutes (the `kafka`, `model` and

@@ -39,8 +39,11 @@ class Ran:
 
 
 class Device:
-    def __init__(self, runner: Runner, max_inflight: int, clock: Clock) -> None:
+    def __init__(self, runner: Runner, max_inflight: int, clock: Clock, ttft_ms: float | None = None) -> None:
+        """`ttft_ms`: the time-to-first-token objective each request's first token is due within (from its
+        record time), when its decode loop gives up on what cannot meet it; None: none."""
         self._runner = runner
+        self._ttft_ms = ttft_ms
         self._clock = clock
         self._threads = ThreadPoolExecutor(max_inflight, thread_name_prefix="batchtide-device")
         self.computing = 0
@@ -56,7 +59,7 @@ class Device:
 
     async def run(self, batch: Batch) -> Ran:
         """Run a reserved batch; its slot is free again when this returns or raises."""
-        requests = [with_deadline(pr) for pr in batch.requests]
+        requests = [with_deadline(pr, self._ttft_ms) for pr in batch.requests]
         start = self._clock.now_ms()
         try:
             outputs, failures, memory = await asyncio.get_running_loop().run_in_executor(
@@ -74,10 +77,13 @@ class Device:
         return outputs, failures, self._runner.device_memory()
 
 
-def with_deadline(pr: PendingRequest) -> Request:
+def with_deadline(pr: PendingRequest, ttft_ms: float | None = None) -> Request:
     """The request as the runner sees it: with the deadline the engine holds (from timeout_ms or
-    the profile's default) in absolute form."""
+    the profile's default) in absolute form, and with `ttft_ms` the time its first token is due by
+    (record time + the objective) unless it set its own."""
     request: Request = pr.payload.request
-    if pr.deadline_ms is None or request.deadline_ms is not None:
-        return request
-    return msgspec.structs.replace(request, deadline_ms=int(pr.deadline_ms))
+    if pr.deadline_ms is not None and request.deadline_ms is None:
+        request = msgspec.structs.replace(request, deadline_ms=int(pr.deadline_ms))
+    if ttft_ms is not None and request.first_token_deadline_ms is None:
+        request = msgspec.structs.replace(request, first_token_deadline_ms=int(pr.enqueue_ms + ttft_ms))
+    return request

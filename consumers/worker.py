@@ -133,7 +133,7 @@ class Consumer:
         )
         self.membership = Membership(self.consumer_id, self.priority_topic, engine, self._admission, self._work.settle)
         self._clients: KafkaClients | None = None
-        self._device = Device(runner, model.profile.max_inflight_batches, self.clock)
+        self._device = Device(runner, model.profile.max_inflight_batches, self.clock, model.ttft_objective_ms)
 
     # ---- lifecycle -------------------------------------------------------
 

@@ -57,6 +57,12 @@ class Request(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     reply_topic: (
         Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_TOPIC_LEN, pattern=r"^[A-Za-z0-9._-]+$")] | None
     ) = None
+    first_token_deadline_ms: Annotated[int, msgspec.Meta(gt=0, lt=2**53)] | None = None
+    """Generation: absolute epoch ms past which a first token is of no use. A request whose prompt, and
+    those served before it, cannot be prefilled by then at the device's measured pace is answered
+    `expired` (`cannot_meet_slo`) without running. An iteration-level consumer with a time-to-first-token
+    objective (slo_p99_ms beside slo_ms_per_new_token, `shed_when = "slo"`) sets it to the record time
+    plus that objective when the request has none."""
     warmup: bool = False
     """Warm-up traffic, set by whoever sends it: answered as usual, left out of the latency figures."""
     trace_index: Annotated[int, msgspec.Meta(ge=0, lt=2**31)] | None = None

@@ -55,6 +55,9 @@ class Sequence:
     """Client priority, 0 the most urgent: urgent joiners enter the running set first."""
     refused: str | None = None
     """Why the decode loop refused it before its prefill (`cannot_meet_deadline`), if it did."""
+    first_token_by_ms: float | None = None
+    """Epoch ms past which its first token is of no use (Request.first_token_deadline_ms): a decode
+    loop gives it up before its prefill when it cannot be met (joins.late_for_first_token)."""
     ignore_eos: bool = False
     """Generate all `limit` tokens: an end-of-sequence token is kept as a token and decoding goes on
     (GenerationParams.ignore_eos: a replayed trace's answer has the trace's length)."""

@@ -56,6 +56,7 @@ piece when nobody decodes.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
@@ -70,9 +71,11 @@ from pipeline.core.engine.joins import (
     JoinRule,
     JoinSettings,
     LoopView,
+    Waiting,
+    late_for_first_token,
     length_groups,
 )
-from pipeline.core.engine.shedding import CANNOT_MEET_DEADLINE
+from pipeline.core.engine.shedding import CANNOT_MEET_DEADLINE, CANNOT_MEET_SLO
 
 from .base import Output, describe_error
 from .chunked_prefill import ChunkedPrefill, ChunkPacer, RidePacer, riders
@@ -179,8 +182,9 @@ class IterationScheduler:
         self._thread.join(timeout=30)
 
     def _drop_expired(self, now_ms: float) -> list[Sequence]:
-        """Joiners whose deadline passed while they waited, and those the join rule refuses as
-        hopeless (`cannot_meet_deadline`): they leave without a prefill."""
+        """Joiners whose deadline passed while they waited, those the join rule refuses as hopeless
+        (`cannot_meet_deadline`), and queued prompts not yet started and joiners whose first token
+        cannot come in time (`cannot_meet_slo`): they leave without a prefill."""
         expired = [s for s in self._joiners if s.deadline_ms is not None and s.deadline_ms <= now_ms]
         drop_expired(expired, now_ms)
         waiting = [s for s in self._joiners if not s.finished]
@@ -188,9 +192,36 @@ class IterationScheduler:
         for seq in refused:
             seq.finished = seq.expired = True
             seq.refused = CANNOT_MEET_DEADLINE
-        if expired or refused:
+        late = self._late_for_first_token([s for s in waiting if not s.finished], now_ms)
+        if expired or refused or late:
             self._joiners = deque(s for s in self._joiners if not s.finished)
-        return expired + refused
+        return expired + refused + late
+
+    def _late_for_first_token(self, waiting: list[Sequence], now_ms: float) -> list[Sequence]:
+        """The queued prompts not yet started and the joiners (in the order the loop serves them) whose
+        first token could not come by its time even prefilled back to back at the measured price per
+        prompt token (joins.late_for_first_token), stopped `cannot_meet_slo`."""
+        cost = self._pacer.cost()
+        queued = [p for p in self._prefills if any(s.first_token_by_ms is not None for s in p.seqs)]
+        if cost is None or not (queued or any(s.first_token_by_ms is not None for s in waiting)):
+            return []
+        order = sorted(waiting, key=lambda s: s.priority)  # the rule admits urgent joiners first
+        items = [
+            Waiting(min((s.first_token_by_ms or math.inf) for s in p.seqs), p.remaining_tokens, p.chunks > 0)
+            for p in self._prefills
+        ] + [Waiting(s.first_token_by_ms, len(s.prompt), False) for s in order]
+        prefills = list(self._prefills)
+        late: list[Sequence] = []
+        for k in late_for_first_token(items, now_ms, cost[1]):
+            seqs = prefills[k].seqs if k < len(prefills) else [order[k - len(prefills)]]
+            if k < len(prefills):
+                self._prefills.remove(prefills[k])
+            for seq in seqs:
+                seq.finished = seq.expired = True
+                seq.refused = CANNOT_MEET_SLO
+                seq.last_token_ms = now_ms
+            late += seqs
+        return late
 
     @property
     def _prefilling_tokens(self) -> int:

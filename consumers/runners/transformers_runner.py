@@ -364,6 +364,7 @@ class TransformersRunner:
                 reserve=reserve,
                 deadline_ms=r.deadline_ms,
                 priority=r.priority,
+                first_token_by_ms=r.first_token_deadline_ms,
                 ignore_eos=r.params is not None and r.params.ignore_eos,
             )
             for r, prompt in zip(reqs, ids, strict=True)

@@ -107,8 +107,11 @@ class BatchProfile:
     `cannot_meet_deadline`: only what can still be served in time runs); `deadline` only
     when it cannot meet its deadline (a request late for the SLO still runs, for a late
     answer); `never` expires it only once its deadline passed. Requests without a
-    deadline are never shed. A model with `batching = "iteration"` runs `never`: its
-    decode loop refuses a joiner that cannot end by its deadline (`cannot_meet_deadline`)."""
+    deadline are never shed. A model with `batching = "iteration"` runs `never` in its engine: its
+    decode loop refuses a joiner that cannot end by its deadline (`cannot_meet_deadline`), and with
+    `slo` and slo_ms_per_new_token set answers `expired` (`cannot_meet_slo`) a waiting request
+    whose first token cannot come within slo_p99_ms (the time-to-first-token objective) of its
+    record time, deadline or not."""
     cost_unit: CostUnit = "requests"
     """Unit of target_size and hard_cap: request count, or prompt+output tokens."""
     max_inflight_batches: int = 1
@@ -274,6 +277,16 @@ class ModelConfig:
     partitions: int = 4
     """Partitions of this model's request topic."""
     profile: BatchProfile = field(default_factory=BatchProfile)
+
+    @property
+    def ttft_objective_ms(self) -> float | None:
+        """The time-to-first-token objective an iteration-level decode loop gives up on waiting requests
+        by (`shed_when = "slo"`): slo_p99_ms when slo_ms_per_new_token sets a per-token objective beside
+        it; None otherwise."""
+        p = self.profile
+        if self.batching != "iteration" or p.shed_when != "slo" or p.slo_ms_per_new_token <= 0:
+            return None
+        return p.slo_p99_ms
 
     def engine_profile(self) -> BatchProfile:
         """The profile the engine runs: with slo_ms_per_new_token, the derived compute budget is

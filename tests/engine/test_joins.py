@@ -15,6 +15,8 @@ from pipeline.core.engine.joins import (
     JoinSettings,
     LoopView,
     RideCredit,
+    Waiting,
+    late_for_first_token,
     length_groups,
     paced_ride,
     ride_allowance,
@@ -146,3 +148,22 @@ def test_a_ride_spends_its_tokens_short_groups_whole_within_half_the_oldest_the_
     for remaining, tokens in (([5000] + [20] * 30, 256), ([300, 299, 298], 64)):
         oldest = ride_plan(remaining, tokens)[0]
         assert oldest[0] == 0 and oldest[1] is not None and oldest[1] >= OLDEST_SHARE * tokens  # never starved
+
+
+def test_late_for_first_token_gives_up_only_what_no_prefill_order_could_save() -> None:
+    """At 2 ms a token from t=0: the first prompt (100 tokens, due at 250) makes it; the second (100
+    more, due at 300) cannot (400 > 300) and is given up, so its tokens no longer delay the third
+    (100 + 100 tokens ahead of it: 400 <= 700). A started prompt and one without an objective are
+    never given up, but their tokens count for those behind them (the last: 500 tokens, 1000 <= 1300)."""
+    waiting = [
+        Waiting(250.0, 100, False),
+        Waiting(300.0, 100, False),
+        Waiting(700.0, 100, False),
+        Waiting(10.0, 50, True),
+        Waiting(None, 50, False),
+        Waiting(1300.0, 200, False),
+    ]
+    assert late_for_first_token(waiting, 0.0, 2.0) == [1]
+    assert late_for_first_token(waiting, 200.0, 2.0) == [0, 1]
+    assert late_for_first_token(waiting, 0.0, 3.0) == [0, 5]
+    assert late_for_first_token(waiting, 0.0, None) == [] and late_for_first_token(waiting, 0.0, 0.0) == []

@@ -3,14 +3,17 @@ its config file reads back as written. Real processes; nothing here needs a brok
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 import tomllib
 from pathlib import Path
 
+import psutil
 import pytest
 
 from pipeline.core.config import KafkaSettings
+from pipeline.tools.bench.pipeline.co_tenant import CoTenant
 from pipeline.tools.harness.config_file import kafka_table, toml_text
 from pipeline.tools.harness.processes import Proc, Processes, child_env
 
@@ -81,3 +84,38 @@ def test_config_file_reads_back_as_written() -> None:
     }
     with pytest.raises(TypeError, match="cannot write"):
         toml_text({"t": {"k": [1, 2]}})
+
+
+PINNED = "import os, subprocess, sys\nprint('cores', sorted(os.sched_getaffinity(0)), flush=True)\n" + (
+    "subprocess.run([sys.executable, '-c', 'import os; print(\"child\", sorted(os.sched_getaffinity(0)))'])\n"
+)
+
+
+def test_a_pinned_process_and_the_processes_it_starts_run_on_its_cores_only(tmp_path: Path) -> None:
+    """How a bench gives each consumer (and its device processes) a core of its own."""
+    core = max(os.sched_getaffinity(0))
+    pinned = Proc("pinned", [sys.executable, "-c", PINNED], tmp_path, cores=(core,))
+    pinned.start()
+    assert pinned.wait(30) == 0, pinned.log_text()
+    assert f"cores [{core}]" in pinned.log_text() and f"child [{core}]" in pinned.log_text()
+
+
+def test_a_co_tenant_spins_on_its_core_until_stopped_and_starts_again(tmp_path: Path) -> None:
+    """The bench's slow member: a busy process on the consumer's core takes CPU from it."""
+    core = min(os.sched_getaffinity(0))
+    tenant = CoTenant(core, tmp_path)
+    tenant.start()
+    try:
+        proc = psutil.Process(tenant.pid)
+        deadline = time.monotonic() + 10
+        while proc.cpu_affinity() != [core] and time.monotonic() < deadline:  # taskset sets it, then execs python
+            time.sleep(0.05)
+        assert proc.cpu_affinity() == [core]
+        time.sleep(0.5)
+        assert proc.cpu_times().user > 0.1, "it spins"
+    finally:
+        tenant.stop()
+    assert not tenant.running
+    tenant.start()
+    assert tenant.running
+    tenant.stop()

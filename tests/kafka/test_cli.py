@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from pipeline.core.config import KafkaSettings
 from pipeline.tools.commands import local, topics
-from pipeline.tools.devtools.localkafka import LocalKafka, free_port, port_is_free
+from pipeline.tools.devtools.localkafka import LocalKafka, free_port, kafka_version, port_is_free
 
 
 def _app() -> typer.Typer:
@@ -29,6 +29,7 @@ def test_local_up_status_down_with_a_detached_broker(tmp_path: Path) -> None:
         up = runner.invoke(app, ["local", "up", "--data-dir", str(data_dir), "--port", str(port)])
         assert up.exit_code == 0, up.output
         assert f"BATCHTIDE_KAFKA_BOOTSTRAP=127.0.0.1:{port}" in up.output
+        assert f"Apache Kafka {kafka_version()} up in" in up.output
         state = json.loads((data_dir / "state.json").read_text())
         assert state["bootstrap"] == f"127.0.0.1:{port}"
 
@@ -43,6 +44,7 @@ def test_local_up_status_down_with_a_detached_broker(tmp_path: Path) -> None:
         assert status.exit_code == 0, status.output
         assert "batchtide.requests.demo  partitions=2" in status.output
         assert "batchtide.dlq  partitions=4" in status.output
+        assert f"running: Apache Kafka {kafka_version()}," in status.output
 
         down = runner.invoke(app, ["local", "down", "--data-dir", str(data_dir)])
         assert down.exit_code == 0 and "stopped pid" in down.output

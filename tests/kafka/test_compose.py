@@ -18,7 +18,7 @@ import typer
 import yaml
 
 from pipeline.core.config import KafkaSettings, load_config
-from pipeline.tools.devtools.localkafka import KAFKA_VERSION
+from pipeline.tools.devtools.localkafka import DEFAULT_KAFKA_VERSION
 
 ROOT = Path(__file__).resolve().parents[2]
 CLICKHOUSE_HTTP_PORT = 8123
@@ -56,7 +56,7 @@ def _listeners(value: str) -> dict[str, tuple[str, int]]:
 
 def test_services_are_the_documented_stack(compose: dict[str, Any]) -> None:
     assert set(compose["services"]) == {"kafka", "clickhouse", "grafana", "topics", "consumer", "sink"}
-    assert _service(compose, "kafka")["image"] == f"apache/kafka:{KAFKA_VERSION}"
+    assert _service(compose, "kafka")["image"] == f"apache/kafka:{DEFAULT_KAFKA_VERSION}"
     assert _service(compose, "clickhouse")["image"].startswith("clickhouse/clickhouse-server:")
     assert _service(compose, "grafana")["image"].startswith("grafana/grafana:")
 

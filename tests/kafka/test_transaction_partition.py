@@ -1,5 +1,6 @@
 """Which `__transaction_state` partition (hence which coordinator) a transactional id has, as Kafka
-computes it. Expected values were printed by Kafka 3.9.1's own `Utils.abs(id.hashCode()) % n`."""
+computes it. Expected values were printed by Kafka's own `Utils.abs(id.hashCode()) % n`, the body of
+`TransactionStateManager.partitionFor` in 3.9.1 and still in 4.4.0; both releases print the same."""
 
 from __future__ import annotations
 

@@ -195,3 +195,38 @@ def test_a_joiner_that_cannot_make_its_deadline_is_refused(llama: TransformersRu
     assert hopeless.refused == "cannot_meet_deadline"  # type: ignore[attr-defined]
     assert not feasible.expired and feasible.tokens_out == 5  # type: ignore[attr-defined]
     assert joins == 3  # the eight, the long one, then the feasible one: the hopeless one was never prefilled
+
+
+@pytest.mark.model
+def test_a_joiner_whose_first_token_cannot_come_in_time_is_given_up(llama: TransformersRunner) -> None:
+    """Once a prefill measured the price of a prompt token, a joiner whose first token was due a
+    moment ago cannot make it whatever the order: it leaves unprefilled, `cannot_meet_slo`; one due
+    in a minute is served. The consumer sets the due time from the record time and the model's
+    time-to-first-token objective (consumers/device.with_deadline)."""
+    from types import SimpleNamespace
+
+    from consumers.device import with_deadline
+    from pipeline.core.engine.decisions import PendingRequest
+    from schemas.messages import Request
+
+    ids = [llama._tokenize([p])[0] for p in PROMPTS]
+    scheduler = IterationScheduler(
+        lambda: RunningSet(llama._model, "cpu", llama._pad_id, frozenset()), llama._to_output
+    )
+    assert scheduler.run([Sequence(ids[0], 2)])[0].tokens_out == 2  # a one-piece prefill: the price is known
+    now = time.time() * 1000.0
+    late, fine = scheduler.run(
+        [Sequence(ids[1], 4, first_token_by_ms=now - 1.0), Sequence(ids[2], 4, first_token_by_ms=now + 60_000.0)]
+    )
+    joins = scheduler.joins
+    scheduler.close()
+    assert late.expired and late.tokens_out == 0 and late.refused == "cannot_meet_slo"
+    assert not fine.expired and fine.tokens_out == 4 and joins == 2
+
+    held = SimpleNamespace(request=Request(id="r", model="g", text="hi"))
+    pending = PendingRequest("r", 1000.0, 5, 1, 9000.0, held)
+    seen = with_deadline(pending, ttft_ms=1500.0)
+    assert (seen.deadline_ms, seen.first_token_deadline_ms) == (9000, 2500)
+    own = SimpleNamespace(request=Request(id="s", model="g", text="hi", first_token_deadline_ms=1800))
+    assert with_deadline(PendingRequest("s", 1000.0, 5, 1, None, own), ttft_ms=1500.0).first_token_deadline_ms == 1800
+    assert with_deadline(pending).first_token_deadline_ms is None

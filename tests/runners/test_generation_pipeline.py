@@ -196,6 +196,7 @@ def test_bad_generation_requests_are_rejected_and_the_consumer_keeps_serving(
 
 
 @pytest.mark.slow
+@pytest.mark.model
 def test_smollm2_from_the_default_install_answers_through_the_broker(kafka_settings: KafkaSettings) -> None:
     """The real generating model (GGUF wheel, converted once and cached): a few greedy tokens, twice the same."""
     model = ModelConfig(

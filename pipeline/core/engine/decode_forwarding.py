@@ -30,12 +30,14 @@ it is full.
 For each waiting request (back of the queue first, as in `peer_forwarding`),
 its first token here is the wait for room plus the first-token time; its
 last token comes one step per further token later, at the step of the rows
-it would decode among. At a peer: one hop later, the peer's wait aged by its beacon's
-age, the requests already sent to it since that beacon taking its room
-first and growing its rows. The peer with the earliest first token (its last
-token breaking ties) gets the request when it is no later on either (but for
-the hop itself, which any forward costs a first token) and clearly earlier
-on one of them: by `min_gain_ms` and `gain_share` of the
+it would decode among; and its answer is weighed with the delay it adds to
+those rows (each of their later steps grows by one row's share, for about
+half an answer: `added_delay_ms`). At a peer: one hop later, the peer's wait
+aged by its beacon's age, the requests already sent to it since that beacon
+taking its room first and growing its rows. The peer with the earliest first
+token (its answer breaking ties) gets the request when it is no later on
+either (but for the hop itself, which any forward costs a first token) and
+clearly earlier on one of them: by `min_gain_ms` and `gain_share` of the
 time here (equal consumers' predictions differ by noise), or by only
 `relief_gain_ms` when the peer's decode step is at most `relief_speed` times
 the local one at rows both have measured (a device clearly faster, not
@@ -43,11 +45,15 @@ noise). The answer is delivered whole, so a first token gained at the price
 of a later answer is no gain, and a faster answer that starts later breaks
 the first-token promise: both must hold.
 
+Nobody judges or is judged before LEARN_AFTER answers: a peer whose beacon
+carries no decode step yet gets nothing (it learns from its own partitions'
+requests; one request per beacon, as `peer_forwarding` gives a new peer,
+is most of a generating consumer's traffic), and a consumer that has not
+learned its own loop keeps what it has.
+
 A request already on the device (running, or joining the running set) is
 never moved: only the engine's waiting queue is planned over, and a request
-that arrived as a forward stays where it is (the caller marks it). A peer
-that has measured no decode step yet is assumed as fast as this consumer and
-gets one request per beacon.
+that arrived as a forward stays where it is (the caller marks it).
 
 Pure: no clock, no asyncio, no Kafka; every time is an argument.
 """
@@ -71,6 +77,13 @@ SAMPLES = 32
 """Recent answers the first-token time and the answer length are medians of."""
 STEP_POINTS = 8
 """Points of the step curve a beacon carries at most."""
+PACE_WEIGHT = 0.3
+"""Weight of the newest answer in the ledger's pace (`DecodeLedger._pace`)."""
+PACE_BOUNDS = (0.25, 4.0)
+"""One answer moves the pace by at most this ratio's share."""
+LEARN_AFTER = 8
+"""Answers a consumer learns from before it judges (its own queue) or is judged (its beacon says
+nothing of its decode loop until then): a curve of a few answers on a shared host is noise."""
 
 
 @dataclass(frozen=True)
@@ -160,41 +173,83 @@ def local_rows(position: int, local: DecodeLocal) -> int:
     return max(1, min(local.running + position + 1, local.running + local.room))
 
 
-def local_tokens_ms(position: int, tokens: int, local: DecodeLocal) -> tuple[float, float]:
-    """(first token, last token) of the request at `position`, `tokens` long, if it stays, from now."""
+@dataclass(frozen=True)
+class Placement:
+    """What one more request costs where it would run, from now."""
+
+    first_ms: float
+    """Its first token."""
+    last_ms: float
+    """Its last token."""
+    added_ms: float
+    """The delay it adds to the requests it would decode beside (`added_delay_ms`)."""
+
+    @property
+    def answer_ms(self) -> float:
+        """Its answer and what it costs the others: the figure two places are compared by."""
+        return self.last_ms + self.added_ms
+
+
+def row_growth_ms(steps: Sequence[tuple[int, float]], rows: int) -> float:
+    """How much a step grows per row around `rows`: the chord of the curve from one row to `rows` (at
+    least two). Neighbouring points of a learned curve differ by noise, not by a row's cost; the
+    chord is steadier and, the curve being concave, errs on the side of a row costing more."""
+    top = max(2, rows)
+    one, there = step_ms(steps, 1), step_ms(steps, top)
+    if one is None or there is None:
+        return 0.0
+    return max(0.0, (there - one) / (top - 1))
+
+
+def added_delay_ms(steps: Sequence[tuple[int, float]], others: int, tokens_left: float) -> float:
+    """The delay one more row adds to `others` rows decoding beside it: each of their later steps grows
+    by a row's share (`row_growth_ms`), for about `tokens_left` more tokens each. Without it, a
+    consumer whose step barely grows with one more row looked free to every peer until its step had
+    grown as long as theirs (live, a slow member handed a fast one 15 of 19 requests and the fast
+    one's time per output token rose to the slow one's)."""
+    if others <= 0:
+        return 0.0
+    return others * row_growth_ms(steps, others + 1) * tokens_left
+
+
+def local_placement(position: int, tokens: int, local: DecodeLocal) -> Placement:
+    """The request at `position` of the queue, `tokens` long, if it stays."""
     first = local_wait_ms(position, local) + local.first_token_ms
-    step = step_ms(local.steps, local_rows(position, local)) or 0.0
-    return first, first + (tokens - 1) * step
+    rows = local_rows(position, local)
+    last = first + (tokens - 1) * (step_ms(local.steps, rows) or 0.0)
+    return Placement(first, last, added_delay_ms(local.steps, rows - 1, local.typical_tokens / 2))
 
 
-def peer_tokens_ms(
-    peer: DecodeState, extra: int, tokens: int, rule: DecodeRule, age_ms: float, fallback: DecodeLocal
-) -> tuple[float, float]:
-    """(first token, last token), from now, of one more request `tokens` long handed to `peer` after
-    `extra` already sent since its beacon, `age_ms` old. A peer that has measured nothing is read as
-    the local consumer (`fallback`) for one request; a second is never predicted (infinite)."""
-    if not peer.steps:
-        if extra:
-            return math.inf, math.inf
-        first = rule.hop_ms + max(0.0, peer.start_in_ms - age_ms) + fallback.first_token_ms
-        return first, first + (tokens - 1) * (step_ms(fallback.steps, peer.running + 1) or 0.0)
+def peer_placement(
+    peer: DecodeState, extra: int, tokens: int, rule: DecodeRule, age_ms: float, typical: int
+) -> Placement:
+    """One more request `tokens` long handed to `peer`, after `extra` already sent since its beacon,
+    `age_ms` old (`typical`: what an answer runs, as the forwarder knows it). A peer that has not
+    learned its decode loop yet (no steps in its beacon) is never chosen: it learns from its own
+    partitions' requests."""
+    if not peer.steps or peer.first_token_ms <= 0:
+        return Placement(math.inf, math.inf, 0.0)
     if peer.room:  # room for `room` more at once; past them, a slot each time a running request ends
         wait = 0.0 if extra < peer.room else (extra - peer.room + 1) * peer.slot_every_ms
     else:  # full: the next end, aged with the beacon, then one end per request sent since
         wait = max(0.0, peer.start_in_ms - age_ms) + extra * peer.slot_every_ms
     rows = max(1, min(peer.running + extra + 1, peer.running + max(peer.room, 1)))
     first = rule.hop_ms + wait + peer.first_token_ms
-    return first, first + (tokens - 1) * (step_ms(peer.steps, rows) or 0.0)
+    last = first + (tokens - 1) * (step_ms(peer.steps, rows) or 0.0)
+    return Placement(first, last, added_delay_ms(peer.steps, rows - 1, typical / 2))
 
 
 def faster(peer: DecodeState, local: DecodeLocal, rule: DecodeRule) -> bool:
-    """The peer's decode step is clearly shorter than the local one at rows both have measured: a
-    faster device, not noise."""
+    """The peer's decode step is clearly shorter than the local one: the median, over the rows of the
+    local curve within the peer's, of their ratio is at most `relief_speed` (a faster device, not the
+    noise of one point)."""
     if not peer.steps or not local.steps:
         return False
-    rows = min(peer.steps[-1][0], local.steps[-1][0])
-    theirs, ours = step_ms(peer.steps, rows), step_ms(local.steps, rows)
-    return theirs is not None and ours is not None and ours > 0 and theirs <= rule.relief_speed * ours
+    top = peer.steps[-1][0]
+    ratios = sorted((step_ms(peer.steps, rows) or 0.0) / ms for rows, ms in local.steps if rows <= top and ms > 0) or [
+        (step_ms(peer.steps, 1) or 0.0) / (step_ms(local.steps, 1) or math.inf)
+    ]
+    return ratios[len(ratios) // 2] <= rule.relief_speed
 
 
 def plan_decode_forwards(
@@ -213,7 +268,7 @@ def plan_decode_forwards(
     first movable request that no peer beats: those ahead of it start sooner here still."""
     sent = {} if sent is None else sent
     usable = [p for p in peers if p.partitions and now_ms - p.at_ms <= rule.stale_ms]
-    if not usable or not limits or local.first_token_ms <= 0:
+    if not usable or not limits or not local.steps or local.first_token_ms <= 0:
         return []
     chosen: list[Forward] = []
     for position in range(len(limits) - 1, -1, -1):
@@ -221,21 +276,22 @@ def plan_decode_forwards(
             continue
         tokens = expected_tokens(limits[position], local.typical_tokens)
 
-        def there(p: DecodePeer, tokens: int = tokens) -> tuple[float, float]:
-            return peer_tokens_ms(p.state, sent.get(p.member_id, 0), tokens, rule, now_ms - p.at_ms, local)
+        def there(p: DecodePeer, tokens: int = tokens) -> Placement:
+            return peer_placement(
+                p.state, sent.get(p.member_id, 0), tokens, rule, now_ms - p.at_ms, local.typical_tokens
+            )
 
-        best = min(usable, key=there)
-        first_there, last_there = there(best)
-        first_here, last_here = local_tokens_ms(position, tokens, local)
-        if faster(best.state, local, rule):
-            first_margin = last_margin = rule.relief_gain_ms
-        else:
-            first_margin = max(rule.min_gain_ms, rule.gain_share * first_here)
-            last_margin = max(rule.min_gain_ms, rule.gain_share * last_here)
-        gain_first, gain_last = first_here - first_there, last_here - last_there
-        clearly = (gain_first >= first_margin and gain_last >= 0) or (
-            gain_last >= last_margin and gain_first >= -rule.hop_ms
-        )
+        best = min(usable, key=lambda p: (there(p).first_ms, there(p).answer_ms))
+        theirs, ours = there(best), local_placement(position, tokens, local)
+        gain_first, gain_answer = ours.first_ms - theirs.first_ms, ours.answer_ms - theirs.answer_ms
+        if faster(best.state, local, rule):  # a clearly faster device: an earlier first token or answer
+            margin = rule.relief_gain_ms
+            clearly = (gain_first >= margin and gain_answer >= 0) or (
+                gain_answer >= margin and gain_first >= -rule.hop_ms
+            )
+        else:  # twins: only a request that would wait for room here, and then clearly
+            margin = max(rule.min_gain_ms, rule.gain_share * ours.first_ms)
+            clearly = gain_first >= margin and gain_answer >= 0
         if not clearly:
             break
         count = sent.get(best.member_id, 0)
@@ -262,6 +318,12 @@ class DecodeLedger:
         self.slots = max(1, slots)
         self._curve = CostCurve(curve_cap or self.slots, 0.1, None, enabled=False)
         self._on_device: dict[str, _OnDevice] = {}
+        self._learned = 0
+        """Answers that gave a point of the step curve."""
+        self._pace = 1.0
+        """The recent answers' time per output token over what the curve expected of them (a moving
+        average): the curve's medians follow a device that slowed down within a dozen answers or
+        so, this within a few; the steps a beacon carries are the curve times the pace."""
         self._first_token: deque[float] = deque(maxlen=SAMPLES)
         self._answers: deque[int] = deque(maxlen=SAMPLES)
         self._area = 0.0
@@ -300,22 +362,32 @@ class DecodeLedger:
             return
         life = now_ms - seen.dispatched_ms
         rows = (self._area - seen.area_at_dispatch) / life if life > 0 else 1.0
-        self._curve.observe(max(1, round(rows)), (last_token_ms - first_token_ms) / (tokens - 1))
+        size, per_token = max(1, round(rows)), (last_token_ms - first_token_ms) / (tokens - 1)
+        expected = self._curve.estimate_ms(size)
+        if expected and self._learned >= LEARN_AFTER:
+            ratio = min(PACE_BOUNDS[1], max(PACE_BOUNDS[0], per_token / expected))
+            self._pace += PACE_WEIGHT * (ratio - self._pace)
+        self._curve.observe(size, per_token)
+        self._learned += 1
 
     @property
     def running(self) -> int:
         return len(self._on_device)
 
     def steps(self) -> tuple[tuple[int, float], ...]:
-        """The step curve, at most STEP_POINTS points (the largest rows always among them)."""
+        """The step curve, at most STEP_POINTS points (the largest rows always among them); empty
+        before LEARN_AFTER answers."""
+        if self._learned < LEARN_AFTER:
+            return ()
         points = self._curve.points()
         if len(points) > STEP_POINTS:
             stride = (len(points) - 1) / (STEP_POINTS - 1)
             points = [points[round(k * stride)] for k in range(STEP_POINTS)]
-        return tuple((int(rows), float(ms)) for rows, ms in points)
+        return tuple((int(rows), float(ms) * self._pace) for rows, ms in points)
 
     def first_token_ms(self) -> float:
-        return _median(self._first_token)
+        """Dispatch to first token, the median of recent answers; 0 before LEARN_AFTER."""
+        return _median(self._first_token) if len(self._first_token) >= LEARN_AFTER else 0.0
 
     def typical_tokens(self) -> int:
         return int(_median(self._answers))

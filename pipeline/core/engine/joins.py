@@ -9,6 +9,13 @@ simulator (pipeline/core/sim/generation/decode_loop.py), so the bench runs the c
   typical answer fits easily (with 500 asked, 80 answered and an 8 s deadline, every joiner).
   Before `LEARN_AFTER` answers ended nobody is judged: a refusal needs evidence, and judging by
   max_new_tokens then keeps the running set from ever teaching the rule;
+- late for the first token: with a time-to-first-token objective, a waiting request (a joiner, or
+  a queued prompt not yet started) whose first token could not come by its record time plus the
+  objective even if its prompt and every prompt served before it were prefilled back to back at
+  the device's measured price per prompt token (a lower bound: no decode step, no fixed part) is
+  answered `expired` at once (`late_for_first_token`): it cannot count, and its prefill would
+  make the prompts behind it late too. Serving the hopeless first turned a burst on a CPU into
+  minutes of first tokens for everyone (a production trace's busiest minute);
 - urgent first: joiners enter by priority (0 first), dispatch order within a level;
 - memory: joiners enter while the rows' prompt plus max_new_tokens fit the token cap;
 - a join that stalls the running rows (a prefill in one piece) pays when the set is empty,
@@ -110,6 +117,35 @@ class LoopView:
     last_step_ms: float
     steps: int
     size_at_join: int
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """What `late_for_first_token` reads of one request waiting for its first token."""
+
+    first_token_by_ms: float | None
+    """Record time plus the time-to-first-token objective; None: no objective."""
+    tokens: int
+    """Prompt tokens still to prefill."""
+    started: bool
+    """Part of its prompt is prefilled already (it is never dropped then: the work is spent)."""
+
+
+def late_for_first_token(waiting: Sequence[Waiting], now_ms: float, per_token_ms: float | None) -> list[int]:
+    """Indices of the waiting requests, in the order the loop serves them, whose first token cannot
+    come by `first_token_by_ms` even if their prompt and those served before them (the late ones
+    aside) were prefilled back to back at `per_token_ms` a prompt token. None or 0: nobody is judged
+    (a price must be measured before a request is given up on)."""
+    if not per_token_ms or per_token_ms <= 0:
+        return []
+    late: list[int] = []
+    ahead = 0
+    for k, w in enumerate(waiting):
+        ahead += w.tokens
+        if not w.started and w.first_token_by_ms is not None and now_ms + ahead * per_token_ms > w.first_token_by_ms:
+            late.append(k)
+            ahead -= w.tokens
+    return late
 
 
 def length_groups(prompts: Sequence[int]) -> list[list[int]]:

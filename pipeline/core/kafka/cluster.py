@@ -250,7 +250,7 @@ def java_abs(n: int) -> int:
 
 def transaction_partition(transactional_id: str, partitions: int) -> int:
     """The `__transaction_state` partition that holds `transactional_id`: its leader is the id's
-    coordinator (Kafka 3.9 `TransactionStateManager.partitionFor`: Utils.abs(id.hashCode) %
+    coordinator (Kafka 3.9 to 4.4 `TransactionStateManager.partitionFor`: Utils.abs(id.hashCode) %
     transaction.state.log.num.partitions)."""
     return java_abs(java_string_hash(transactional_id)) % partitions
 

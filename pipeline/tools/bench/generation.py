@@ -183,6 +183,7 @@ def default_layout(scn: GenWorkload) -> tuple[BatchProfile, LoopSettings, int, l
         reserve_tokens=new,
         tpot_ms=scn.tpot_ms,
         step_token_budget=model.step_token_budget,
+        ttft_ms=model.ttft_objective_ms,
     )
     profile = model.engine_profile()
     points = []

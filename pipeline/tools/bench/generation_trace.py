@@ -16,8 +16,9 @@ same requests. Given only the file, it chooses the rest itself:
   that ride its steps, not for a prefill that stalls it for seconds;
 - the time scale: the trace's own rate overloads a small device for minutes at a time (its
   bursts) and a slow enough replay makes every system meet everything, so it is searched
-  (`search_time_scale`, bisection in log scale) for the load at which the best tuned peer meets
-  both objectives for `ATTAINMENT` of the requests: a load where scheduling decides the result.
+  (`search_time_scale`, from the scale at which the busiest minute's prefills alone would fill the
+  device, doubling to a bracket, then bisection in log scale) for the load at which the best tuned
+  peer meets both objectives for `ATTAINMENT` of the requests: a load where scheduling decides.
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ def configured_row(workload: GenWorkload, model: ModelConfig, device: DeviceProf
 
     start = time.perf_counter()
     arr = workload.arrivals
-    run = simulate_profile(GenSetup(model, device), model.engine_profile(), arr, workload.cost, arr.emits)
+    run = simulate_profile(GenSetup(model, device), model.profile, arr, workload.cost, arr.emits)
     return GenRow(
         f"batchtide ({model.name} as configured)",
         "config",
@@ -124,6 +125,21 @@ def configured_row(workload: GenWorkload, model: ModelConfig, device: DeviceProf
         wall_s=time.perf_counter() - start,
         **figures(workload, run.outcome),
     )
+
+
+BUSY_WINDOW_S = 60.0
+
+
+def busiest_prefill_load(sliced: Trace, cost: GenerationCost) -> float:
+    """The share of the busiest BUSY_WINDOW_S of the slice its prompts' lone prefills take: the time
+    scale at which that window's prefills alone would fill the device. The search starts there (at
+    least): the trace's own rate is an overload far from the scales that matter, and its runs are the
+    slowest to simulate."""
+    work = cost.prefill_ms(1, 1) + (sliced.prompt - 1) * cost.prompt_token_ms()
+    start = sliced.offset_ms
+    end = np.searchsorted(start, start + BUSY_WINDOW_S * 1000.0)
+    total = np.concatenate([[0.0], np.cumsum(work)])
+    return float(((total[end] - total[np.arange(len(start))]) / (BUSY_WINDOW_S * 1000.0)).max(initial=0.0))
 
 
 def best_peer(rows: list[GenRow]) -> GenRow:
@@ -161,7 +177,7 @@ def search_time_scale(
         on_step(scale, got)
         return got
 
-    scale = window.time_scale
+    scale = max(window.time_scale, busiest_prefill_load(window.apply(trace), device.cost))
     got = attained(scale)
     lo = hi = scale  # lo: too heavy (below `low`), hi: light enough (above `high`)
     while not (low <= got <= high) and len(tried) < SEARCH_STEPS:

@@ -94,6 +94,7 @@ class GenSetup:
             reserve_tokens=self.model.max_new_tokens,
             tpot_ms=profile.slo_ms_per_new_token or None,
             step_token_budget=self.model.step_token_budget,
+            ttft_ms=replace(self.model, profile=profile).ttft_objective_ms,
         )
 
 

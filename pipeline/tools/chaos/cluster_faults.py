@@ -59,8 +59,8 @@ async def broker_freeze(stage: Stage, sizes: ChaosSizes) -> FaultReport:
     it is fenced meanwhile and must come back as a follower, never as a second leader.
 
     It may lead again afterwards, once it is back in the ISR, when the controller hands a
-    partition back to its preferred replica: a thawed node that is a controller voter calls
-    elections at once (Kafka 3.9 has no pre-vote, KIP-996), the active controller steps down, and
+    partition back to its preferred replica: on Kafka 3.9 a thawed node that is a controller voter
+    calls elections at once (pre-vote, KIP-996, came in 4.0), the active controller steps down, and
     the newly elected one rebalances leadership right away. So `victim_leads_after` is reported,
     and what is checked is that it leads only partitions whose preferred replica it is."""
 

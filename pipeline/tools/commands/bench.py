@@ -621,7 +621,10 @@ def bench_pipeline(
 @bench_app.command("fleet-live")
 def bench_fleet_live(
     cases: str | None = typer.Option(
-        None, "--cases", help="Comma-separated case names (default: every case); their baselines run too."
+        None,
+        "--cases",
+        help="Comma-separated case names (default: every cost-model case); their baselines run too. "
+        "`generation` runs the SmolLM2 cases (gen-2-equal, gen-2-slow, gen-2-slowdown).",
     ),
     duration_scale: float = typer.Option(
         1.0, "--duration-scale", help="Multiply every case's duration (and slowdown window) by this."
@@ -635,21 +638,34 @@ def bench_fleet_live(
         help="Run each case's off/on pair this many times (alternating, a new seed each) and report the median trial.",
     ),
     json_out: Path | None = typer.Option(None, "--json", help="Write every row, with its whole trial, as JSON here."),
+    gen_rate: float | None = typer.Option(
+        None, "--gen-rate", help="Generation cases: requests per second offered to the pair (default 1.6)."
+    ),
 ) -> None:
     """A consumer group with a slow member, on the real pipeline: each case with the group's balance
-    off (Kafka's equal partition counts) and on, p99 against the all-fast group of the same run."""
+    off (Kafka's equal partition counts) and on, p99 against the all-fast group of the same run.
+    The cost-model cases slow a simulated device; the generation cases run SmolLM2 on pinned cores,
+    the slow one sharing its core with a busy process."""
     import logging
     import tempfile
 
+    from pipeline.tools.bench import fleet_generation
     from pipeline.tools.bench.fleet_live import CASES, fleet_table, run_fleet
     from pipeline.tools.bench.pipeline.options import BenchOptions
     from pipeline.tools.bench.pipeline.run import bench_broker
 
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
-    names = tuple(c.strip() for c in cases.split(",") if c.strip()) if cases else ()
+    asked = tuple(c.strip() for c in cases.split(",") if c.strip()) if cases else ()
+    expanded = [n for name in asked for n in (fleet_generation.NAMES if name == "generation" else (name,))]
+    generation = tuple(n for n in expanded if n in fleet_generation.NAMES)
+    names = tuple(n for n in expanded if n not in fleet_generation.NAMES)
+    known = [c.name for c in CASES] + ["generation", *fleet_generation.NAMES]
     unknown = set(names) - {c.name for c in CASES}
     if unknown:
-        typer.echo(f"error: unknown case(s) {sorted(unknown)}; cases: {[c.name for c in CASES]}", err=True)
+        typer.echo(f"error: unknown case(s) {sorted(unknown)}; cases: {known}", err=True)
+        raise typer.Exit(2)
+    if gen_rate is not None and gen_rate <= 0:
+        typer.echo(f"error: --gen-rate must be > 0 (got {gen_rate})", err=True)
         raise typer.Exit(2)
     if duration_scale <= 0:
         typer.echo(f"error: --duration-scale must be > 0 (got {duration_scale})", err=True)
@@ -661,12 +677,25 @@ def bench_fleet_live(
 
     async def main() -> dict[str, Any]:
         workdir = Path(tempfile.mkdtemp(prefix="batchtide-fleet-"))
+        figures: dict[str, Any] = {}
         async with bench_broker(bootstrap, workdir, typer.echo) as kafka:
-            return await run_fleet(base, kafka, workdir, typer.echo, names, duration_scale, repeats)
+            if names or not generation:
+                figures |= await run_fleet(base, kafka, workdir, typer.echo, names, duration_scale, repeats)
+            if generation:
+                rate = gen_rate or fleet_generation.DEFAULT_RATE
+                figures |= await fleet_generation.run_generation_fleet(
+                    base, kafka, workdir, typer.echo, generation, duration_scale, repeats, rate
+                )
+        return figures
 
     figures = asyncio.run(main())
-    for line in fleet_table(figures["fleet"]):
-        typer.echo(line)
+    if "fleet" in figures:
+        for line in fleet_table(figures["fleet"]):
+            typer.echo(line)
+    if "generation_fleet" in figures:
+        typer.echo(f"generation: SmolLM2, {figures['rate']:g} req/s to the pair, each consumer pinned to a core")
+        for line in fleet_generation.generation_table(figures["generation_fleet"]):
+            typer.echo(line)
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(figures, indent=2))

@@ -37,7 +37,9 @@ def fetch() -> None:
     started = time.monotonic()
     try:
         libs = ensure_kafka_jars()
-        typer.echo(f"kafka jars: {libs} ({time.monotonic() - started:.1f} s)")
+        typer.echo(
+            f"Apache Kafka {libs.parent.name.removeprefix('kafka-')} jars: {libs} ({time.monotonic() - started:.1f} s)"
+        )
         started = time.monotonic()
         archive = ensure_class_archive()
     except KafkaSetupError as e:
@@ -118,7 +120,10 @@ def up(
             "data_dir": str(cluster.data_dir),
         }
         (cluster.data_dir / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
-        typer.echo(f"kafka cluster of {cluster.size} up in {time.monotonic() - started:.1f} s")
+        typer.echo(
+            f"Apache Kafka {cluster.nodes[0].kafka_version} cluster of {cluster.size} "
+            f"up in {time.monotonic() - started:.1f} s"
+        )
         for node in cluster.nodes:
             typer.echo(f"  node {node.node_id}: pid {node.pid}, {node.bootstrap}, logs {node.log_file}")
         typer.echo(f"export BATCHTIDE_KAFKA_BOOTSTRAP={cluster.bootstrap}")
@@ -136,7 +141,10 @@ def up(
         raise _fail(str(e)) from None
     state = {"pid": broker.pid, "bootstrap": broker.bootstrap, "data_dir": str(broker.data_dir)}
     (broker.data_dir / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
-    typer.echo(f"kafka up in {broker.last_start_s:.1f} s: pid {broker.pid}, logs {broker.log_file}")
+    typer.echo(
+        f"Apache Kafka {broker.kafka_version} up in {broker.last_start_s:.1f} s: pid {broker.pid}, "
+        f"logs {broker.log_file}"
+    )
     typer.echo(f"export BATCHTIDE_KAFKA_BOOTSTRAP={broker.bootstrap}")
 
 
@@ -173,7 +181,10 @@ def status(data_dir: DataDirOption = DEFAULT_DATA_DIR) -> None:
     if not broker.is_running:
         typer.echo(f"not running (data dir {broker.data_dir})")
         raise typer.Exit(3)
-    typer.echo(f"running: pid {broker.pid}, bootstrap {broker.bootstrap}, data dir {broker.data_dir}")
+    typer.echo(
+        f"running: Apache Kafka {broker.recorded_version}, pid {broker.pid}, bootstrap {broker.bootstrap}, "
+        f"data dir {broker.data_dir}"
+    )
     counts = asyncio.run(list_topics(KafkaSettings(bootstrap_servers=broker.bootstrap)))
     typer.echo(f"topics ({len(counts)}):")
     for name, partitions in sorted(counts.items()):
@@ -201,7 +212,10 @@ def _cluster_status(data_dir: Path) -> None:
         return alive, leader, await partition_states(settings)
 
     alive, leader, states = asyncio.run(look())
-    typer.echo(f"cluster of {cluster.size}, data dir {cluster.data_dir}, bootstrap {cluster.bootstrap}")
+    typer.echo(
+        f"cluster of {cluster.size} (Apache Kafka {cluster.nodes[0].recorded_version}), data dir {cluster.data_dir}, "
+        f"bootstrap {cluster.bootstrap}"
+    )
     for node in cluster.nodes:
         state = "running" if node.is_running else "stopped"
         fenced = "" if node.node_id in alive or not node.is_running else " (not in metadata: fenced?)"

@@ -17,7 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.tools.devtools.broker_process import free_port
-from pipeline.tools.devtools.kafka_jars import KafkaSetupError
+from pipeline.tools.devtools.kafka_jars import KafkaSetupError, parse_version, supports_share_groups
+
+FIRST_RECORDED_VERSION = "3.9.1"
+"""The version a cluster.json without `kafka_version` was made by: the only one batchtide ran before."""
 
 
 def kafka_uuid() -> str:
@@ -33,10 +36,19 @@ def jaas_escape(value: str) -> str:
 
 
 def write_identity(
-    data_dir: Path, path: Path, known: dict[str, Any] | None, port: int | None, sasl_users: dict[str, str], tls: bool
+    data_dir: Path,
+    path: Path,
+    known: dict[str, Any] | None,
+    port: int | None,
+    sasl_users: dict[str, str],
+    tls: bool,
+    version: str,
 ) -> dict[str, Any]:
-    """The node's identity (cluster id, ports, security), made on its first start and kept in `path`
-    (cluster.json) so a restart comes back on the same address; a requested port moves it."""
+    """The node's identity (cluster id, ports, security, Kafka version), made on its first start and kept
+    in `path` (cluster.json) so a restart comes back on the same address; a requested port moves it.
+
+    `kafka_version` is the newest release that ran the node: a newer one upgrades it (Kafka reads
+    an older line's KRaft metadata), an older one is refused (it cannot read a newer one's)."""
     cluster = known
     if cluster is None:
         port = port or free_port()
@@ -50,9 +62,17 @@ def write_identity(
             "sasl": bool(sasl_users),
             "tls": tls,
             "internal_password": uuid.uuid4().hex,
+            "kafka_version": version,
         }
     elif port and cluster["port"] != port:
         cluster = {**cluster, "port": port}
+    recorded = str(cluster.get("kafka_version", FIRST_RECORDED_VERSION))
+    if parse_version(version) < parse_version(recorded):
+        raise KafkaSetupError(
+            f"{data_dir} was run by Apache Kafka {recorded}, which {version} cannot read; "
+            f"use another data dir, or BATCHTIDE_KAFKA_VERSION={recorded}"
+        )
+    cluster = {**cluster, "kafka_version": version}
     if bool(cluster["sasl"]) != bool(sasl_users) or bool(cluster.get("tls")) != tls:
         raise KafkaSetupError(
             f"{data_dir} was set up with sasl={cluster['sasl']} tls={cluster.get('tls', False)}; "
@@ -76,9 +96,10 @@ def tls_dir(data_dir: Path) -> Path:
 
 
 def server_properties(
-    cluster: dict[str, Any], *, node_id: int, data_dir: Path, sasl_users: dict[str, str], tls: bool
+    cluster: dict[str, Any], *, node_id: int, data_dir: Path, sasl_users: dict[str, str], tls: bool, version: str
 ) -> str:
-    """server.properties of one KRaft node (broker and controller in one JVM) from its cluster.json."""
+    """server.properties of one KRaft node (broker and controller in one JVM) of Kafka `version` from its
+    cluster.json."""
     port, cport = cluster["port"], cluster["controller_port"]
     # A cluster node's cluster.json (written by LocalCluster) names its quorum and the
     # replication its internal topics get; a single broker replicates nothing.
@@ -115,6 +136,17 @@ def server_properties(
         "broker.heartbeat.interval.ms": 500,
         "broker.session.timeout.ms": 3000,
     }
+    if supports_share_groups(version):
+        # Share groups (KIP-932): the share protocol added to Kafka's default protocols (the
+        # setting is deprecated by 4.4 in favour of feature levels, which `_format_storage`
+        # sets too), and the share coordinator's state topic sized and replicated like the
+        # transaction log (its defaults, 50 partitions and 3 replicas, would not come up on one broker).
+        props |= {
+            "group.coordinator.rebalance.protocols": "classic,consumer,streams,share",
+            "share.coordinator.state.topic.replication.factor": replicas,
+            "share.coordinator.state.topic.min.isr": min_isr,
+            "share.coordinator.state.topic.num.partitions": 4,
+        }
     if replicas > 1:
         # A follower that stops fetching (frozen, partitioned) leaves the ISR after 10 s
         # rather than 30 s, so acks=all writes stall for less; a fenced broker leaves at once.
@@ -218,6 +250,13 @@ def ensure_tls_material(data_dir: Path) -> None:
     pem = "".join((d / name).read_text() for name in ("broker.key", "broker.pem", "ca.pem"))
     keystore.write_text(pem)
     keystore.chmod(0o600)
+
+
+def log4j2_properties() -> str:
+    """log4j2 settings for Kafka 4's broker, which loads log4j2 for its log-level controller while its
+    log goes through SLF4J to reload4j (`log4j_properties`): no appender of its own, so it neither
+    writes nor complains on the console that it found no configuration."""
+    return "status = warn\nname = batchtide-broker\nrootLogger.level = info\n"
 
 
 def log4j_properties(log: Path) -> str:

@@ -117,6 +117,7 @@ class LocalCluster:
                 "sasl": False,
                 "tls": False,
                 "internal_password": "",
+                "kafka_version": self.nodes[0].kafka_version,
             }
             (node.data_dir / CLUSTER_FILE).write_text(json.dumps(identity, indent=2))
         layout = {"cluster_id": cluster_id, "nodes": [{"node_id": i, "port": p} for i, (p, _) in enumerate(ports, 1)]}

@@ -30,8 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.tools.devtools.broker_config import (
+    FIRST_RECORDED_VERSION,
     ensure_tls_material,
     kafka_uuid,
+    log4j2_properties,
     log4j_properties,
     security_protocol,
     server_properties,
@@ -51,18 +53,20 @@ from pipeline.tools.devtools.broker_process import (
     wait_exit,
 )
 from pipeline.tools.devtools.kafka_jars import (
-    KAFKA_VERSION,
+    DEFAULT_KAFKA_VERSION,
     KafkaSetupError,
     cds_archive,
     class_sharing_flags,
     ensure_kafka_jars,
     java_command,
+    kafka_version,
     settle_archive,
+    supports_share_groups,
 )
 
 __all__ = [
     "CLUSTER_FILE",
-    "KAFKA_VERSION",
+    "DEFAULT_KAFKA_VERSION",
     "KafkaSetupError",
     "LocalKafka",
     "cds_archive",
@@ -70,6 +74,7 @@ __all__ = [
     "ensure_kafka_jars",
     "free_port",
     "kafka_uuid",
+    "kafka_version",
     "port_is_free",
 ]
 
@@ -84,13 +89,14 @@ def ensure_class_archive() -> Path | None:
 
     Costs one broker start plus the archive dump (~10-20 s) on the first call,
     and saves ~40% of every later broker start. Returns None when disabled.
+    The archive belongs to the jars of `kafka_version()`.
     """
-    archive = cds_archive()
+    archive = cds_archive(kafka_version())
     if archive.is_file():
         return archive
     if os.environ.get("BATCHTIDE_KAFKA_CDS", "1") == "0":
         return None
-    ensure_kafka_jars()
+    ensure_kafka_jars(kafka_version())
     with tempfile.TemporaryDirectory(prefix="kafka-cds-") as scratch:
         broker = LocalKafka(Path(scratch))
         broker._archive_dump = archive.with_name(f"{archive.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
@@ -118,6 +124,10 @@ class LocalKafka:
     by a CA generated in the data dir (`ca_file`). The client listener's
     protocol is `security_protocol`; the controller listener stays PLAINTEXT
     on loopback.
+
+    It runs Apache Kafka `kafka_version()` (BATCHTIDE_KAFKA_VERSION, read when
+    the broker is made); a data dir keeps the newest version that ran it, and
+    an older one refuses to start on it (Kafka's metadata only moves forward).
     """
 
     def __init__(
@@ -131,6 +141,8 @@ class LocalKafka:
         self._requested_port = port
         self.sasl_users = dict(sasl_users or {})
         self.tls = tls
+        self.kafka_version = kafka_version()
+        """The Apache Kafka release this broker runs."""
         self._process: subprocess.Popen[bytes] | None = None
         self._lifeline: int | None = None
         """Write end of the pipe whose closing stops the broker (see LIFELINE)."""
@@ -166,9 +178,21 @@ class LocalKafka:
 
     def _prepare_cluster(self) -> dict[str, Any]:
         self._cluster = write_identity(
-            self.data_dir, self._cluster_file, self._load_cluster(), self._requested_port, self.sasl_users, self.tls
+            self.data_dir,
+            self._cluster_file,
+            self._load_cluster(),
+            self._requested_port,
+            self.sasl_users,
+            self.tls,
+            self.kafka_version,
         )
         return self._cluster
+
+    @property
+    def recorded_version(self) -> str | None:
+        """The Kafka release that last started this data dir (the running one, while it runs)."""
+        cluster = self._load_cluster()
+        return None if cluster is None else str(cluster.get("kafka_version", FIRST_RECORDED_VERSION))
 
     @property
     def port(self) -> int:
@@ -207,16 +231,27 @@ class LocalKafka:
         config = self.data_dir / "server.properties"
         config.write_text(
             server_properties(
-                cluster, node_id=self.node_id, data_dir=self.data_dir, sasl_users=self.sasl_users, tls=self.tls
+                cluster,
+                node_id=self.node_id,
+                data_dir=self.data_dir,
+                sasl_users=self.sasl_users,
+                tls=self.tls,
+                version=self.kafka_version,
             )
         )
         config.chmod(0o600)
         (self.data_dir / "log4j.properties").write_text(log4j_properties(self.log_file))
+        (self.data_dir / "log4j2.properties").write_text(log4j2_properties())
         return config
 
     def _java_command(self, main_class: str, *args: str, class_sharing: list[str] | None = None) -> list[str]:
         return java_command(
-            main_class, *args, heap_mb=self._heap_mb(), data_dir=self.data_dir, class_sharing=class_sharing or []
+            main_class,
+            *args,
+            version=self.kafka_version,
+            heap_mb=self._heap_mb(),
+            data_dir=self.data_dir,
+            class_sharing=class_sharing or [],
         )
 
     def _heap_mb(self) -> int:
@@ -224,10 +259,16 @@ class LocalKafka:
         return int(cluster.get("heap_mb", HEAP_MB)) if cluster else HEAP_MB
 
     def _format_storage(self, cluster: dict[str, Any], config: Path) -> None:
-        """Format the KRaft log dir once; SCRAM credentials can only be seeded here."""
+        """Format the KRaft log dir once; SCRAM credentials and feature levels can only be seeded here.
+
+        From 4.2 the metadata gets share groups (`share.version=1`, KIP-932),
+        named rather than left to the release's defaults.
+        """
         if (self.data_dir / "logs" / "meta.properties").is_file():
             return
         args = ["format", "-t", str(cluster["cluster_id"]), "-c", str(config), "--ignore-formatted"]
+        if supports_share_groups(self.kafka_version):
+            args += ["--feature", "share.version=1"]
         for user, password in sorted(self.sasl_users.items()):
             args += ["--add-scram", f"SCRAM-SHA-256=[name={user},password={password}]"]
         result = subprocess.run(
@@ -352,11 +393,11 @@ class LocalKafka:
         return log_tail([self.data_dir / "broker.out", self.log_file], lines)
 
     def _class_sharing(self) -> list[str]:
-        return class_sharing_flags(self._archive_dump)
+        return class_sharing_flags(self._archive_dump, self.kafka_version)
 
     def _settle_archive(self, clean_exit: bool) -> None:
         dump, self._archive_dump = self._archive_dump, None
-        settle_archive(dump, clean_exit)
+        settle_archive(dump, clean_exit, self.kafka_version)
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """Clean shutdown (SIGTERM, then wait): the next start needs no log recovery."""

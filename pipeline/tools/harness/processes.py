@@ -17,6 +17,8 @@ from pathlib import Path
 
 import psutil
 
+from pipeline.tools.harness.errors import HarnessError
+
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
 SINK_ENV = {"BROKER_SESSION_TIMEOUT": "10"}
@@ -70,9 +72,12 @@ class Proc:
         *,
         death_signal: str = "KILL",
         drop_env: tuple[str, ...] = (),
+        cores: tuple[int, ...] = (),
     ) -> None:
+        """`cores`: the CPUs it (and every process it starts) may run on; empty: any."""
         self.name = name
         self.argv = argv
+        self.cores = cores
         self.extra_env = dict(env or {})
         self.drop_env = drop_env
         self.log_path = log_dir / f"{name}.log"
@@ -84,7 +89,13 @@ class Proc:
     def start(self) -> None:
         """Start (again), appending to its log."""
         guard = shutil.which("setpriv")
-        argv = [guard, "--pdeathsig", self.death_signal, *self.argv] if guard else self.argv
+        argv = self.argv
+        if self.cores:
+            pin = shutil.which("taskset")
+            if pin is None:
+                raise HarnessError(f"{self.name}: pinning to cores {self.cores} needs taskset (util-linux)")
+            argv = [pin, "--cpu-list", ",".join(map(str, self.cores)), *argv]
+        argv = [guard, "--pdeathsig", self.death_signal, *argv] if guard else argv
         with open(self.log_path, "ab") as log:
             log.write(f"\n=== start {time.strftime('%H:%M:%S')} {' '.join(self.argv)}\n".encode())
             self._popen = subprocess.Popen(
@@ -198,12 +209,19 @@ class Processes:
         return [*self.consumers.values(), *self.sinks]
 
     def consumer(
-        self, model: str, config: Path, consumer_id: str, *extra: str, env: dict[str, str] | None = None
+        self,
+        model: str,
+        config: Path,
+        consumer_id: str,
+        *extra: str,
+        env: dict[str, str] | None = None,
+        cores: tuple[int, ...] = (),
     ) -> Proc:
-        """Start a consumer of the model's group as `consumer_id` (again, if it ran before)."""
+        """Start a consumer of the model's group as `consumer_id` (again, if it ran before), on `cores`
+        when given (its device processes too)."""
         proc = self.consumers.get(consumer_id) or Proc(
             f"consumer-{consumer_id}", consume_argv(model, config, consumer_id, *extra), self.log_dir, env,
-            death_signal=self.death_signal,
+            death_signal=self.death_signal, cores=cores,
         )  # fmt: skip
         self.consumers[consumer_id] = proc
         proc.start()

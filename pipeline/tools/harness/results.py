@@ -81,10 +81,14 @@ class ResultArrivals(Follower):
         self.received_ms: dict[str, float] = {}
         self.outcomes: dict[str, str] = {}
         self.consumers: dict[str, str] = {}
+        self.repeats: dict[str, int] = {}
+        """Answers that arrived again after the first, by request id (exactly once: none)."""
 
     def _stamp(self, record: Record) -> None:
         key = record.key.decode() if record.key else ""
-        if key not in self.received_ms:
+        if key in self.received_ms:
+            self.repeats[key] = self.repeats.get(key, 0) + 1
+        else:
             self.received_ms[key] = time.time() * 1000.0
             found = self.OUTCOME.search(record.value or b"")
             self.outcomes[key] = found.group(1).decode() if found else "undecodable"

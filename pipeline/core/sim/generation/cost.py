@@ -68,6 +68,14 @@ class GenerationCost:
             return self.ride_measured_ms
         return None if self.ride_ms_per_token is None else self.scale * self.ride_ms_per_token
 
+    def prompt_token_ms(self) -> float:
+        """ms a prompt token costs at least, in a ride or a prefill of its own: the ride price when one
+        is known, else the prefill curve's slope (no fixed part)."""
+        ride = self.ride_token_ms()
+        if ride:
+            return ride
+        return self.scale * max(0.0, self.prefill.ms(2048) - self.prefill.ms(1024)) / 1024
+
     def scaled(self, factor: float) -> GenerationCost:
         return replace(self, scale=self.scale * factor)
 

@@ -34,6 +34,8 @@ from pipeline.core.engine.joins import (
     JoinSettings,
     LoopView,
     RideCredit,
+    Waiting,
+    late_for_first_token,
     length_groups,
     paced_ride,
     ride_allowance,
@@ -95,6 +97,9 @@ class LoopSettings:
     """The model's slo_ms_per_new_token (None: rides add RIDE_SHARE of a step)."""
     step_token_budget: int = STEP_TOKEN_BUDGET
     refuse_hopeless: bool = True
+    ttft_ms: float | None = None
+    """The time-to-first-token objective: a waiting request that cannot meet it is answered expired at
+    once (joins.late_for_first_token; the model's slo_p99_ms with `shed_when = "slo"`); None: never."""
 
     def join_settings(self) -> JoinSettings:
         return JoinSettings(
@@ -204,6 +209,8 @@ def simulate_generation(
     answered = 0
     gap = [0.0]
     deadline = arr.deadline_ms
+    due = bool(np.isfinite(deadline).any())
+    """Whether any request has a deadline (without, the scans for the expired are skipped)."""
 
     def push(t: float, kind: int, lane: int, data: object = None) -> None:
         nonlocal seq
@@ -305,26 +312,48 @@ def simulate_generation(
         loop.busy = True
         push(now + ms, _STEPPED, lane, (ms, merged))
 
+    def late_for_ttft(lane: int, waiting: list[_Row], now: float) -> list[_Row]:
+        """Answer `expired` the queued prompts and joiners (in the order the loop serves them) whose first
+        token cannot meet the objective (joins.late_for_first_token); returns the joiners still waiting."""
+        loop = loops[lane]
+        assert settings.ttft_ms is not None
+        queued = list(loop.prefills)
+        order = sorted(waiting, key=lambda r: int(arr.priority[r.i]))  # the rule admits urgent first
+        items = [
+            Waiting(min(float(arr.create_ms[r.i]) for r in p.rows) + settings.ttft_ms, p.rest_tokens(), p.done > 0)
+            for p in queued
+        ] + [Waiting(float(arr.create_ms[r.i]) + settings.ttft_ms, int(arr.prompt[r.i]), False) for r in order]
+        for k in late_for_first_token(items, now, cost.prompt_token_ms()):
+            if k < len(queued):
+                loop.prefills.remove(queued[k])
+                for row in queued[k].rows:
+                    finish_row(lane, row, now, True)
+            else:
+                finish_row(lane, order[k - len(queued)], now, True)
+        return [r for r in waiting if not r.done]
+
     def iterate(lane: int, now: float) -> None:
         """One pass of the decode loop from `now`: drop, refuse, admit, expire, prefill or step (or idle)."""
         loop = loops[lane]
         rule = loop.rule
-        for row in [r for r in loop.joiners if not np.isnan(deadline[r.i]) and deadline[r.i] <= now]:
+        for row in [r for r in loop.joiners if due and not np.isnan(deadline[r.i]) and deadline[r.i] <= now]:
             finish_row(lane, row, now, True)
         waiting = [r for r in loop.joiners if not r.done]
         view = loop.view()
         for k in rule.refused([joiner(r) for r in waiting], view, now):
             finish_row(lane, waiting[k], now, True)
         waiting = [r for r in waiting if not r.done]
+        if settings.ttft_ms is not None:
+            waiting = late_for_ttft(lane, waiting, now)
         chosen = rule.admit([joiner(r) for r in waiting], view, now)
         joining = [waiting[k] for k in chosen]
         taken = set(map(id, joining))
         loop.joiners = deque(r for r in waiting if id(r) not in taken)
-        for row in [r for r in loop.live if not np.isnan(deadline[r.i]) and deadline[r.i] <= now]:
+        for row in [r for r in loop.live if due and not np.isnan(deadline[r.i]) and deadline[r.i] <= now]:
             finish_row(lane, row, now, True)
             loop.dead += 1
         loop.live = [r for r in loop.live if not r.done]
-        for p in [p for p in loop.prefills if all(deadline[r.i] <= now for r in p.rows)]:
+        for p in [p for p in loop.prefills if due and all(deadline[r.i] <= now for r in p.rows)]:
             loop.prefills.remove(p)
             for row in p.rows:
                 finish_row(lane, row, now, True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -162,7 +163,14 @@ class BenchConsumers:
         for i in which if which is not None else range(self.at_start):
             config = self.straggler_config if i == 0 and self.options.straggler != 1.0 else self.config
             own_env = env | {SLOWDOWN_FILE_ENV: str(self.slowdown_file)} if i == 0 and self.options.slowdown else env
-            self.processes.consumer(MODEL, config, f"bench-{i}", "--no-create-topics", env=own_env)
+            cores = (self.core_of(i),) if self.options.pin_cores else ()
+            self.processes.consumer(MODEL, config, f"bench-{i}", "--no-create-topics", env=own_env, cores=cores)
+
+    @staticmethod
+    def core_of(index: int) -> int:
+        """The core consumer `index` is pinned to (`pin_cores`): one each, round the host's cores."""
+        cores = sorted(os.sched_getaffinity(0))
+        return cores[index % len(cores)]
 
     def slow_down(self, first_send_ms: float) -> None:
         """Arm the slowdown hook of consumer 0 for `options.slowdown`, counted from the load's start."""

@@ -45,6 +45,9 @@ class EventFigures:
     """Generation: tokens generated inside the measurement window (`tokens_in_window`)."""
     meeting_objectives: int = 0
     """Generation: answered `ok` within both the TTFT and the TPOT objective (`meets_objectives`)."""
+    by_consumer: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Generation: per answering consumer, TTFT and TPOT p99 (`ttft_p99_ms`, `tpot_p99_ms`) and the tokens
+    it generated inside the measurement window (`window_tokens_out`)."""
 
 
 def tokens_in_window(rows: list[dict[str, Any]], start_ms: float, end_ms: float) -> int:
@@ -118,4 +121,21 @@ async def event_figures(
         stages_p99_ms={name: percentile(v, 99) for name, v in spans.items()},
         window_tokens_out=tokens_in_window(rows, *window_ms) if window_ms else 0,
         meeting_objectives=sum(meets_objectives(r, *objectives) for r in rows) if objectives else 0,
+        by_consumer=per_consumer(rows, window_ms) if window_ms else {},
     )
+
+
+def per_consumer(rows: list[dict[str, Any]], window_ms: tuple[float, float]) -> dict[str, dict[str, float]]:
+    """TTFT and TPOT p99 and the tokens generated inside `window_ms`, of each consumer's answers."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault(r.get("consumer_id") or "", []).append(r)
+    figures = {}
+    for name, own in sorted(groups.items()):
+        ttft, tpot = token_timing(own)
+        figures[name] = {
+            "ttft_p99_ms": ttft[1],
+            "tpot_p99_ms": tpot[1],
+            "window_tokens_out": float(tokens_in_window(own, *window_ms)),
+        }
+    return figures

@@ -73,6 +73,14 @@ class BenchOptions:
     the measured load (a device that throttles mid-run)."""
     llm_model_keys: dict[str, Any] | None = None
     """smollm: the consumer's batching keys, instead of the mode's (a trace replay runs batchtide-default's layout)."""
+    llm_warmup_s: float = 2.0
+    """smollm: seconds of warm-up requests (4 a second, 8 new tokens each, not measured) before the load."""
+    pin_cores: bool = False
+    """Pin consumer i (and its device processes) to core i modulo the host's cores (`taskset`)."""
+    co_tenant: tuple[float | None, float | None] | None = None
+    """(from_s, to_s) of the load: a busy process shares consumer 0's pinned core over that span (None
+    from: from the consumers' start; None to: to the trial's end), so that consumer's real model runs
+    slower (`co_tenant.CoTenant`); None: no co-tenant."""
     record_dir: str | None = None
     """Keep each trial under this directory as `batchtide replay` reads it: the consumers' config, their
     profile and an embedded ClickHouse store the sink filled from the trial's events (`record`)."""

@@ -18,6 +18,7 @@ import numpy as np
 
 from pipeline.core.config import KafkaSettings
 from pipeline.core.kafka.client import ensure_topics
+from pipeline.tools.bench.pipeline.co_tenant import CoTenant
 from pipeline.tools.bench.pipeline.consumers import BenchConsumers
 from pipeline.tools.bench.pipeline.event_figures import EventFigures, event_figures, percentile
 from pipeline.tools.bench.pipeline.lengths import draw
@@ -94,9 +95,12 @@ class Trial:
     rss_end_mib: float = float("nan")
     """...after the drain: bounded memory ends near where it started, a leak or an unbounded queue does not."""
     by_consumer: dict[str, dict[str, float]] = field(default_factory=dict)
-    """Per answering consumer: requests, share, p50_ms, p99_ms."""
+    """Per answering consumer: requests, share, p50_ms, p99_ms; generation with the events read also
+    ttft_p99_ms, tpot_p99_ms and generated_tokens_per_s (over the second half of the load)."""
     forwarded: int = 0
     """Requests the consumers handed to a peer (from their logs' last counters)."""
+    duplicates: int = 0
+    """Answers of the load's requests that arrived more than once (exactly once: 0)."""
     p99_by_window_ms: list[float] = field(default_factory=list)
     """e2e p99 of the requests sent in each WINDOW_S of the load, in order."""
     goodput_rps: float = float("nan")
@@ -154,14 +158,17 @@ async def run_trial(
     record = trial_dir(options, rate)
     consumers = BenchConsumers(options, kafka, workdir, record)
     arrivals = ResultArrivals(kafka, MODEL)
+    tenant = CoTenant(consumers.core_of(0), workdir) if options.co_tenant is not None else None
     consumers.start()
+    if tenant is not None and options.co_tenant is not None and options.co_tenant[0] is None:
+        tenant.start()
     await arrivals.start()
     try:
         await consumers.wait_for_group()
         async with LoadProducer(kafka, MODEL, run_id="bench", seed=options.seed) as producer:
             llm = options.runner == "smollm"
             warmup = (
-                poisson_load(4.0, 2.0, options.seed, tokens=options.tokens)
+                poisson_load(4.0, options.llm_warmup_s, options.seed, tokens=options.tokens)
                 if llm
                 else poisson_load(50.0, WARMUP_REQUESTS / 50.0, options.seed, tokens=options.tokens)
             )
@@ -200,6 +207,7 @@ async def run_trial(
             rss_start = consumers.rss_mib()
             rss_peak = [rss_start]
             sampler = asyncio.create_task(consumers.sample_rss(rss_peak))
+            timers = co_tenant_timers(tenant, options.co_tenant)
             try:
                 consumers.slow_down(time.time() * 1000.0)
                 report = await producer.send(load)
@@ -213,6 +221,8 @@ async def run_trial(
                     drained_s = DRAIN_S
             finally:
                 sampler.cancel()
+                for timer in timers:
+                    timer.cancel()
             consumer_cpu_s = consumers.cpu_s() - cpu_before
             rss_end = consumers.rss_mib()
             sent_ms = producer.sent_ms
@@ -244,18 +254,24 @@ async def run_trial(
         outcomes: dict[str, int] = {}
         for i in answered:
             outcomes[arrivals.outcomes[i]] = outcomes.get(arrivals.outcomes[i], 0) + 1
+        steady_s = (window_ms[1] - window_ms[0]) / 1000.0
+        each = by_consumer(answered, arrivals, latencies)
+        for name, figures in events.by_consumer.items():
+            tokens = figures.pop("window_tokens_out")
+            each.setdefault(name, {}).update(figures, generated_tokens_per_s=tokens / steady_s)
         trial = Trial(
-            by_consumer=by_consumer(answered, arrivals, latencies),
+            by_consumer=each,
             p99_by_window_ms=windowed_p99(timeline, options.duration_s),
             offered_rps=rate,
             duration_s=options.duration_s,
             sent=len(ids),
             answered=len(answered),
+            duplicates=sum(arrivals.repeats.get(i, 0) for i in ids),
             achieved_send_rps=report.achieved_rate,
             throughput_rps=in_window / window_s,
             tokens_per_s=events.tokens / span_s,
             generated_tokens_per_s=events.tokens_out / span_s,
-            steady_generated_tokens_per_s=events.window_tokens_out / ((window_ms[1] - window_ms[0]) / 1000.0),
+            steady_generated_tokens_per_s=events.window_tokens_out / steady_s,
             drain_s=drained_s,
             mean_batch=events.mean_batch,
             stages_p50_ms=events.stages_p50_ms,
@@ -280,6 +296,8 @@ async def run_trial(
             slo_attainment=events.meeting_objectives / max(len(ids), 1) if llm and events.tokens else float("nan"),
         )
     finally:
+        if tenant is not None:
+            tenant.stop()
         await arrivals.stop()
         consumers.stop()
     # each consumer logs its counters every few seconds and once more as it stops: read after the
@@ -289,6 +307,18 @@ async def run_trial(
         return trial
     await store_events(kafka, record, consumers.processes, say)
     return replace(trial, replay_command=replay_command(record))
+
+
+def co_tenant_timers(
+    tenant: CoTenant | None, span: tuple[float | None, float | None] | None
+) -> list[asyncio.TimerHandle]:
+    """Start and stop the co-tenant at its span's ends, counted from now (the load's start)."""
+    if tenant is None or span is None:
+        return []
+    loop = asyncio.get_running_loop()
+    start_s, end_s = span
+    timers = [] if start_s is None else [loop.call_later(start_s, tenant.start)]
+    return timers + ([] if end_s is None else [loop.call_later(end_s, tenant.stop)])
 
 
 def by_consumer(answered: list[str], arrivals: ResultArrivals, latencies: np.ndarray) -> dict[str, dict[str, float]]:
