@@ -72,7 +72,8 @@ def peer(name: str, state: DecodeState, at_ms: float, parts=(0, 1)) -> DecodePee
 
 def test_the_ledger_learns_the_first_token_time_the_step_by_rows_and_how_long_answers_run() -> None:
     ledger, clock = served(fast_step, 4)
-    assert ledger.first_token_ms() == pytest.approx(100.0)
+    assert ledger.first_token_ms(4) == pytest.approx(100.0), "among the rows it was learned at"
+    assert ledger.first_token_steps() == pytest.approx(100.0 / fast_step(4), rel=0.05), "in steps of those rows"
     assert ledger.typical_tokens() == TOKENS
     steps = ledger.steps()
     assert step_ms(steps, 4) == pytest.approx(fast_step(4), rel=0.05), steps
@@ -152,7 +153,8 @@ def test_each_forward_takes_the_peers_room_and_grows_its_rows_so_one_scan_cannot
     assert sent == {"fast": len(plan)}
     assert [f.partition for f in plan[:4]] == [0, 1, 0, 1], "spread over the peer's priority partitions"
     firsts = [peer_placement(state, k, TOKENS, rule, 0.0, TOKENS).first_ms for k in range(4)]
-    assert firsts[0] == firsts[1] < firsts[2] < firsts[3], "room first, then one end per request"
+    assert firsts[0] < firsts[1] < firsts[2] < firsts[3]
+    assert firsts[1] - firsts[0] < firsts[2] - firsts[1], "room first (a row more), then a slot's wait each"
     again = plan_decode_forwards(
         [TOKENS] * 40, [True] * 40, slow.local(now, 0), [peer("fast", state, now)], now, rule, sent
     )
@@ -219,6 +221,7 @@ def test_a_consumer_that_slows_down_says_so_within_a_few_answers() -> None:
     first-token time, the learned step follows within a dozen answers (a shift of the curve)."""
     ledger, clock = served(fast_step, 6, answers=12, hold=False)
     before = step_ms(ledger.steps(), 6)
+    first_before = ledger.first_token_ms(6)
     assert before is not None
     for k in range(2):  # two groups of six slowed answers
         for r in range(6):
@@ -228,7 +231,7 @@ def test_a_consumer_that_slows_down_says_so_within_a_few_answers() -> None:
         for r in range(6):
             ledger.answered(f"s{k}-{r}", now, now - (TOKENS - 1) * slow_step(6), now, TOKENS)
     assert step_ms(ledger.steps(), 6) == pytest.approx(2 * before, rel=0.1)
-    assert ledger.first_token_ms() == pytest.approx(100.0), "12 of the last 32 answers were slow: not yet their median"
+    assert ledger.first_token_ms(6) == pytest.approx(2 * first_before, rel=0.1), "its first token, in its steps"
 
 
 # ---- the balance over time: two decode loops on a virtual clock (tests/support/decode_fleet.py) -----
@@ -271,3 +274,18 @@ def test_a_loop_that_slows_down_mid_run_sheds_new_requests_to_its_peer() -> None
     assert on.forwarded_share > 0.02
     assert _p99(on, "last_ms") < _p99(off, "last_ms")
     assert _p99(on, "last_ms") <= 2.0 * _p99(equal, "last_ms")
+
+
+def test_a_consumer_that_handed_on_everything_for_a_while_keeps_the_next_request() -> None:
+    """Its measures are refreshed only by what it serves: after `explore_ms` without a dispatch, an idle
+    loop keeps one even where its (old) figures say a peer would do better."""
+    slow, clock = served(slow_step, 4, hold=False, prefill_ms=200.0)
+    fast, _ = served(fast_step, 2, clock=FakeClock(clock.now_ms() - 1e6))
+    rule = DecodeRule()
+    now = clock.now_ms()
+    state = peer("fast", fast.state(now, room=30, waiting=0), now)
+    assert plan_decode_forwards([TOKENS], [True], slow.local(now, 32), [state], now, rule), "handed on"
+    later = now + rule.explore_ms
+    state = peer("fast", fast.state(later, room=30, waiting=0), later)
+    assert slow.local(later, 32).idle_ms >= rule.explore_ms
+    assert plan_decode_forwards([TOKENS], [True], slow.local(later, 32), [state], later, rule) == [], "kept"

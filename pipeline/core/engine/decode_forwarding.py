@@ -93,9 +93,10 @@ class DecodeState:
     start_in_ms: float
     """How long one more request handed to it now would wait for room (0 while it has room)."""
     first_token_ms: float
-    """Dispatch to first token once it has room (the join and the prefill); 0 before any answer."""
+    """Dispatch to first token of one more request once it has room (the join and the prefill), at the
+    rows it runs now; 0 before it learned its loop."""
     steps: tuple[tuple[int, float], ...]
-    """Its decode step by requests on the device: (rows, ms), non-decreasing; empty before any answer."""
+    """Its decode step by requests on the device: (rows, ms), non-decreasing; empty before it learned."""
     running: int
     """Requests on its device now (running or joining)."""
     room: int
@@ -110,17 +111,24 @@ class DecodeLocal:
 
     ends_ms: tuple[float, ...]
     """When each request on the device is expected to end, from now, soonest first."""
-    first_token_ms: float
+    first_token_steps: float
+    """Dispatch to first token in decode steps at the rows it joined (`DecodeLedger.first_token_steps`)."""
     steps: tuple[tuple[int, float], ...]
     room: int
     """Free device slots now."""
     slot_every_ms: float
     typical_tokens: int
     """What an answer here runs (median of recent answers); 0 before any."""
+    idle_ms: float = 0.0
+    """Since it last dispatched a request (infinite before any)."""
 
     @property
     def running(self) -> int:
         return len(self.ends_ms)
+
+    def first_token_ms(self, rows: int) -> float:
+        """Dispatch to first token of a request that joins `rows` requests on the device (itself included)."""
+        return self.first_token_steps * (step_ms(self.steps, rows) or 0.0)
 
 
 @dataclass(frozen=True)
@@ -131,6 +139,10 @@ class DecodeRule:
     stale_ms: float = 2000.0
     relief_speed: float = DEFAULT_RELIEF_SPEED
     relief_gain_ms: float = 5.0
+    explore_ms: float = 10_000.0
+    """A consumer that has dispatched nothing for this long keeps the next request: its own measures
+    are only refreshed by what it serves (one that handed on every request on the strength of a
+    first-token time learned in a warm-up burst never learned otherwise, live)."""
 
 
 @dataclass(frozen=True)
@@ -214,8 +226,8 @@ def added_delay_ms(steps: Sequence[tuple[int, float]], others: int, tokens_left:
 
 def local_placement(position: int, tokens: int, local: DecodeLocal) -> Placement:
     """The request at `position` of the queue, `tokens` long, if it stays."""
-    first = local_wait_ms(position, local) + local.first_token_ms
     rows = local_rows(position, local)
+    first = local_wait_ms(position, local) + local.first_token_ms(rows)
     last = first + (tokens - 1) * (step_ms(local.steps, rows) or 0.0)
     return Placement(first, last, added_delay_ms(local.steps, rows - 1, local.typical_tokens / 2))
 
@@ -234,7 +246,9 @@ def peer_placement(
     else:  # full: the next end, aged with the beacon, then one end per request sent since
         wait = max(0.0, peer.start_in_ms - age_ms) + extra * peer.slot_every_ms
     rows = max(1, min(peer.running + extra + 1, peer.running + max(peer.room, 1)))
-    first = rule.hop_ms + wait + peer.first_token_ms
+    now_step, then_step = step_ms(peer.steps, peer.running + 1), step_ms(peer.steps, rows)
+    scale = then_step / now_step if now_step and then_step else 1.0  # its first token, at the rows it would join
+    first = rule.hop_ms + wait + peer.first_token_ms * scale
     last = first + (tokens - 1) * (step_ms(peer.steps, rows) or 0.0)
     return Placement(first, last, added_delay_ms(peer.steps, rows - 1, typical / 2))
 
@@ -268,7 +282,9 @@ def plan_decode_forwards(
     first movable request that no peer beats: those ahead of it start sooner here still."""
     sent = {} if sent is None else sent
     usable = [p for p in peers if p.partitions and now_ms - p.at_ms <= rule.stale_ms]
-    if not usable or not limits or not local.steps or local.first_token_ms <= 0:
+    if not usable or not limits or not local.steps or local.first_token_steps <= 0:
+        return []
+    if local.running == 0 and local.idle_ms >= rule.explore_ms:
         return []
     chosen: list[Forward] = []
     for position in range(len(limits) - 1, -1, -1):
@@ -291,7 +307,8 @@ def plan_decode_forwards(
             )
         else:  # twins: only a request that would wait for room here, and then clearly
             margin = max(rule.min_gain_ms, rule.gain_share * ours.first_ms)
-            clearly = gain_first >= margin and gain_answer >= 0
+            waits = local_wait_ms(position, local) > 0
+            clearly = waits and gain_first >= margin and gain_answer >= 0
         if not clearly:
             break
         count = sent.get(best.member_id, 0)
@@ -306,6 +323,8 @@ class _OnDevice:
     tokens: int
     """Its max_new_tokens."""
     area_at_dispatch: float
+    rows: int
+    """Requests on the device once it joined (itself included)."""
 
 
 class DecodeLedger:
@@ -325,6 +344,8 @@ class DecodeLedger:
         average): the curve's medians follow a device that slowed down within a dozen answers or
         so, this within a few; the steps a beacon carries are the curve times the pace."""
         self._first_token: deque[float] = deque(maxlen=SAMPLES)
+        """Dispatch to first token of recent answers, in their own decode steps."""
+        self._last_dispatch_ms = -math.inf
         self._answers: deque[int] = deque(maxlen=SAMPLES)
         self._area = 0.0
         """Time integral of the requests on the device (request x ms), up to `_area_ms`."""
@@ -339,7 +360,8 @@ class DecodeLedger:
     def dispatched(self, request_id: str, now_ms: float, max_new_tokens: int) -> None:
         """A request went to the device (it joins the running set there)."""
         self._advance(now_ms)
-        self._on_device[request_id] = _OnDevice(now_ms, max(1, max_new_tokens), self._area)
+        self._on_device[request_id] = _OnDevice(now_ms, max(1, max_new_tokens), self._area, self.running + 1)
+        self._last_dispatch_ms = max(self._last_dispatch_ms, now_ms)
 
     def left(self, request_id: str, now_ms: float) -> None:
         """It left the device without an answer to learn from (failed, withdrawn)."""
@@ -356,13 +378,17 @@ class DecodeLedger:
         seen = self._on_device.pop(request_id, None)
         if seen is None or first_token_ms is None:
             return
-        self._first_token.append(max(0.0, first_token_ms - seen.dispatched_ms))
         self._answers.append(tokens)
+        waited = max(0.0, first_token_ms - seen.dispatched_ms)
         if last_token_ms is None or tokens < 2 or last_token_ms <= first_token_ms:
+            step = (self._curve.estimate_ms(seen.rows) or 0.0) * self._pace
+            if step > 0:
+                self._first_token.append(waited / step)
             return
         life = now_ms - seen.dispatched_ms
         rows = (self._area - seen.area_at_dispatch) / life if life > 0 else 1.0
         size, per_token = max(1, round(rows)), (last_token_ms - first_token_ms) / (tokens - 1)
+        self._first_token.append(waited / per_token)
         expected = self._curve.estimate_ms(size)
         if expected and self._learned >= LEARN_AFTER:
             ratio = min(PACE_BOUNDS[1], max(PACE_BOUNDS[0], per_token / expected))
@@ -385,9 +411,20 @@ class DecodeLedger:
             points = [points[round(k * stride)] for k in range(STEP_POINTS)]
         return tuple((int(rows), float(ms) * self._pace) for rows, ms in points)
 
-    def first_token_ms(self) -> float:
-        """Dispatch to first token, the median of recent answers; 0 before LEARN_AFTER."""
-        return _median(self._first_token) if len(self._first_token) >= LEARN_AFTER else 0.0
+    def first_token_steps(self) -> float:
+        """Dispatch to first token in decode steps, the median of recent answers (each in its own time
+        per output token; 0 before LEARN_AFTER): a joiner waits for its group and rides the steps in
+        chunks, so its first token takes a few steps, and as long as the steps are. A first-token time
+        in ms would carry the state it was learned in: one learned while a warm-up burst queued twenty
+        joiners, read on an idle loop, made a consumer hand on every request it got."""
+        if len(self._first_token) < LEARN_AFTER or self._learned < LEARN_AFTER:
+            return 0.0
+        return _median(self._first_token)
+
+    def first_token_ms(self, rows: int | None = None) -> float:
+        """Dispatch to first token of a request joining `rows` requests (default: one more than now)."""
+        steps = self.steps()
+        return self.first_token_steps() * (step_ms(steps, self.running + 1 if rows is None else rows) or 0.0)
 
     def typical_tokens(self) -> int:
         return int(_median(self._answers))
@@ -395,23 +432,25 @@ class DecodeLedger:
     def local(self, now_ms: float, room: int) -> DecodeLocal:
         """This consumer's decode loop now, with `room` free device slots."""
         steps = self.steps()
-        first = self.first_token_ms()
+        first_steps = self.first_token_steps()
         typical = self.typical_tokens()
         rows = max(1, self.running)
         step = step_ms(steps, rows) or 0.0
+        first = first_steps * step
         ends = sorted(
             max(step, d.dispatched_ms + first + (expected_tokens(d.tokens, typical) - 1) * step - now_ms)
             for d in self._on_device.values()
         )
         life = first + max(0, typical - 1) * step
-        return DecodeLocal(tuple(ends), first, steps, max(0, room), life / rows, typical)
+        idle = now_ms - self._last_dispatch_ms
+        return DecodeLocal(tuple(ends), first_steps, steps, max(0, room), life / rows, typical, idle)
 
     def state(self, now_ms: float, room: int, waiting: int) -> DecodeState:
         """What its beacon says with `room` free slots and `waiting` requests queued ahead of one more."""
         local = self.local(now_ms, room)
         return DecodeState(
             start_in_ms=local_wait_ms(waiting, local),
-            first_token_ms=local.first_token_ms,
+            first_token_ms=local.first_token_ms(local_rows(waiting, local)),
             steps=local.steps,
             running=local.running,
             room=max(0, local.room - waiting),
