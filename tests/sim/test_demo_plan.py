@@ -288,3 +288,58 @@ def test_the_demo_refuses_a_load_under_half_the_measured_capacity(tmp_path: Path
     result = CliRunner().invoke(app, ["demo", "--llm-load", "0.3", "--workdir", str(tmp_path / "demo")])
     assert result.exit_code == 2 and "at least 0.5" in result.output
     assert not (tmp_path / "demo").exists()
+
+
+def test_the_ramp_repeats_the_busiest_phase_with_its_bursts_at_rising_rates() -> None:
+    scenario = load_scenario(ROOT / "scenarios" / "demo.toml")
+    ramp = plan.ramp(scenario, top_per_s=80.0, shares=(0.5, 1.0), step_s=12.0)
+    assert [phase.rate_per_s for phase in ramp.phases] == pytest.approx([40.0, 80.0])
+    assert [phase.duration_s for phase in ramp.phases] == [12.0, 12.0]
+    busiest = max(scenario.phases, key=lambda phase: phase.rate_per_s)
+    assert busiest.bursts is not None
+    for phase in ramp.phases:
+        assert phase.bursts is not None
+        assert phase.bursts.rate_per_s / phase.rate_per_s == pytest.approx(
+            busiest.bursts.rate_per_s / busiest.rate_per_s
+        )
+        assert phase.bursts.every_s == busiest.bursts.every_s
+    sent = plan.sized_load(ramp, 1.0).send_ms
+    first, second = int((sent < 12_000).sum()), int((sent >= 12_000).sum())
+    assert second == pytest.approx(2 * first, rel=0.25), "the second step sends twice the first's requests"
+    with pytest.raises(ValueError):
+        plan.ramp(scenario, top_per_s=0.0)
+
+
+def test_a_step_p99_is_over_the_requests_it_sent_and_an_unanswered_one_is_infinitely_late() -> None:
+    send = np.array([float(t) for t in range(0, 24_000, 100)])  # 120 requests a step of 12 s
+    latency = np.full(len(send), 50.0)
+    latency[130] = 900.0  # one slow request in the second step: under 1% of 120 is one request
+    latency[131] = 800.0
+    assert plan.step_p99s(send, latency, 12.0, 2) == [50.0, 800.0]
+    latency[5] = np.inf
+    assert plan.step_p99s(send, latency, 12.0, 3) == [50.0, 800.0, 0.0], "one unanswered in 120 is the 1%"
+    latency[6] = np.inf
+    assert plan.step_p99s(send, latency, 12.0, 1) == [np.inf]
+
+
+def test_the_capacity_is_the_highest_step_that_met_the_objective_before_the_first_miss() -> None:
+    rates = [10.0, 20.0, 30.0, 40.0]
+    assert plan.sustained(rates, [100.0, 300.0, 900.0, 1500.0], 1000.0) == 30.0
+    assert plan.sustained(rates, [100.0, 1100.0, 900.0, 800.0], 1000.0) == 10.0, (
+        "a pass after a miss is the backlog's luck"
+    )
+    assert plan.sustained(rates, [1200.0, 300.0, 900.0, 800.0], 1000.0) == 0.0
+    assert plan.sustained(rates, [100.0, 200.0, 300.0, 400.0], 1000.0) == 40.0
+
+
+def test_a_load_at_half_the_ramps_capacity_is_half_the_rate_that_met_the_objective() -> None:
+    """A virtual pair whose open-loop p99 crosses the objective between 60% and 80% of what it served kept
+    busy: the capacity is the 60% step, and the busiest phase of the load runs at half of it."""
+    scenario = load_scenario(ROOT / "scenarios" / "demo-llm.toml")
+    kept_busy = 2.5
+    rates = [share * kept_busy for share in plan.RAMP_SHARES]
+    p99s = [2000.0 + 8000.0 * (rate / kept_busy - 0.3) for rate in rates]  # 2,000, 3,200, 4,400, 6,000, 7,600
+    capacity = plan.sustained(rates, p99s, 5000.0)
+    assert capacity == pytest.approx(0.6 * kept_busy)
+    scale = plan.multiplier(scenario, capacity, plan.LOAD_MIN)
+    assert plan.busiest_rate(scenario) * scale == pytest.approx(0.3 * kept_busy)

@@ -5,9 +5,10 @@ consumers (MiniLM embeddings and SmolLM2 generation, one consumer group
 each) run as separate processes. The objectives are fixed and printed first.
 Each model is profiled here (a quick `batchtide profile` sweep, cached per
 model set-up and machine) and its consumer starts from that profile. A short
-calibration then keeps both models busy at once, and each scenario's load is
-sized to what that measured: what this machine serves with everything the demo
-runs (pipeline/tools/devtools/demo_plan.py). Once every request is answered and
+calibration then keeps both models busy at once, and a ramp sends each its
+scenario's busiest phase open loop at rising rates, both at once: each
+scenario's load is sized to the highest step that met its objective, what this
+machine serves with everything the demo runs (pipeline/tools/devtools/demo_plan.py). Once every request is answered and
 every event is in ClickHouse, one report covering both models (or the one
 `--only` names) is printed with a verdict on the objectives, and the local
 board is written. A request of the demo's own load that is refused, fails or
@@ -209,19 +210,19 @@ def demo(
     load: Annotated[
         float,
         typer.Option(
-            help="MiniLM's busiest phase as a share of what the calibration measured it serving (at least 0.5)."
+            help="MiniLM's busiest phase as a share of its capacity: the highest ramp step that met its objective (at least 0.5)."
         ),
     ] = 0.5,
     llm_load: Annotated[
         float,
         typer.Option(
-            help="SmolLM2's busiest phase as a share of what the calibration measured it serving (at least 0.5)."
+            help="SmolLM2's busiest phase as a share of its capacity: the highest ramp step that met its objective (at least 0.5)."
         ),
     ] = 0.5,
     calibrate_s: Annotated[
         float,
         typer.Option(
-            help="Seconds the calibration keeps every model busy at once; capacity is read over the second half."
+            help="Seconds the calibration keeps every model busy at once (read over the second half); the ramp steps up to that rate."
         ),
     ] = 36.0,
     busy_max: Annotated[
@@ -342,18 +343,31 @@ def demo(
 
         scenarios = {m.name: load_scenario(m.scenario) for m in chosen}
         before = watch.mark()
-        capacity = _calibrate(config, chosen, scenarios, measured, calibrate_s, procs, logs)
+        kept_busy = _calibrate(config, chosen, scenarios, measured, calibrate_s, procs, logs)
+        capacity = _ramp(config, chosen, scenarios, kept_busy, procs, logs)
         busy.append(_busy(watch, before, "calibrated", busy_max))
         typer.echo(f"    while it ran: {busy[-1].detail}")
+        missed = [m for m in chosen if capacity[m.name] <= 0]
+        if missed:
+            for check in busy:
+                typer.echo(f"    {'PASS' if check.passed else 'FAIL'}  {check.name}: {check.detail}")
+            names = ", ".join(m.name for m in missed)
+            raise typer.Exit(
+                _fail_with_logs(
+                    logs,
+                    f"{names} missed its objective at the ramp's lowest step: this machine does not serve its "
+                    "scenario within the objective with everything running",
+                )
+            )
         loads = {}
-        typer.echo("==> sizing the load: each busiest phase at a share of what its model served in the calibration")
+        typer.echo("==> sizing the load: each busiest phase at a share of the highest ramp step that met its objective")
         for model in chosen:
             scale = plan.multiplier(scenarios[model.name], capacity[model.name], shares[model.name])
             loads[model.name] = plan.sized_load(scenarios[model.name], scale)
             busiest = plan.busiest_rate(scenarios[model.name]) * scale
             typer.echo(
                 f"    {model.name}: busiest phase {busiest:.2f} req/s = {busiest / capacity[model.name]:.2f} x the "
-                f"{capacity[model.name]:.2f} req/s measured; {len(loads[model.name])} requests over "
+                f"{capacity[model.name]:.2f} req/s capacity measured; {len(loads[model.name])} requests over "
                 f"{loads[model.name].duration_s:.0f} s from {model.scenario}"
             )
 
@@ -493,6 +507,43 @@ def _calibrate(
             f"    {m.name}: served {capacity[m.name]:.2f} req/s with everything running "
             f"({capacity[m.name] / alone:.2f} x the {alone:.2f} req/s its profile measured alone at the knee); "
             f"{driven.sent} requests, {depths}"
+        )
+    return capacity
+
+
+def _ramp(
+    config_path: Path,
+    chosen: tuple[DemoModel, ...],
+    scenarios: dict[str, Any],
+    kept_busy: dict[str, float],
+    procs: Processes,
+    logs: Path,
+) -> dict[str, float]:
+    """Send every chosen model its scenario's busiest phase at once, open loop, at rising shares of what
+    it served kept busy; its capacity is the highest step whose p99 met its objective (requests/s)."""
+    from pipeline.core.config import load_config
+    from pipeline.tools.devtools import demo_plan as plan
+    from pipeline.tools.harness.ramp import send_together
+
+    ramps = {m.name: plan.sized_load(plan.ramp(scenarios[m.name], kept_busy[m.name]), 1.0) for m in chosen}
+    typer.echo(
+        f"==> ramping: each model's busiest phase, bursts included, open loop at {', '.join(f'{s:.2f}' for s in plan.RAMP_SHARES)} "
+        f"x what it served kept busy, {plan.RAMP_STEP_S:.0f} s a step, every model at once (tagged warmup)"
+    )
+    kafka = load_config(config_path).kafka
+    seeds = {m.name: m.seed for m in chosen}
+    latencies = asyncio.run(send_together(kafka, ramps, seeds, stop=lambda: bool(_exited(procs))))
+    if _exited(procs):
+        raise typer.Exit(_fail_with_logs(logs, f"{_exited(procs)} exited during the ramp"))
+    capacity: dict[str, float] = {}
+    for m in chosen:
+        rates = [share * kept_busy[m.name] for share in plan.RAMP_SHARES]
+        p99s = plan.step_p99s(ramps[m.name].send_ms, latencies[m.name], plan.RAMP_STEP_S, len(rates))
+        capacity[m.name] = plan.sustained(rates, p99s, m.objective_ms)
+        steps = ", ".join(f"{rate:.2f}/s: {p99:,.0f}" for rate, p99 in zip(rates, p99s, strict=True))
+        typer.echo(
+            f"    {m.name}: p99 ms per step ({steps}); capacity {capacity[m.name]:.2f} req/s, "
+            f"the highest step within {m.objective_ms:,.0f} ms"
         )
     return capacity
 

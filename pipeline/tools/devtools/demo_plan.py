@@ -8,12 +8,17 @@ running the demo. A request of the demo's own load that is refused, fails or is
 never answered fails the verdict; so does a machine whose CPU went to other
 processes while the demo measured it or ran its load.
 
-Capacity: each model's requests/s while every model was kept busy at once
-(`served_per_s` over a calibration's answers): the two models, the broker, the
-sink and the producer sharing the cores, as in the run itself. A scenario keeps
-its shape (every rate relative to its busiest phase); the demo scales it so
-that the busiest phase's base rate is `load` x that capacity, never under
-LOAD_MIN, and its bursts go above that by the scenario's own ratio.
+Capacity, in two measurements with the two models, the broker, the sink and
+the producer sharing the cores, as in the run itself. First every model is kept
+busy at once, closed loop (`served_per_s` over a calibration's answers): the
+most it serves, in large batches. Then a ramp sends each model its scenario's
+busiest phase, bursts included, open loop as the load arrives, at rising shares
+of that rate (`ramp`); the capacity is the highest step whose p99 met the
+objective before the first that missed (`sustained`). The load is sized to that
+capacity: a scenario keeps its shape (every rate relative to its busiest
+phase); the demo scales it so that the busiest phase's base rate is `load` x
+the capacity, never under LOAD_MIN, and its bursts go above that by the
+scenario's own ratio.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import json
 import math
 import os
 import platform
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +36,7 @@ import numpy as np
 
 from pipeline.core.config import ModelConfig
 from pipeline.core.sim.arrivals import make_arrivals
-from pipeline.core.sim.scenario import Scenario
+from pipeline.core.sim.scenario import Phase, Scenario
 from pipeline.tools.devtools.producer import Load
 
 WAITED_1S_MAX = 0.02
@@ -136,6 +141,55 @@ def sized_load(scenario: Scenario, scale: float) -> Load:
     prompt = np.maximum(arrivals.tokens - new, 1)
     new_tokens = np.full(len(arrivals), new, dtype=np.int64) if new > 0 else None
     return Load(arrivals.create_ms, prompt, arrivals.priority, None, new_tokens)
+
+
+RAMP_SHARES = (0.3, 0.45, 0.6, 0.8, 1.0)
+"""The ramp's steps, as shares of what a model served kept busy (closed loop). A closed loop keeps the
+queue full, so the model runs its largest batches (an encoder) or joins rows in groups (a decode loop);
+the load arrives open loop, one request at a time, in smaller batches and with a prefill per joiner, so
+what meets the objective open loop lies below the closed loop's rate, by as much as the machine says:
+the ramp finds it, stepping up from under a third of it. A model that misses at the lowest step fails."""
+RAMP_STEP_S = 12.0
+"""Seconds per ramp step: the busiest phase's bursts (one every 10 s) fall in each, and a generating
+model answers ten or more requests per step at the lowest."""
+
+
+def ramp(
+    scenario: Scenario, top_per_s: float, shares: tuple[float, ...] = RAMP_SHARES, step_s: float = RAMP_STEP_S
+) -> Scenario:
+    """The scenario's busiest phase (its bursts at their ratio to its base rate) repeated once per
+    share, in order, each `step_s` long with its base rate at share x `top_per_s`."""
+    if top_per_s <= 0 or not shares or step_s <= 0:
+        raise ValueError("the ramp needs a rate > 0, at least one step and a step length > 0")
+    busiest = max(scenario.phases, key=lambda phase: phase.rate_per_s)
+    steps = []
+    for share in shares:
+        scale = share * top_per_s / busiest.rate_per_s
+        bursts = busiest.bursts and replace(busiest.bursts, rate_per_s=busiest.bursts.rate_per_s * scale)
+        steps.append(Phase(step_s, share * top_per_s, bursts))
+    return replace(scenario, phases=tuple(steps))
+
+
+def step_p99s(send_ms: np.ndarray, latency_ms: np.ndarray, step_s: float, steps: int) -> list[float]:
+    """Each ramp step's p99 latency over the requests it sent (by their scheduled send time); an
+    unanswered or failed request counts as infinitely late, a step that sent nothing as 0."""
+    out = []
+    for step in range(steps):
+        inside = (send_ms >= step * step_s * 1000.0) & (send_ms < (step + 1) * step_s * 1000.0)
+        taken = np.sort(np.where(np.isfinite(latency_ms[inside]), latency_ms[inside], math.inf))
+        out.append(float(taken[math.ceil(0.99 * len(taken)) - 1]) if len(taken) else 0.0)
+    return out
+
+
+def sustained(rates: list[float], p99s: list[float], objective_ms: float) -> float:
+    """The highest step rate whose p99 met the objective, before the first step that missed (past an
+    overloaded step the queue it left behind decides the next one's tail); 0 when the first missed."""
+    met = 0.0
+    for rate, p99 in zip(rates, p99s, strict=True):
+        if p99 > objective_ms:
+            break
+        met = rate
+    return met
 
 
 def machine_fingerprint() -> str:
