@@ -150,7 +150,7 @@ def best_peer(rows: list[GenRow]) -> GenRow:
 class ScaleSearch:
     scale: float
     attained: float
-    """The best tuned peer's share of requests meeting both objectives at `scale` (search grids)."""
+    """The best tuned peer's share of requests meeting both objectives at `scale` (the report's grids)."""
     tried: list[tuple[float, float]]
 
 
@@ -159,8 +159,9 @@ def search_time_scale(
     window: TraceSlice,
     device: TraceDevice,
     objectives: Callable[[Trace], tuple[float, float]],
-    quick: bool = True,
+    quick: bool = False,
     on_step: Callable[[float, float], None] = lambda *_: None,
+    peer_kernels: Kernels = "runner",
 ) -> ScaleSearch:
     """The time scale at which the best tuned peer meets both objectives for ATTAINMENT of the requests
     (aiming at the middle), by doubling to a bracket and bisecting in log scale. Less load never makes
@@ -172,7 +173,7 @@ def search_time_scale(
     def attained(scale: float) -> float:
         sliced = replace(window, time_scale=scale).apply(trace)
         ttft, tpot = objectives(sliced)
-        got = best_peer(best_peers(trace_workload(sliced, device, ttft, tpot, "search"), quick)).attained
+        got = best_peer(best_peers(trace_workload(sliced, device, ttft, tpot, "search"), quick, peer_kernels)).attained
         tried.append((scale, got))
         on_step(scale, got)
         return got
@@ -229,10 +230,14 @@ def bench_trace(
             window,
             device,
             objectives,
+            quick,
             on_step=lambda s, a: say(f"  time x{s:.3g}: the best tuned peer meets both objectives for {a:.1%}"),
+            peer_kernels=peer_kernels,
         )
         window = replace(window, time_scale=found.scale)
-        say(f"time scale chosen: x{found.scale:.3g} (best tuned peer {found.attained:.1%} on the search grids)")
+        say(
+            f"time scale chosen: x{found.scale:.3g} (the best tuned peer meets both objectives for {found.attained:.1%})"
+        )
     sliced = window.apply(trace)
     ttft, tpot = objectives(sliced)
     workload = trace_workload(sliced, device, ttft, tpot, Path(path).name)
