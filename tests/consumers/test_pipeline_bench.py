@@ -17,6 +17,9 @@ import pytest
 
 from consumers.runners.cost_model import SlowdownHook
 from pipeline.core.config import KafkaSettings, load_config
+from pipeline.tools.bench.fleet_generation import BASELINE as GEN_BASELINE
+from pipeline.tools.bench.fleet_generation import CASES as GEN_CASES
+from pipeline.tools.bench.fleet_generation import balance_settings, generation_rows
 from pipeline.tools.bench.fleet_live import CASES, median_trial, recovered_after_s
 from pipeline.tools.bench.pipeline.event_figures import STAGES
 from pipeline.tools.bench.pipeline.options import BenchOptions
@@ -152,3 +155,29 @@ def test_repeats_report_the_median_trial_by_p99() -> None:
     assert median_trial(trials[:3]).p99_ms == 120.0
     assert median_trial(trials).p99_ms == 120.0, "an even count takes the upper median: never the flattering one"
     assert median_trial(trials[1:2]).p99_ms == 80.0
+
+
+def test_generation_fleet_halves_keep_every_ratio_within_one_run() -> None:
+    """A slow case's balance off and on may run in two invocations: the all-equal pair with the balance on
+    runs in each as the reference, and without its own balance-off run it is reported, not judged."""
+    slow = next(c for c in GEN_CASES if c.name == "gen-2-slow")
+    equal = next(c for c in GEN_CASES if c.name == GEN_BASELINE)
+    assert balance_settings(equal, False, (False,)) == (True,)
+    assert balance_settings(equal, True, (True,)) == (False, True)
+    assert balance_settings(slow, True, (False,)) == (False,)
+
+    def trial(p99: float, ttft: float, forwarded: int = 0) -> Trial:
+        blank = Trial(0, 0, 100, 100, 0, 0, 0, 0, 0, 0, 0, 0, p99_by_window_ms=[])
+        return replace(blank, p99_ms=p99, ttft_p99_ms=ttft, forwarded=forwarded)
+
+    runs = {(GEN_BASELINE, True): [trial(1000.0, 400.0)], ("gen-2-slow", False): [trial(2600.0, 900.0)]}
+    rows = generation_rows([GEN_BASELINE, "gen-2-slow"], {GEN_BASELINE: (True,), "gen-2-slow": (False,)}, runs)
+    reference, off = rows
+    assert reference["met"] is None and math.isnan(reference["e2e_vs_baseline"])
+    assert off["e2e_vs_baseline"] == 2.6 and off["ttft_vs_baseline"] == 2.25 and off["met"] is False
+    runs |= {("gen-2-slow", True): [trial(1900.0, 700.0, forwarded=12)]}
+    _, on = generation_rows([GEN_BASELINE, "gen-2-slow"], {GEN_BASELINE: (True,), "gen-2-slow": (True,)}, runs)
+    assert on["met"] is True and on["e2e_vs_baseline"] == 1.9
+    runs |= {(GEN_BASELINE, False): [trial(1000.0, 400.0)], (GEN_BASELINE, True): [trial(1060.0, 400.0, 2)]}
+    _, twins = generation_rows([GEN_BASELINE], {GEN_BASELINE: (False, True)}, runs)
+    assert twins["met"] is False, "equal consumers: e2e p99 6% above balance off and 2% forwarded miss"

@@ -641,6 +641,12 @@ def bench_fleet_live(
     gen_rate: float | None = typer.Option(
         None, "--gen-rate", help="Generation cases: requests per second offered to the pair (default 1.6)."
     ),
+    balance: str = typer.Option(
+        "both",
+        "--balance",
+        help="Generation cases: run each with the balance off, on or both; the all-equal pair with the balance "
+        "on runs in every invocation as the slow cases' reference.",
+    ),
 ) -> None:
     """A consumer group with a slow member, on the real pipeline: each case with the group's balance
     off (Kafka's equal partition counts) and on, p99 against the all-fast group of the same run.
@@ -664,6 +670,10 @@ def bench_fleet_live(
     if unknown:
         typer.echo(f"error: unknown case(s) {sorted(unknown)}; cases: {known}", err=True)
         raise typer.Exit(2)
+    balances = {"off": (False,), "on": (True,), "both": (False, True)}.get(balance)
+    if balances is None:
+        typer.echo(f"error: --balance takes off, on or both (got {balance!r})", err=True)
+        raise typer.Exit(2)
     if gen_rate is not None and gen_rate <= 0:
         typer.echo(f"error: --gen-rate must be > 0 (got {gen_rate})", err=True)
         raise typer.Exit(2)
@@ -684,7 +694,7 @@ def bench_fleet_live(
             if generation:
                 rate = gen_rate or fleet_generation.DEFAULT_RATE
                 figures |= await fleet_generation.run_generation_fleet(
-                    base, kafka, workdir, typer.echo, generation, duration_scale, repeats, rate
+                    base, kafka, workdir, typer.echo, generation, duration_scale, repeats, rate, balances
                 )
         return figures
 
