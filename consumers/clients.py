@@ -14,6 +14,7 @@ client (aiokafka can wait forever for a broker that is gone).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,7 @@ from consumers.fencing import MembershipGuard
 from consumers.fetch_watchdog import FetchWatchdog
 from consumers.fetcher import Fetcher
 from consumers.publish import Publisher
+from consumers.sharing import ShareIntake, SharePublisher
 from consumers.stable_start import StableStart
 from consumers.stats import ConsumerStats
 from pipeline.core.config import KafkaSettings
@@ -54,6 +56,81 @@ class KafkaClients:
         await stop_client(self.producer.stop, f"{name}: the Kafka producer", timeout_s)
 
 
+@dataclass
+class ShareClients:
+    """The clients of a consumer in share mode: the same producer; share members instead of a group consumer."""
+
+    producer: AIOKafkaProducer
+    outbox: Outbox
+    publisher: SharePublisher
+    fetcher: ShareIntake
+
+    async def stop_consumer(self, name: str, timeout_s: float) -> None:
+        await self.fetcher.close(timeout_s)
+
+    async def stop_producer(self, name: str, timeout_s: float) -> None:
+        await self.outbox.stop()
+        await stop_client(self.producer.stop, f"{name}: the Kafka producer", timeout_s)
+
+
+async def _producer(
+    kafka: KafkaSettings,
+    transactional_id: str | None,
+    shared_topics: set[str],
+    own_topics: set[str],
+    results_topic: str,
+    limits: TopicLimits,
+    clock: Clock,
+) -> tuple[AIOKafkaProducer, Outbox, Delivery]:
+    producer_options: dict[str, Any] = dict(
+        linger_ms=0, max_batch_size=BATCH_BYTES, request_timeout_ms=kafka.request_timeout_ms, **durable_producer()
+    )
+    if transactional_id is not None:
+        producer_options["transactional_id"] = transactional_id
+    producer = AIOKafkaProducer(**client_options(kafka), **producer_options)
+    await producer.start()
+    outbox = Outbox(producer, shared_topics, limits)
+    outbox.start()
+    delivery = Delivery(producer, outbox, limits, own_topics, results_topic, clock)
+    await limits.prefetch(sorted(own_topics))
+    return producer, outbox, delivery
+
+
+async def open_share_clients(
+    kafka: KafkaSettings,
+    *,
+    group_id: str,
+    consumer_id: str,
+    shared_topics: set[str],
+    own_topics: set[str],
+    results_topic: str,
+    request_topic: str,
+    priority_topic: str,
+    limits: TopicLimits,
+    members: int,
+    max_records: int,
+    max_queue: int,
+    stats: ConsumerStats,
+    clock: Clock,
+    may_pull: Callable[[], bool],
+) -> ShareClients:
+    producer, outbox, delivery = await _producer(kafka, None, shared_topics, own_topics, results_topic, limits, clock)
+    intake = ShareIntake(
+        kafka,
+        group_id=group_id,
+        consumer_id=consumer_id,
+        request_topic=request_topic,
+        priority_topic=priority_topic,
+        members=members,
+        max_records=max_records,
+        max_queue=max_queue,
+        stats=stats,
+        may_pull=may_pull,
+    )
+    await intake.open()
+    return ShareClients(producer, outbox, SharePublisher(delivery, intake, stats), intake)
+
+
 async def open_clients(
     kafka: KafkaSettings,
     *,
@@ -69,17 +146,15 @@ async def open_clients(
     clock: Clock,
 ) -> KafkaClients:
     options = client_options(kafka)
-    producer_options: dict[str, Any] = dict(
-        linger_ms=0, max_batch_size=BATCH_BYTES, request_timeout_ms=kafka.request_timeout_ms, **durable_producer()
+    producer, outbox, delivery = await _producer(
+        kafka,
+        f"{group_id}.{consumer_id}" if kafka.transactional else None,
+        shared_topics,
+        own_topics,
+        results_topic,
+        limits,
+        clock,
     )
-    if kafka.transactional:
-        producer_options["transactional_id"] = f"{group_id}.{consumer_id}"
-    producer = AIOKafkaProducer(**options, **producer_options)
-    await producer.start()
-    outbox = Outbox(producer, shared_topics, limits)
-    outbox.start()
-    delivery = Delivery(producer, outbox, limits, own_topics, results_topic, clock)
-    await limits.prefetch(sorted(own_topics))
     consumer = AIOKafkaConsumer(
         **options,
         group_id=group_id,

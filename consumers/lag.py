@@ -104,10 +104,13 @@ class LagRecorder:
 
     async def _sample(self, probe: LagProbe, producer: AIOKafkaProducer) -> None:
         try:
-            group = await probe.describe_group(self.consumer.group_id)
-            mine = [m for m in group.members if m.client_id == self.consumer.consumer_id]
-            partitions = sorted({tp for m in mine for tp in m.partitions})
-            rows = await probe.measure(self.consumer.group_id, partitions)
+            rows: list[PartitionLag] = []
+            if not getattr(self.consumer, "share", False):
+                # a share group's partitions are everyone's: its lag is the group's, sampled by the sink
+                group = await probe.describe_group(self.consumer.group_id)
+                mine = [m for m in group.members if m.client_id == self.consumer.consumer_id]
+                partitions = sorted({tp for m in mine for tp in m.partitions})
+                rows = await probe.measure(self.consumer.group_id, partitions)
             event = self.event(rows)
             await producer.send_and_wait(self.topic, _encode(event), key=self.consumer.consumer_id.encode())
         except Exception as e:

@@ -108,9 +108,11 @@ class Publisher:
         """Batches waiting for the next transaction (see the module's note on group commit), with
         the group generation each was published under."""
 
-    async def publish(self, messages: Sequence[Message], done: Sequence[Place]) -> bool:
+    async def publish(self, messages: Sequence[Message], done: Sequence[Place], refused: Sequence[Place] = ()) -> bool:
         """Produce `messages` (or what `Delivery` makes of them); then `done` counts as answered.
-        False: self-fenced, nothing published, the records are the partitions' new owners' to answer."""
+        False: self-fenced, nothing published, the records are the partitions' new owners' to answer.
+        `refused`: those of `done` refused at admission; their offsets commit like the rest here (a share
+        group rejects them instead: consumers/sharing.py)."""
         delivery = self._delivery
         try:
             if self.transactional:

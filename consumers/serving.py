@@ -8,13 +8,17 @@ group), and run until `stop` is set; its runner is closed whatever happens.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 
 from consumers.heap import freeze_heap
 from consumers.lag import lag_recorder
+from consumers.sharing import layout_warning
 from consumers.worker import Consumer, build_consumer
 from pipeline.core.config import Config
 from pipeline.core.kafka.client import ensure_topics
+
+log = logging.getLogger("batchtide.consumer")
 
 
 async def serve(
@@ -33,7 +37,10 @@ async def serve(
     reporter = None
     try:
         if create_topics:
-            await ensure_topics(config.kafka, {model_name: consumer.model.partitions})
+            counts = await ensure_topics(config.kafka, {model_name: consumer.model.partitions})
+            warning = layout_warning(consumer.model, counts.get(consumer.request_topic, 0)) if consumer.share else None
+            if warning:
+                log.warning("%s", warning)
         await consumer.start()
         freeze_heap()  # this process is the consumer's: what it loaded stays for its lifetime
         if lag is not None:

@@ -48,3 +48,13 @@ class ConsumerStats:
     answered_left_out_of_metadata: int = 0
     """Most answered offsets past a commit point that one commit's metadata left out (its size cap):
     a next owner would answer them again."""
+    share_accepted: int = 0
+    """Share mode: records acknowledged ACCEPT (their answer is on the broker)."""
+    share_rejected: int = 0
+    """Share mode: records acknowledged REJECT (refused at admission, their dead letter on the broker)."""
+    share_released: int = 0
+    """Share mode: records given back to the group unanswered (at a stop, or after an error)."""
+    share_redelivered: int = 0
+    """Share mode: records delivered here that the group had delivered before (to any member)."""
+    share_late_acks: int = 0
+    """Share mode: acknowledgements the broker refused (the record's lock had expired: it is delivered again)."""

@@ -3,6 +3,7 @@
 A record's path, and the module for each step (this file ties them together):
 
   fetch    consumers/fetcher.py     priority partitions first; paused past max_queue
+           (share mode: consumers/sharing.py, members of a share group that pull while the device is free)
   admit    consumers/admit.py       decode, check, dedup, date (the checks: intake.py)
   decide   consumers/decide.py      asks pipeline/core/engine (its `ServingPolicy` protocol) on
                                     every arrival, completion and wake-up (clock.py `Alarm`)
@@ -12,7 +13,8 @@ A record's path, and the module for each step (this file ties them together):
                                     gets (answers.py builds each record)
   publish  consumers/publish.py     on the broker in some form (delivery.py), then answered
   commit   consumers/membership.py  up to each partition's first unanswered record;
-                                    rebalances (or in the batch's transaction: publish.py, fencing.py)
+                                    rebalances (or in the batch's transaction: publish.py, fencing.py;
+                                    share mode: each record acknowledged, consumers/sharing.py)
 
 Around the path: Kafka clients (clients.py), batches and publishes in flight
 (tasks.py), warm-up (warm_up.py), the stop budget (stop_budget.py), time
@@ -27,12 +29,13 @@ import dataclasses
 import logging
 import os
 import socket
+from collections.abc import Callable, Sequence
 
 from aiokafka import ConsumerRecord, TopicPartition
 
 from consumers.admit import Admission
 from consumers.answers import Answers, BatchTiming
-from consumers.clients import KafkaClients, open_clients
+from consumers.clients import KafkaClients, ShareClients, open_clients, open_share_clients
 from consumers.clock import Alarm, Clock, SystemClock
 from consumers.decide import poll_engine
 from consumers.device import Device
@@ -41,6 +44,7 @@ from consumers.membership import Membership
 from consumers.outcomes import Outcomes, Reply
 from consumers.runners import serving_runner
 from consumers.runners.base import Runner
+from consumers.sharing import check_lock, enforce_lock
 from consumers.stats import ConsumerStats
 from consumers.stop_budget import StopBudget, step_s
 from consumers.tasks import Work
@@ -50,6 +54,7 @@ from pipeline.core.engine.decisions import Batch, ServingPolicy
 from pipeline.core.engine.engine import BatchingEngine
 from pipeline.core.kafka.client import Topics
 from pipeline.core.kafka.offsets import OffsetTracker
+from pipeline.core.kafka.share_client import prepare_share_group
 from pipeline.core.kafka.topic_limits import TopicLimits
 from schemas.messages import FleetBeacon
 
@@ -66,7 +71,8 @@ def build_consumer(
     """A consumer for one configured model with its runner and its own engine (started from the
     model's profile file when `batchtide profile` wrote one: measured curve, device limit)."""
     model = config.model(model_name)
-    engine = BatchingEngine(model.engine_profile(), **profile_file.apply(model))
+    measured = profile_file.apply(model)
+    engine = BatchingEngine(model.engine_profile(), **measured)
     # the runner refuses what could never fit a batch, so it needs the cap as the engine resolved it
     # (hard_cap = "auto" becomes the device's limit)
     resolved = dataclasses.replace(model, profile=model.profile.replace(hard_cap=engine.ceiling))
@@ -82,7 +88,15 @@ def build_consumer(
             longest,
         )
     runner = runner or serving_runner(resolved)
-    return Consumer(model, config.kafka, config.consumer, runner=runner, engine=engine, consumer_id=consumer_id)
+    return Consumer(
+        model,
+        config.kafka,
+        config.consumer,
+        runner=runner,
+        engine=engine,
+        consumer_id=consumer_id,
+        prior_costs=measured.get("prior_costs", ()),
+    )
 
 
 class Consumer:
@@ -98,7 +112,10 @@ class Consumer:
         engine: ServingPolicy,
         consumer_id: str | None = None,
         clock: Clock | None = None,
+        prior_costs: Sequence[tuple[int, float]] = (),
     ) -> None:
+        if settings.group_type == "share":  # the share group balances by pull: no forwarding hop
+            settings = dataclasses.replace(settings, tail_forwarding=False)
         self.model = model
         self.kafka = kafka
         self.settings = settings
@@ -109,7 +126,9 @@ class Consumer:
         self.topics = Topics(kafka.topic_prefix)
         self.request_topic = self.topics.requests(model.name)
         self.priority_topic = self.topics.priority(model.name)
-        self.group_id = self.topics.group(model.name)
+        self.share = settings.group_type == "share"
+        """Share mode (`consumers.sharing`): a share group instead of a partition group."""
+        self.group_id = self.topics.share_group(model.name) if self.share else self.topics.group(model.name)
         self.stats = ConsumerStats()
         self._admission = Admission(model, runner, self.topics, settings.max_message_bytes)
         self._work = Work(self.clock, self._fail)
@@ -131,15 +150,24 @@ class Consumer:
             lambda: self._admission.offered_cost,
             decode_slots=model.profile.max_inflight_batches if model.batching == "iteration" else None,
         )
+        self._prior_costs: list[tuple[int, float]] = list(prior_costs)
         self.membership = Membership(self.consumer_id, self.priority_topic, engine, self._admission, self._work.settle)
-        self._clients: KafkaClients | None = None
+        self._clients: KafkaClients | ShareClients | None = None
+        self._nudge: Callable[[], None] = lambda: None
+        """Tells share members that the device or the queue changed (nothing in a partition group)."""
         self._device = Device(runner, model.profile.max_inflight_batches, self.clock, model.ttft_objective_ms)
 
     # ---- lifecycle -------------------------------------------------------
 
     async def start(self) -> None:
         """Load and warm the runner, then join the group (`consumers.warm_up`)."""
+        if self.share:
+            group = await prepare_share_group(self.kafka, self.group_id)
+            enforce_lock(self.model, check_lock(self.model, self.engine.ceiling, self._prior_costs, group.lock_ms))
         self.stats.warm_up_sizes.extend(await self._device.warm_up(self.model.name, self.engine.ceiling))
+        if self.share:
+            await self._start_sharing()
+            return
         self._clients = clients = await open_clients(
             self.kafka,
             group_id=self.group_id,
@@ -157,6 +185,35 @@ class Consumer:
             clients.consumer, clients.publisher, [self.request_topic, self.priority_topic], clients.stable_start
         )
         self.forwarding.start(self.kafka, self.settings.fleet_beacon_ms, self.beacon)
+
+    async def _start_sharing(self) -> None:
+        slots = self.model.profile.max_inflight_batches
+        engine, device = self.engine, self._device
+
+        def may_pull() -> bool:
+            """The pull rule: only while the device has a free slot and less than a full batch waits."""
+            return device.computing < slots and engine.pending < engine.ceiling
+
+        self._clients = clients = await open_share_clients(
+            self.kafka,
+            group_id=self.group_id,
+            consumer_id=self.consumer_id,
+            shared_topics=set(self.topics.shared),
+            own_topics=self._own_topics,
+            results_topic=self.topics.results(self.model.name),
+            request_topic=self.request_topic,
+            priority_topic=self.priority_topic,
+            limits=self._limits,
+            members=slots + 1,
+            max_records=self.engine.ceiling,
+            max_queue=self.settings.max_queue,
+            stats=self.stats,
+            clock=self.clock,
+            may_pull=may_pull,
+        )
+        self._nudge = clients.fetcher.nudge
+        self.forwarding.start(self.kafka, self.settings.fleet_beacon_ms, self.beacon)
+        log.info("consumer %s: joined share group %s", self.consumer_id, self.group_id)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until `stop` is set, then stop fetching, finish what is held, commit, close: all
@@ -286,6 +343,7 @@ class Consumer:
         self.stats.queue = queued = self.engine.pending
         if queued < self.settings.max_queue:
             self._room.set()
+        self._nudge()
 
     def _forward(self, now: float) -> None:
         """Hand the back of the queue to faster peers (`consumers.forwarding`)."""
@@ -333,5 +391,5 @@ class Consumer:
     async def _publish(self, reply: Reply, *, remember: bool = True) -> None:
         """Publish, then count the requests (and the reply's offsets) as answered (unless self-fenced)."""
         assert self._clients is not None
-        if await self._clients.publisher.publish(reply.messages, reply.places):
+        if await self._clients.publisher.publish(reply.messages, reply.places, refused=reply.offsets):
             self._admission.published([h.request.id for h in reply.answered], remember=remember)

@@ -54,6 +54,7 @@ RunnerKind = Literal["transformers", "cost-model", "zero-cost"]
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
 ShedWhen = Literal["slo", "deadline", "never"]
+GroupType = Literal["consumer", "share"]
 
 
 @dataclass(frozen=True)
@@ -400,6 +401,12 @@ class ClickHouseSettings:
 
 @dataclass(frozen=True)
 class ConsumerSettings:
+    group_type: GroupType = "consumer"
+    """How a model's consumers split its requests (Kafka's names). `consumer`: a partition group, each
+    partition read by one consumer, offsets committed (in the answers' transaction with
+    `[kafka] transactional`: exactly-once). `share`: a share group (Kafka 4.2+): any consumer takes any
+    request, each acknowledged once its answer is on the broker; at-least-once (readers keep the first
+    answer per request id), no tail forwarding, and more consumers than partitions. See docs/share-groups.md."""
     max_queue: int = 4096
     """Requests held in memory per consumer; past it the fetch loop pauses partitions."""
     fetch_max_records: int = 1000
@@ -539,6 +546,12 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
         raise ConfigError(
             f"{source} [consumer]: forward_min_gain_ms and fleet_beacon_ms must be >= 0 and forward_gain_share in [0, 1) "
             f"(got {consumer.forward_min_gain_ms}, {consumer.fleet_beacon_ms}, {consumer.forward_gain_share})"
+        )
+    if consumer.group_type == "share" and kafka.transactional:
+        raise ConfigError(
+            f'{source}: [consumer] group_type = "share" cannot run with [kafka] transactional = true: share '
+            "acknowledgements cannot join a Kafka transaction (KIP-1289 is not in any release), so share mode "
+            "is at-least-once. Choose one: transactions with partition groups (exactly-once), or share mode"
         )
     if consumer.stop_timeout_s <= 0:
         raise ConfigError(f"{source} [consumer]: stop_timeout_s must be > 0 (got {consumer.stop_timeout_s})")

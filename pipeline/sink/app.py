@@ -285,7 +285,11 @@ def build_sink(
     sampler = None
     if ch.group_lag_interval_ms > 0:
         sampler = GroupLagSampler(
-            kafka, sorted(config.models), ch.group_lag_interval_ms / 1000, lambda s: groups.put(s, _stored)
+            kafka,
+            sorted(config.models),
+            ch.group_lag_interval_ms / 1000,
+            lambda s: groups.put(s, _stored),
+            share=config.consumer.group_type == "share",
         )
     sink = Sink(
         app=app, latency=latency, batches=batches, store=store, topics=topics, lags=lags, groups=groups, sampler=sampler

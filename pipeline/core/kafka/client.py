@@ -75,6 +75,11 @@ class Topics:
         """The consumer group of `model`'s consumers (not a topic, but named the same way)."""
         return f"{self.prefix}.consumers.{model}"
 
+    def share_group(self, model: str) -> str:
+        """The share group of `model`'s consumers in share mode: not the partition group's name, so
+        switching `[consumer] group_type` never meets the other kind of group (one kind per group id)."""
+        return f"{self.prefix}.share.{model}"
+
     def for_model(self, model: str) -> tuple[str, str, str]:
         """The model's own topics: requests, priority requests, results."""
         return self.requests(model), self.priority(model), self.results(model)

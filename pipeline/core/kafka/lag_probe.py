@@ -27,6 +27,7 @@ from aiokafka.errors import CoordinatorLoadInProgressError, GroupCoordinatorNotA
 
 from pipeline.core.config import KafkaSettings
 from pipeline.core.kafka.client import client_options, stop_client
+from pipeline.core.kafka.share_admin import describe_share_group, describe_share_offsets
 from schemas.messages import PartitionLag
 
 PROBE_TIMEOUT_MS = 2000
@@ -104,6 +105,20 @@ class LagProbe:
                 return GroupView(state, tuple(sorted(found, key=lambda m: m.client_id)))
         return GroupView("Unknown", ())
 
+    async def describe_share_group(self, group: str) -> GroupView:
+        """A share group's state and members (each of a consumer's share members is listed: client ids
+        `<consumer id>#<role>`), with the partitions each was assigned (shared with other members)."""
+        client = self._admin._client
+        state, members = await _coordinated(lambda: describe_share_group(client, group))
+        return GroupView(state, tuple(Member(m.member_id, m.client_id, m.host, m.partitions) for m in members))
+
+    async def describe(self, group: str, *, share: bool) -> GroupView:
+        return await (self.describe_share_group(group) if share else self.describe_group(group))
+
+    async def lag(self, group: str, partitions: list[TopicPartition], *, share: bool) -> list[PartitionLag]:
+        """`measure_share` for a share group, `measure` for a partition group."""
+        return await (self.measure_share(group, partitions) if share else self.measure(group, partitions))
+
     async def group_ids(self, prefix: str) -> list[str]:
         """Every consumer group whose id starts with `prefix`, also those with no member left."""
         listed = await self._admin.list_consumer_groups()
@@ -142,6 +157,35 @@ class LagProbe:
             oldest = await self._create_time(tp, first_unanswered) if lag else 0
             age = max(now - oldest, 0.0) if oldest else 0.0
             out.append(PartitionLag(tp.topic, tp.partition, end, offset, lag, oldest, age))
+        return out
+
+    async def measure_share(
+        self, group: str, partitions: list[TopicPartition], now_ms: float | None = None
+    ) -> list[PartitionLag]:
+        """Lag and lag age of `partitions` for share group `group`, in the order given: from each share
+        partition's start offset (every record before it acknowledged) to the log end, the broker's
+        own count of records not acknowledged where it gives one (Kafka 4.2+), and the CreateTime of
+        the record at the start offset (the oldest one not acknowledged; an upper bound, as the broker
+        reports the start offset it last persisted, which trails). A partition the group never read
+        starts at the log start (share mode sets `share.auto.offset.reset` to earliest)."""
+        if not partitions:
+            return []
+        client = self._admin._client
+        shared = await _coordinated(lambda: describe_share_offsets(client, group, partitions))
+        ends = await self._reader.end_offsets(partitions)
+        starts = await self._reader.beginning_offsets(partitions)
+        now = time.time() * 1000.0 if now_ms is None else now_ms
+        out: list[PartitionLag] = []
+        for tp in partitions:
+            end = ends.get(tp, 0)
+            known = shared.get(tp)
+            first = max(known.start_offset if known is not None else 0, starts.get(tp, 0))
+            lag = known.lag if known is not None and known.lag is not None else max(end - first, 0)
+            # the start offset trails the acknowledgements (persisted in batches): no lag, no age
+            lag = min(lag, max(end - first, 0))
+            oldest = await self._create_time(tp, first) if lag else 0
+            age = max(now - oldest, 0.0) if oldest else 0.0
+            out.append(PartitionLag(tp.topic, tp.partition, end, first if known is not None else -1, lag, oldest, age))
         return out
 
     async def _create_time(self, tp: TopicPartition, offset: int) -> int:

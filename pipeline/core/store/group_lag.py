@@ -49,17 +49,25 @@ class GroupSample:
     partitions: list[PartitionLag]
 
 
-async def sample_groups(probe: LagProbe, topics: Topics, models: Iterable[str]) -> list[GroupSample]:
-    """A sample of each model's group (configured or found on the broker), then the DLQ's."""
-    prefix = topics.group("")
-    found = {group[len(prefix) :] for group in await probe.group_ids(prefix)}
+async def sample_groups(
+    probe: LagProbe, topics: Topics, models: Iterable[str], *, share: bool = False
+) -> list[GroupSample]:
+    """A sample of each model's group (configured or found on the broker), then the DLQ's. With
+    `share`, each model's share group: its members are counted by consumer (a consumer runs several)."""
+    from pipeline.core.kafka.share_client import consumer_of
+
+    found: set[str] = set()
+    if not share:
+        prefix = topics.group("")
+        found = {group[len(prefix) :] for group in await probe.group_ids(prefix)}
     samples = []
     for model in sorted(set(models) | found):
-        group = topics.group(model)
-        view = await probe.describe_group(group)
+        group = topics.share_group(model) if share else topics.group(model)
+        view = await probe.describe(group, share=share)
         partitions = await probe.topic_partitions([topics.requests(model), topics.priority(model)])
-        rows = await probe.measure(group, partitions)
-        samples.append(GroupSample(int(time.time() * 1000), model, len(view.members), rows))
+        rows = await probe.lag(group, partitions, share=share)
+        members = len({consumer_of(m.client_id) for m in view.members}) if share else len(view.members)
+        samples.append(GroupSample(int(time.time() * 1000), model, members, rows))
     dlq = await probe.topic_partitions([topics.dlq])
     if dlq:
         ends = await probe.end_offsets(dlq)
@@ -77,12 +85,15 @@ class GroupLagSampler:
         models: Iterable[str],
         interval_s: float,
         deliver: Callable[[GroupSample], Awaitable[None]],
+        *,
+        share: bool = False,
     ) -> None:
         self.settings = settings
         self.topics = Topics(settings.topic_prefix)
         self.models = tuple(models)
         self.interval_s = interval_s
         self.deliver = deliver
+        self.share = share
         self.samples = 0
         self.failures = 0
 
@@ -102,7 +113,9 @@ class GroupLagSampler:
         while True:
             timeout = max(self.interval_s, MIN_SAMPLE_TIMEOUT_S)
             try:
-                samples = await asyncio.wait_for(sample_groups(probe, self.topics, self.models), timeout)
+                samples = await asyncio.wait_for(
+                    sample_groups(probe, self.topics, self.models, share=self.share), timeout
+                )
             except TimeoutError:
                 self.failures += 1
                 log.warning("group lag sample skipped: it took more than %.0f s", timeout)

@@ -225,10 +225,12 @@ def results(
     config: Path | None = typer.Option(None, "--config", help="TOML config file (Kafka settings)."),
 ) -> None:
     """One line per answer: time, id, outcome, end-to-end ms, batch, consumer, and a preview
-    (start of generated text, embedding dimension and norm, or the reason of an error/rejection)."""
+    (start of generated text, embedding dimension and norm, or the reason of an error/rejection).
+    An id answered again (share mode is at-least-once) is shown once: the first answer."""
     import time
 
     from pipeline.core.kafka.client import Topics, list_topics
+    from pipeline.core.kafka.first_answers import FirstAnswers
     from pipeline.core.kafka.reader import Record, TopicReader
     from pipeline.tools.views.answer_lines import Answer
     from pipeline.tools.views.panel_data import parse_instant
@@ -251,11 +253,14 @@ def results(
             )
             return 1
         shown = 0
+        first = FirstAnswers()
 
         def show(record: Record) -> None:
             nonlocal shown
             answer = Answer.decode(record.value, record.timestamp)
             if wanted and answer.id not in wanted:
+                return
+            if answer.id is not None and not first.first(answer.id, record.timestamp):
                 return
             typer.echo(answer.as_json() if as_json else answer.as_line())
             shown += 1

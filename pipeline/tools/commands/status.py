@@ -38,6 +38,8 @@ class ModelStatus:
     owners: dict[str, str]
     """`topic:partition` -> client id of the member that holds it."""
     consumers: dict[str, LagEvent]
+    share: bool = False
+    """A share group: partitions are shared, `committed_offset` is the share-partition start offset."""
 
     def balance(self) -> dict[str, dict[str, float | None]]:
         """Per member: measured capacity (None before it has measured one), its share of the group's
@@ -70,6 +72,7 @@ class ModelStatus:
             "model": self.model,
             "group": self.group,
             "state": self.state,
+            "group_type": "share" if self.share else "consumer",
             "members": [{**m, **self.balance()[m["client_id"]]} for m in self.members],
             "total_lag": self.total_lag,
             "max_lag_age_ms": self.max_lag_age_ms,
@@ -114,25 +117,35 @@ async def collect(config: Any, models: list[str]) -> list[ModelStatus]:
     topics = Topics(config.kafka.topic_prefix)
     fresh_ms = max(config.consumer.lag_interval_ms, 1000.0) * FRESH_INTERVALS
     events = await latest_lag_events(config.kafka, fresh_ms)
+    share = config.consumer.group_type == "share"
     out = []
     async with LagProbe(config.kafka) as probe:
         for model in models:
-            group_id = topics.group(model)
-            group = await probe.describe_group(group_id)
+            group_id = topics.share_group(model) if share else topics.group(model)
+            group = await probe.describe(group_id, share=share)
             partitions = await probe.topic_partitions([topics.requests(model), topics.priority(model)])
-            lags = await probe.measure(group_id, partitions)
-            owners = {f"{tp.topic}:{tp.partition}": m.client_id for m in group.members for tp in m.partitions}
-            members = [
-                {
-                    "client_id": m.client_id,
-                    "host": m.host.lstrip("/"),
-                    "partitions": [f"{tp.topic}:{tp.partition}" for tp in m.partitions],
-                }
-                for m in group.members
-            ]
+            lags = await probe.lag(group_id, partitions, share=share)
+            members = _members(group.members, share)
+            owners = {p: m["client_id"] for m in members for p in m["partitions"]}
             mine = {cid: e for cid, e in events.items() if e.model == model}
-            out.append(ModelStatus(model, group_id, group.state, members, lags, owners, mine))
+            out.append(ModelStatus(model, group_id, group.state, members, lags, owners, mine, share))
     return out
+
+
+def _members(found: Any, share: bool) -> list[dict[str, Any]]:
+    """One entry per consumer: a share-mode consumer's members (`<consumer id>#<role>`) are folded
+    into it, with every partition any of them was assigned (a share group's partitions are shared:
+    several consumers list the same one)."""
+    from pipeline.core.kafka.share_client import consumer_of
+
+    by_consumer: dict[str, dict[str, Any]] = {}
+    for m in found:
+        cid = consumer_of(m.client_id) if share else m.client_id
+        entry = by_consumer.setdefault(cid, {"client_id": cid, "host": m.host.lstrip("/"), "partitions": []})
+        entry["partitions"] += [f"{tp.topic}:{tp.partition}" for tp in m.partitions]
+    for entry in by_consumer.values():
+        entry["partitions"] = sorted(set(entry["partitions"]))
+    return list(by_consumer.values())
 
 
 def _age(ms: float) -> str:
@@ -198,13 +211,20 @@ def render(statuses: list[ModelStatus], now_ms: float, sink: SinkStatus | None =
         for cid in gone:
             lines.append(f"  consumer {cid}: sent lag events recently but is not a member now")
         width = max((len(f"{p.topic}:{p.partition}") for p in s.partitions), default=10)
-        lines.append(f"  {'partition':<{width}}  {'end':>9}  {'committed':>9}  {'lag':>7}  {'lag age':>9}  owner")
+        if s.share:
+            lines.append(
+                "  share group: lag = records not acknowledged from the start offset on (the broker's count); "
+                "it does not say how many of them are in flight"
+            )
+        head, owner = ("start", "shared by") if s.share else ("committed", "owner")
+        lines.append(f"  {'partition':<{width}}  {'end':>9}  {head:>9}  {'lag':>7}  {'lag age':>9}  {owner}")
         for p in s.partitions:
             name = f"{p.topic}:{p.partition}"
             committed = str(p.committed_offset) if p.committed_offset >= 0 else "-"
+            holders = [m["client_id"] for m in s.members if name in m["partitions"]]
+            held = (", ".join(holders) or "(nobody)") if s.share else s.owners.get(name, "(unassigned)")
             lines.append(
-                f"  {name:<{width}}  {p.end_offset:>9}  {committed:>9}  {p.lag:>7}  {_age(p.lag_age_ms):>9}  "
-                f"{s.owners.get(name, '(unassigned)')}"
+                f"  {name:<{width}}  {p.end_offset:>9}  {committed:>9}  {p.lag:>7}  {_age(p.lag_age_ms):>9}  {held}"
             )
     return "\n".join(lines)
 

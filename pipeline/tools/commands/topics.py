@@ -52,6 +52,18 @@ def create(
         raise _fail(f"could not create topics on {settings.bootstrap_servers}: {e!r}") from None
     for name, count in sorted(created.items()):
         typer.echo(f"{name}  partitions={count}")
+    if cfg.consumer.group_type == "share":
+        from consumers.sharing import layout_warning
+        from pipeline.core.config import ModelConfig
+        from pipeline.core.kafka.client import Topics
+
+        topics = Topics(settings.topic_prefix)
+        for name in sorted(models):
+            warning = layout_warning(
+                cfg.models.get(name, ModelConfig(name=name)), created.get(topics.requests(name), 0)
+            )
+            if warning:
+                typer.echo(f"warning: {warning}", err=True)
 
 
 def register(app: typer.Typer) -> None:

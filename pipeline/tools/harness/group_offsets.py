@@ -35,6 +35,27 @@ async def wait_group(
     raise HarnessError(f"consumer group {group} has {size} members, expected {members}, after {timeout_s:.0f} s")
 
 
+async def wait_share_group(
+    settings: KafkaSettings, group: str, consumers: int, timeout_s: float, *, check: Callable[[], None], poll_s: float
+) -> None:
+    """Return once `consumers` consumers each have a share member with partitions assigned in share
+    group `group` (a share group hands a member its partitions on a heartbeat, seconds after it joins)."""
+    from pipeline.core.kafka.lag_probe import LagProbe
+    from pipeline.core.kafka.share_client import consumer_of
+
+    deadline = time.monotonic() + timeout_s
+    ready = 0
+    async with LagProbe(settings) as probe:
+        while time.monotonic() < deadline:
+            check()
+            view = await probe.describe_share_group(group)
+            ready = len({consumer_of(m.client_id) for m in view.members if m.partitions})
+            if ready >= consumers:
+                return
+            await asyncio.sleep(poll_s)
+    raise HarnessError(f"share group {group} has {ready} consumers with partitions, expected {consumers}")
+
+
 async def admin_client(settings: KafkaSettings) -> AIOKafkaAdminClient:
     admin = AIOKafkaAdminClient(request_timeout_ms=10_000, **client_options(settings))
     await admin.start()
