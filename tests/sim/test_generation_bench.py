@@ -170,3 +170,24 @@ def test_chunked_prefill_keeps_running_rows_decoding_through_a_long_prompt() -> 
     chunked = simulate_tokens(arr, cost, VLLM(chunked=True, max_num_batched_tokens=256))
     assert whole.longest_gap_ms >= 0.5 * 2000
     assert chunked.longest_gap_ms < 0.2 * whole.longest_gap_ms
+
+
+def test_the_peers_ride_at_the_price_batchtide_s_loop_pays_on_the_device() -> None:
+    """On a device with a ride price (a profile's: a fixed part and a part per token), a chunk fused with
+    a decode step costs every scheduler what a ride costs batchtide's loop; on a hand-written curve,
+    RIDE_SHARE of the step per chunk for everyone."""
+    import dataclasses
+
+    from pipeline.core.sim.generation.chunks import ride_ms, rides
+    from pipeline.core.sim.generation.decode_loop import STEP_TOKEN_BUDGET
+    from pipeline.core.sim.generation.peer_schedulers import Row, iteration_ms
+
+    curve = GenerationCost.linear(40.0, 2.0, 50.0, 5.0)
+    priced = dataclasses.replace(curve, ride_ms_per_token=2.0, ride_fixed_ms=40.0)
+    rows = [Row(0, 0.0, 32, 16, 1), Row(1, 0.0, 32, 16, 1)]
+    chunk = [(Row(2, 0.0, 500, 16, 1), 100)]
+    step = curve.step_ms(2, max(r.kv for r in rows))
+    assert iteration_ms(priced, chunk, rows, padded=False) == pytest.approx(step + 40.0 + 100 * 2.0)
+    plain = iteration_ms(curve, chunk, rows, padded=False)
+    assert plain == pytest.approx(ride_ms(step, rides(100, STEP_TOKEN_BUDGET, 2)))
+    assert iteration_ms(priced, chunk, [], padded=False) == pytest.approx(curve.prefill_ms(1, 100))  # alone: a prefill

@@ -11,9 +11,12 @@ measured (pipeline/core/profile_file.py, `GenerationCurves`):
   prefills: its work grows with the tokens, and one prefill measured while another process
   held the core (2.8 s at 256 tokens between 0.8 s at 128 and 3.6 s at 512, here) must not
   make every join of that size look slow;
-- a prompt token riding in a decode step (chunked prefill): the prefill line's slope, what a
-  token adds to a forward pass on a device whose passes are bound by their tokens (a CPU), and
-  what the consumer's pacer measures and paces the rides by;
+- a ride in a decode step (chunked prefill): a fixed part and a part per prompt token, the
+  model the consumer's pacer fits to its rides and paces them by. From a profile, the prefill
+  line's slope (what a token adds to a forward pass on a device whose passes are bound by their
+  tokens, a CPU) and its intercept (what a pass over prompt tokens costs whatever their number:
+  riding them beside the rows' tokens is not free either, ~55 ms beside a ~63 ms plain step of
+  SmolLM2 inside the consumer on 2 cores);
 - one decode step: the step curve at the rows in the cache (finished rows not yet compacted
   away count: they are decoded too) plus attention over the cache, `per_row_token_ms` per row
   and cache token past the profiled cache length. That slope is taken from the steps the
@@ -54,6 +57,10 @@ class GenerationCost:
     ride_measured_ms: float | None = None
     """ms per ridden prompt token measured on a recording (the pace its loop admitted joiners at);
     not scaled, and taken over `ride_ms_per_token`."""
+    ride_fixed_ms: float = 0.0
+    """ms a ride adds to its decode step whatever it carries, beside `ride_ms_per_token` a token
+    (the consumer's pacer fits both: chunked_prefill.RidePacer). A pace measured on a recording
+    (`ride_measured_ms`) already holds it."""
 
     def prefill_ms(self, rows: int, width: int) -> float:
         return self.scale * self.prefill.ms(rows * width)
@@ -67,6 +74,12 @@ class GenerationCost:
         if self.ride_measured_ms is not None:
             return self.ride_measured_ms
         return None if self.ride_ms_per_token is None else self.scale * self.ride_ms_per_token
+
+    def ride_fixed(self) -> float:
+        """ms a ride adds to its step beside `ride_token_ms` a token (0 without a per-token price)."""
+        if self.ride_measured_ms is not None or self.ride_ms_per_token is None:
+            return 0.0
+        return self.scale * self.ride_fixed_ms
 
     def prompt_token_ms(self) -> float:
         """ms a prompt token costs at least, in a ride or a prefill of its own: the ride price when one
@@ -110,7 +123,8 @@ class GenerationCost:
                 slopes.append((ms - step.ms(rows)) / (rows * (cache - ref_cache)))
         slope = max(0.0, sorted(slopes)[len(slopes) // 2]) if slopes else 0.0
         prefill = _line(curves.prefill)
-        return cls(prefill, step, ref_cache, slope, ride_ms_per_token=prefill.c_ms if prefill.c_ms > 0 else None)
+        per_token = prefill.c_ms if prefill.c_ms > 0 else None
+        return cls(prefill, step, ref_cache, slope, ride_ms_per_token=per_token, ride_fixed_ms=prefill.a_ms)
 
 
 def _line(points: tuple[tuple[int, float], ...]) -> DeviceCurve:

@@ -243,8 +243,9 @@ def iteration_ms(
 
     `runner` (the default): the kernels batchtide's runner measured, the same for every scheduler:
     a prefill alone pads its rows to the longest chunk, and prompt tokens fused with a decode step
-    cost what the runner's fused chunks cost (chunks.py: `RIDE_SHARE` of the step per chunk of
-    `STEP_TOKEN_BUDGET` less the decoding rows tokens). `ragged`: the servers' own kernels, idealised: a ragged batch
+    cost what batchtide's loop pays for a ride on this device (a fixed part and a part per token,
+    GenerationCost.ride_fixed and ride_token_ms, when the device has a ride price; else chunks.py:
+    `RIDE_SHARE` of the step per chunk of `STEP_TOKEN_BUDGET` less the decoding rows tokens). `ragged`: the servers' own kernels, idealised: a ragged batch
     (no padding: the chunks' tokens), fused with the step when there is one (its weights are
     read once: only the tokens' share of a prefill is added). A `padded` scheduler (static
     batching on a plain transformers model) pays rows x the longest prompt with either."""
@@ -258,6 +259,8 @@ def iteration_ms(
         tokens = sum(t for _, t in prefill)
         if padded or (kernels == "runner" and not decode):
             ms += cost.prefill_ms(len(prefill), max(t for _, t in prefill))
+        elif kernels == "runner" and cost.ride_token_ms():
+            ms += cost.ride_fixed() + tokens * (cost.ride_token_ms() or 0.0)
         elif kernels == "runner":
             ms = ride_ms(step, rides(tokens, STEP_TOKEN_BUDGET, len(decode)))
         elif decode:
