@@ -128,6 +128,34 @@ class RidePacer:
         """Whether the next step, whose plain part takes about `step_ms`, may carry a ride."""
         return self._credit.due(ride_allowance(step_ms, self.tpot_ms))
 
+    @property
+    def owed_ms(self) -> float:
+        """What the last rides and stalls added that plain steps have not paid back yet."""
+        return self._credit.owed_ms
+
+    def stalled(self, ms: float, banked_ms: float) -> None:
+        """A prefill in one piece stalled the decoding rows `ms`, `banked_ms` of it banked (joins.stall_room)."""
+        self._credit.stalled(ms, banked_ms)
+
+    def stall_ms(self, tokens: int) -> float | None:
+        """What a one-piece prefill of `tokens` padded tokens is expected to take (the recent one-piece
+        prefills' fixed and per-token parts); None before any."""
+        cost = fit_cost(self._prefills)
+        return None if cost is None else cost[0] + cost[1] * tokens
+
+    def ride_pace(self, decoding_rows: int, step_ms: float, share: float = 1.0) -> tuple[int, float] | None:
+        """(prompt tokens, ms) a queued prompt gets per ride at the current pace: its `share` of the
+        next ride's size, and the time from one ride to the next (the ride's step and the plain steps
+        that pay it back, joins.RideCredit); None before a ride's cost is known."""
+        cost = self.cost()
+        if cost is None or cost[1] <= 0 or step_ms <= 0:
+            return None
+        tokens = self.tokens(decoding_rows, step_ms)
+        added = cost[0] + cost[1] * tokens
+        allowance = ride_allowance(step_ms, self.tpot_ms)
+        per_ride = step_ms * max(1.0, added / allowance) + added if allowance > 0 else step_ms + added
+        return max(MIN_CHUNK, int(share * tokens)), per_ride
+
     def cost(self) -> tuple[float, float] | None:
         """(fixed ms, ms per prompt token) a ride adds to a step, from the recent rides; a one-piece
         prefill's time per token before any; None before either."""

@@ -67,6 +67,8 @@ from pipeline.core.engine.joins import (
     JOIN_GROUP,
     JOIN_WAIT_STEPS,
     MIN_CHUNK,
+    OLDEST_SHARE,
+    Decoding,
     Joiner,
     JoinRule,
     JoinSettings,
@@ -74,6 +76,9 @@ from pipeline.core.engine.joins import (
     Waiting,
     late_for_first_token,
     length_groups,
+    rides_late,
+    rides_ms,
+    stall_room,
 )
 from pipeline.core.engine.shedding import CANNOT_MEET_DEADLINE, CANNOT_MEET_SLO
 
@@ -264,7 +269,7 @@ class IterationScheduler:
                     finished += self._running.expire(now)
                     if joining:
                         self.joins += 1
-                        finished += self._join(joining)
+                        finished += self._join(joining, now)
                     finished += self._step(now)
                 except Exception as e:
                     failing = self._running.live + joining + [s for p in self._prefills for s in p.seqs]
@@ -277,22 +282,70 @@ class IterationScheduler:
     def _busy(self) -> bool:
         return bool(len(self._running) or self._prefills)
 
-    def _join(self, joining: list[Sequence]) -> list[Sequence]:
+    def _room(self, now_ms: float) -> tuple[float, float]:
+        """The decoding rows' room for a stall and what they banked (joins.stall_room), less what the
+        rides owe; (0, 0) unless rides are paced by a time-per-output-token objective."""
+        pacer = self._pacer
+        if not isinstance(pacer, RidePacer) or pacer.tpot_ms is None or not len(self._running):
+            return 0.0, 0.0
+        rule = self._rule
+        rows = [
+            Decoding(
+                s.first_token_ms or now_ms,
+                len(s.generated),
+                rule.remaining_tokens(len(s.generated), s.limit, s.ignore_eos),
+            )
+            for s in self._running.live
+        ]
+        room, banked = stall_room(rows, now_ms, self._last_step_ms, pacer.tpot_ms)
+        return room - pacer.owed_ms, banked
+
+    def _join(self, joining: list[Sequence], now_ms: float) -> list[Sequence]:
         """Prefill the admitted joiners in groups of like prompt lengths: while rows decode a group
-        rides the decode steps in chunks, one prompt at a time (a ride pays no padding); with
-        nobody decoding it is prefilled in one piece (joins.py)."""
+        rides the decode steps in chunks, one prompt at a time (a ride pays no padding), unless no
+        group is queued to ride and its stall fits the rows' room (JoinRule.stall_fits); with nobody
+        decoding it is prefilled in one piece (joins.py)."""
         finished: list[Sequence] = []
+        decoding = len(self._running)
+        room, banked = self._room(now_ms)
+        stalled = 0.0
+        pacer = self._pacer
+        pace = pacer.ride_pace(decoding, self._last_step_ms) if isinstance(pacer, RidePacer) and room > 0 else None
         for members in length_groups([len(s.prompt) for s in joining]):
             group = [joining[k] for k in members]
-            if not self._rule.one_piece(len(self._running)):
+            width = max(len(s.prompt) for s in group)
+            expected = pacer.stall_ms(len(group) * width) if pace is not None and isinstance(pacer, RidePacer) else None
+            slow = rides_ms(sum(len(s.prompt) for s in group), *pace) if pace is not None else 0.0
+            at_once = self._rule.one_piece(decoding) or (
+                expected is not None and self._rule.stall_fits(stalled + expected, room, len(self._prefills), slow)
+            )
+            if not at_once:
                 self._prefills.extend(ChunkedPrefill(self._running, [s]) for s in group)
             else:
-                width = max(len(s.prompt) for s in group)
                 started = time.perf_counter()
                 finished += self._running.join(group)
-                self._pacer.observe(len(group) * width, (time.perf_counter() - started) * 1000.0)
+                ms = (time.perf_counter() - started) * 1000.0
+                self._pacer.observe(len(group) * width, ms)
+                stalled += ms
                 self._size_at_join = len(self._running)
+        if stalled and decoding and isinstance(self._pacer, RidePacer):
+            self._pacer.stalled(stalled, banked)
         return finished
+
+    def _rescue(self, prefill: ChunkedPrefill, now_ms: float) -> bool:
+        """Whether the oldest queued prompt, late for its first token at the rides' pace (joins.rides_late),
+        has its rest prefilled in one piece now (JoinRule.rescue)."""
+        pacer = self._pacer
+        by = min((s.first_token_by_ms for s in prefill.seqs if s.first_token_by_ms is not None), default=None)
+        if by is None or not isinstance(pacer, RidePacer) or pacer.tpot_ms is None:
+            return False
+        share = OLDEST_SHARE if len(self._prefills) > 1 else 1.0
+        pace = pacer.ride_pace(len(self._running), self._last_step_ms, share)
+        expected = pacer.stall_ms(prefill.remaining_tokens)
+        if pace is None or expected is None or not rides_late(prefill.remaining_tokens, *pace, now_ms, by):
+            return False
+        room, _ = self._room(now_ms)
+        return self._rule.rescue(expected, room, now_ms, by)
 
     def _step(self, now_ms: float) -> list[Sequence]:
         """A chunk of the oldest queued prefill, then a decode step of the running rows (one forward
@@ -323,6 +376,19 @@ class IterationScheduler:
                 continue
             decoding = len(self._running)
             pacer = self._pacer
+            if decoding and self._rescue(prefill, now_ms):
+                _, banked = self._room(now_ms)
+                started = time.perf_counter()
+                fed = prefill.advance(None)
+                ms = (time.perf_counter() - started) * 1000.0
+                pacer.observe(fed, ms)
+                if isinstance(pacer, RidePacer):
+                    pacer.stalled(ms, banked)
+                self.chunks += 1
+                self._prefills.popleft()
+                finished += prefill.admit()
+                self._size_at_join = len(self._running)
+                break
             rides = pacer if isinstance(pacer, RidePacer) and decoding and supported(self._running.model) else None
             if rides is not None and not rides.due(self._last_step_ms):
                 return finished, False  # the last rides' time is paid back by a plain step first

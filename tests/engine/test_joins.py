@@ -10,6 +10,7 @@ from pipeline.core.engine.joins import (
     MIN_CHUNK,
     OLDEST_SHARE,
     RIDE_SHARE,
+    Decoding,
     Joiner,
     JoinRule,
     JoinSettings,
@@ -22,6 +23,9 @@ from pipeline.core.engine.joins import (
     ride_allowance,
     ride_plan,
     ride_tokens,
+    rides_late,
+    rides_ms,
+    stall_room,
 )
 
 
@@ -167,3 +171,68 @@ def test_late_for_first_token_gives_up_only_what_no_prefill_order_could_save() -
     assert late_for_first_token(waiting, 200.0, 2.0) == [0, 1]
     assert late_for_first_token(waiting, 0.0, 3.0) == [0, 5]
     assert late_for_first_token(waiting, 0.0, None) == [] and late_for_first_token(waiting, 0.0, 0.0) == []
+
+
+def test_a_stall_fits_what_the_rows_banked_and_what_their_remaining_tokens_pay_back() -> None:
+    """TPOT 50 ms, plain steps of 30 ms: a row 11 tokens in after 300 ms banked 200 ms, and each of
+    its 10 remaining tokens pays 20 ms back; the room is the least over the rows."""
+    rows = [Decoding(0.0, 11, 10), Decoding(200.0, 3, 2)]
+    room, banked = stall_room(rows, 300.0, 30.0, 50.0)
+    # row 0: 50 x 10 - 300 + 10 x 20 = 400; row 1: 50 x 2 - 100 + 2 x 20 = 40
+    assert (room, banked) == pytest.approx((40.0, 0.0))
+    assert stall_room(rows[:1], 300.0, 30.0, 50.0) == pytest.approx((400.0, 200.0))
+    assert stall_room(rows, 300.0, 30.0, None) == (0.0, 0.0)  # no objective: no stall is weighed
+    assert stall_room(rows, 300.0, 60.0, 50.0) == (0.0, 0.0)  # the plain step misses it already
+    assert stall_room([Decoding(0.0, 2, 0)], 300.0, 30.0, 50.0) == (0.0, 0.0)  # late already: none
+    # a row given the stall, then its remaining tokens at plain steps, meets the objective exactly
+    first, emitted, remaining, now, step, tpot = 0.0, 11, 10, 300.0, 30.0, 50.0
+    stall, _ = stall_room([Decoding(first, emitted, remaining)], now, step, tpot)
+    assert (now + stall + remaining * step - first) / (emitted - 1 + remaining) == pytest.approx(tpot)
+
+
+def test_a_stall_is_owed_beyond_what_the_rows_banked() -> None:
+    credit = RideCredit()
+    credit.stalled(300.0, 200.0)
+    assert credit.owed_ms == pytest.approx(100.0)
+    assert not credit.due(20.0)  # rides wait while the plain steps pay the 100 ms back
+    for _ in range(4):
+        credit.plain(20.0)
+    assert not credit.due(20.0) and credit.owed_ms == pytest.approx(20.0)
+    credit.plain(20.0)
+    assert credit.due(20.0)
+    credit.stalled(50.0, 80.0)  # banked: nothing owed
+    assert credit.owed_ms == 0.0
+
+
+def test_rows_remaining_tokens_are_judged_short_or_known_exactly() -> None:
+    rule = JoinRule(JoinSettings())
+    assert rule.remaining_tokens(5, 100, exact=False) == 0  # nothing learned: no room is promised
+    assert rule.remaining_tokens(5, 100, exact=True) == 95  # a replayed trace's answer runs to its limit
+    for tokens in range(10, 10 + 4 * LEARN_AFTER, 4):
+        rule.learn(tokens)
+    short = sorted(range(10, 10 + 4 * LEARN_AFTER, 4))[int(0.25 * (4 * LEARN_AFTER // 4 - 1))]
+    assert rule.remaining_tokens(5, 100, exact=False) == short - 5
+    assert rule.remaining_tokens(5, 8, exact=False) == 3  # never past its limit
+    assert rule.remaining_tokens(100, 200, exact=False) == 0
+
+
+def test_a_group_is_prefilled_in_one_piece_while_rows_decode_only_when_its_stall_fits_and_nothing_rides() -> None:
+    rule = JoinRule(JoinSettings(step_token_budget=128))
+    assert rule.stall_fits(300.0, 400.0, 0, rides_ms=600.0)
+    assert not rule.stall_fits(500.0, 400.0, 0, rides_ms=600.0)
+    assert not rule.stall_fits(300.0, 400.0, 1, rides_ms=600.0)  # it would delay the rides of the queued prompts
+    assert not rule.stall_fits(300.0, 400.0, 0, rides_ms=500.0)  # riding is nearly as soon
+    assert not JoinRule(JoinSettings(step_token_budget=0)).stall_fits(300.0, 400.0, 0, rides_ms=600.0)
+
+
+def test_a_prompt_late_on_rides_is_prefilled_at_once_when_that_saves_it_and_the_rows_can_spare_it() -> None:
+    # 1000 tokens left at 100 a ride, a ride every 60 ms: 600 ms; by 500 ms it is late, by 700 ms not
+    assert rides_ms(1000, 100, 60.0) == 600.0 and rides_ms(1001, 100, 60.0) == 660.0
+    assert rides_late(1000, 100, 60.0, 0.0, 500.0)
+    assert not rides_late(1000, 100, 60.0, 0.0, 700.0)
+    assert not rides_late(1000, 100, 60.0, 0.0, None)
+    rule = JoinRule(JoinSettings(step_token_budget=128))
+    assert rule.rescue(300.0, 400.0, 0.0, 500.0)
+    assert not rule.rescue(300.0, 200.0, 0.0, 500.0)  # the rows cannot spare the stall
+    assert not rule.rescue(300.0, 400.0, 300.0, 500.0)  # in one piece it is late as well
+    assert not rule.rescue(300.0, 400.0, 0.0, None)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -209,6 +211,52 @@ def test_a_tpot_objective_rides_its_slack() -> None:
     assert slack.longest_gap_ms == pytest.approx(step * (1 + 0.35 * 1000 / 128))
 
 
+def test_a_ride_with_a_fixed_part_carries_what_the_fixed_part_costs_and_is_spaced_as_the_consumer_spaces_it() -> None:
+    """A ride that adds 40 ms whatever it carries plus 1 ms a token beside a 55 ms plain step: the
+    simulator rides as the consumer's pacer does once it has fitted both parts (40 tokens, 80 ms
+    added) and spaces the rides so that they add RIDE_SHARE of a step on average; without the fixed
+    part it would ride 19 tokens every step and miss the 40 ms each time."""
+    from consumers.runners.chunked_prefill import RidePacer
+    from pipeline.core.engine.joins import RIDE_SHARE, RideCredit, paced_ride
+    from pipeline.core.sim.generation.decode_loop import STEP_TOKEN_BUDGET
+
+    step = STEP_A + STEP_C
+    fixed, per_token = 40.0, 1.0
+    cost = dataclasses.replace(COST, ride_ms_per_token=per_token, ride_fixed_ms=fixed)
+    assert cost.ride_fixed() == fixed and cost.scaled(2.0).ride_fixed() == 2 * fixed
+    assert dataclasses.replace(cost, ride_measured_ms=1.5).ride_fixed() == 0.0  # a measured pace holds it
+    arr = arrivals([0.0, 100.0], [32, 1000], [400, 4], limit=400)
+    out = run(arr, LoopSettings(reserve_tokens=400, step_token_budget=STEP_TOKEN_BUDGET), cost=cost)
+    tokens = paced_ride(STEP_TOKEN_BUDGET, 1, step, per_token, None, fixed)
+    assert tokens == 40
+    assert out.longest_gap_ms == pytest.approx(step + fixed + tokens * per_token)
+    # the consumer's pacer, fed the simulated rides, fits the same two parts and rides the same size
+    pacer = RidePacer(STEP_TOKEN_BUDGET)
+    for size in (8, 16, tokens):
+        pacer.observe_ride(size, step + fixed + size * per_token, step)
+    assert pacer.cost() == pytest.approx((fixed, per_token))
+    assert pacer.tokens(1, step) == tokens
+    # spaced: one ride in four steps (80 ms owed, 19.25 paid back a step), 25 rides for the 1000 tokens
+    credit, rides, steps = RideCredit(), 0, 0
+    allowance = RIDE_SHARE * step
+    while rides * tokens < 1000:
+        steps += 1
+        if credit.due(allowance):
+            credit.rode(fixed + tokens * per_token, allowance)
+            rides += 1
+        else:
+            credit.plain(allowance)
+    assert rides == 25 and steps >= 4 * 24
+    first = out.first_ms[1] - 100.0
+    assert first >= steps * step + rides * (fixed + tokens * per_token) - 2 * step
+    flat = run(arr, LoopSettings(reserve_tokens=400, step_token_budget=STEP_TOKEN_BUDGET), cost=replace_fixed(cost))
+    assert flat.longest_gap_ms == pytest.approx(step + int(allowance / per_token) * per_token)
+
+
+def replace_fixed(cost: GenerationCost) -> GenerationCost:
+    return dataclasses.replace(cost, ride_fixed_ms=0.0)
+
+
 def test_cost_from_profile_curves_reads_the_attention_slope() -> None:
     curves = GenerationCurves(
         prefill=((32, 100.0), (64, 160.0), (128, 230.0), (256, 500.0), (512, 1000.0)),
@@ -288,3 +336,42 @@ def test_a_burst_past_the_ttft_objective_gives_up_the_hopeless_and_serves_the_re
     assert met(shed) >= met(plain) and met(plain) < 20
     light = arrivals([k * 2000.0 for k in range(6)], [400] * 6, [4] * 6)
     assert not run(light, LoopSettings(reserve_tokens=NEW, ttft_ms=ttft)).expired.any()
+
+
+PROFILED = dataclasses.replace(COST, ride_ms_per_token=PREFILL_C, ride_fixed_ms=PREFILL_A)
+"""A device whose rides cost what its prefills do (a CPU, as from a profile): 40 ms each plus 2 ms a token."""
+
+
+def test_at_low_load_a_long_prompt_is_prefilled_in_one_piece_when_the_rows_can_spare_the_stall() -> None:
+    """A row decoding 200 tokens under a 100 ms TPOT objective with 55 ms steps has banked seconds when
+    a 600-token prompt comes: its one-piece prefill (1.24 s) fits the row's room and comes ~4x sooner
+    than rides of 20 tokens every ~180 ms; the row still meets its objective. A 1000-token prompt
+    beside a row near its end does not fit: it rides, and the row never stalls."""
+    tpot = 100.0
+    settings = LoopSettings(reserve_tokens=200, step_token_budget=128, tpot_ms=tpot)
+    arr = dataclasses.replace(arrivals([0.0, 3000.0], [32, 600], [200, 4], limit=200), exact_answers=True)
+    out = run(arr, settings, cost=PROFILED)
+    step = STEP_A + STEP_C
+    assert out.first_ms[1] - 3000.0 <= PREFILL_A + PREFILL_C * 600 + step + 1e-6
+    assert (out.done_ms[0] - out.first_ms[0]) / 199 <= tpot
+    rides = run(arr, dataclasses.replace(settings, tpot_ms=None), cost=PROFILED)  # no objective: no room
+    assert rides.first_ms[1] - 3000.0 > 3 * (out.first_ms[1] - 3000.0)
+    near_end = dataclasses.replace(arrivals([0.0, 1000.0], [32, 1000], [30, 4], limit=30), exact_answers=True)
+    rode = run(near_end, LoopSettings(reserve_tokens=30, step_token_budget=128, tpot_ms=tpot), cost=PROFILED)
+    assert rode.longest_gap_ms < 3 * step
+
+
+def test_a_prompt_late_on_rides_is_prefilled_in_one_piece_when_the_rows_can_spare_it() -> None:
+    """A 1000-token prompt joins beside a row about to end (no room: it rides) and a long one. Once the
+    short row left, at 20 tokens a ride every ~200 ms it would get its first token after ~10 s, past
+    its 3 s objective: the rest is prefilled at once (2 s), which the long row can spare. Without a
+    TTFT objective nothing weighs it and it rides to the end."""
+    tpot, ttft = 100.0, 3000.0
+    arr = dataclasses.replace(arrivals([0.0, 0.0, 150.0], [32, 32, 1000], [3, 200, 4], limit=200), exact_answers=True)
+    arr = dataclasses.replace(arr, limit=np.asarray([3, 200, 4]))
+    settings = LoopSettings(reserve_tokens=200, step_token_budget=128, tpot_ms=tpot)
+    weighed = run(arr, dataclasses.replace(settings, ttft_ms=ttft), cost=PROFILED)
+    plain = run(arr, settings, cost=PROFILED)
+    assert not weighed.expired.any()
+    assert weighed.first_ms[2] - 150.0 <= ttft < plain.first_ms[2] - 150.0
+    assert (weighed.done_ms[1] - weighed.first_ms[1]) / 199 <= tpot

@@ -66,11 +66,19 @@ LEARN_AFTER = 8
 ANSWER_WINDOW = 256
 """Recent answer lengths the p75 is taken over."""
 ANSWER_QUANTILE = 0.75
+REMAINING_QUANTILE = 0.25
+"""How long a decoding row's answer is judged to run when a stall is weighed (`stall_room`): a short
+estimate, so that most rows really have the tokens that pay the stall back."""
 MIN_CHUNK = 8
 """Prompt tokens a chunk carries at least (the consumer's chunked prefill)."""
 RIDE_SHARE = 0.35
 """Without a time-per-output-token objective, a decode step that carries prompt tokens in its
 forward pass may take this share longer than a plain one (docs/runners.md, "Fused chunks")."""
+ONE_PIECE_GAIN = 2.0
+"""A group is prefilled in one piece beside decoding rows only when that at least halves its wait for
+the first token against riding: a stall costs every row at once, where rides spend slack the
+time-per-output-token objective grants anyway (with cheap rides, one-piece joins of a few tens of
+ms each added up to missed TPOTs in the generation bench's flash-deadline)."""
 OLDEST_SHARE = 0.5
 """Share of a ride the oldest queued group gets at least (while its rest is that long): short
 groups go whole before it only within the other share, so no prompt waits behind them for ever."""
@@ -148,6 +156,44 @@ def late_for_first_token(waiting: Sequence[Waiting], now_ms: float, per_token_ms
     return late
 
 
+@dataclass(frozen=True)
+class Decoding:
+    """What `stall_room` reads of one decoding row."""
+
+    first_ms: float
+    """When its first token came."""
+    emitted: int
+    """Tokens it has, the first included."""
+    remaining: int
+    """Tokens it is judged to generate still (`JoinRule.remaining_tokens`)."""
+
+
+def stall_room(rows: Sequence[Decoding], now_ms: float, step_ms: float, tpot_ms: float | None) -> tuple[float, float]:
+    """(room, banked): how long a prefill in one piece may stall every decoding row now with each
+    still meeting the time-per-output-token objective on average, if its remaining tokens take plain
+    steps of `step_ms`: the least over the rows of what it has banked (the objective's time for its
+    tokens so far less the time they took) plus its remaining tokens' slack over the plain step;
+    and the least banked alone (the part of a stall no later step pays back). (0, 0) without an
+    objective, a measured step or rows, or while the plain step misses the objective."""
+    if not rows or tpot_ms is None or not 0 < step_ms < tpot_ms:
+        return 0.0, 0.0
+    banks = [tpot_ms * (r.emitted - 1) - (now_ms - r.first_ms) for r in rows]
+    room = min(b + r.remaining * (tpot_ms - step_ms) for b, r in zip(banks, rows, strict=True))
+    return max(0.0, room), max(0.0, min(banks))
+
+
+def rides_ms(tokens: int, ride_tokens: int, per_ride_ms: float) -> float:
+    """How long `tokens` prompt tokens take to ride at `ride_tokens` a ride, a ride every `per_ride_ms`
+    (its step and the plain steps that pay it back)."""
+    return -(-tokens // max(1, ride_tokens)) * per_ride_ms
+
+
+def rides_late(rest_tokens: int, ride_tokens: int, per_ride_ms: float, now_ms: float, by_ms: float | None) -> bool:
+    """Whether a queued prompt with `rest_tokens` to prefill, riding at `ride_tokens` a ride every
+    `per_ride_ms`, would get its first token past `by_ms` (None: it has no time-to-first-token objective)."""
+    return by_ms is not None and ride_tokens > 0 and now_ms + rides_ms(rest_tokens, ride_tokens, per_ride_ms) > by_ms
+
+
 def length_groups(prompts: Sequence[int]) -> list[list[int]]:
     """Indices of `prompts` in prefill groups of like lengths: sorted by length, a group grows while
     its rows x longest prompt stay within MAX_PADDING x its tokens."""
@@ -172,11 +218,12 @@ class JoinRule:
         self.s = settings
         self._answers: deque[int] = deque(maxlen=ANSWER_WINDOW)
         self._expected: int | None = None
+        self._short: int | None = None
 
     def learn(self, tokens: int) -> None:
         """An answer ended with `tokens` generated (not one stopped by its deadline)."""
         self._answers.append(tokens)
-        self._expected = None
+        self._expected = self._short = None
 
     def expected_tokens(self, limit: int) -> int:
         """Tokens a new answer is judged to need: the recent answers' p75, capped at its limit."""
@@ -186,6 +233,19 @@ class JoinRule:
             ranked = sorted(self._answers)
             self._expected = ranked[min(len(ranked) - 1, int(ANSWER_QUANTILE * len(ranked)))]
         return min(limit, self._expected)
+
+    def remaining_tokens(self, emitted: int, limit: int, exact: bool) -> int:
+        """Tokens a decoding row is judged to generate still: the rest of its limit when its answer runs
+        to it (`exact`: a replayed trace's), else the rest of the recent answers' REMAINING_QUANTILE (a
+        short estimate: a stall it would have paid back is a miss); none before answers are known."""
+        if exact:
+            return max(0, limit - emitted)
+        if len(self._answers) < LEARN_AFTER:
+            return 0
+        if self._short is None:
+            ranked = sorted(self._answers)
+            self._short = ranked[int(REMAINING_QUANTILE * (len(ranked) - 1))]
+        return max(0, min(limit, self._short) - emitted)
 
     def hopeless(self, joiner: Joiner, view: LoopView, now_ms: float) -> bool:
         """Whether its answer could not end by its deadline at the current time per step."""
@@ -231,6 +291,27 @@ class JoinRule:
             or view.steps - oldest >= s.join_wait_steps
         )
         return fits if pays else []
+
+    def stall_fits(self, stall_ms: float, room_ms: float, queued: int, rides_ms: float) -> bool:
+        """Whether a group is prefilled in one piece although rows decode: while no group is queued to
+        ride (a stall would delay their rides, and the prompts behind them), its stall fits the rows'
+        room (`stall_room`) and it brings the first token ONE_PIECE_GAIN times sooner than riding would
+        (`rides_ms`: its tokens at the rides' pace). A long prompt then gets its first token after its own prefill, not
+        after many steps of rides at a fixed part's pace (at low load on a 2-core CPU: 1.7 s against
+        4.6-4.9 s), for TPOT its rows can spare."""
+        return (
+            self.s.step_token_budget > 0
+            and not queued
+            and 0 < stall_ms <= room_ms
+            and ONE_PIECE_GAIN * stall_ms <= rides_ms
+        )
+
+    def rescue(self, stall_ms: float, room_ms: float, now_ms: float, by_ms: float | None) -> bool:
+        """Whether the oldest queued prompt, whose rides would bring its first token past `by_ms`
+        (`rides_late`), has the rest of its prompt prefilled in one piece now: when that brings it in
+        time and the stall fits the rows' room (`stall_room`). The time-to-first-token objective
+        weighs here against the time per output token: the rows give up slack they can spare."""
+        return by_ms is not None and now_ms + stall_ms <= by_ms and 0 < stall_ms <= room_ms
 
     def one_piece(self, running: int) -> bool:
         """Whether a group is prefilled at once (nobody decodes: nothing to stall; or chunking is
@@ -307,6 +388,11 @@ class RideCredit:
     def plain(self, allowance_ms: float) -> None:
         """A step that carried nothing paid back `allowance_ms`."""
         self.owed_ms = max(0.0, self.owed_ms - allowance_ms)
+
+    def stalled(self, stall_ms: float, banked_ms: float) -> None:
+        """A prefill in one piece stalled the rows `stall_ms`, of which `banked_ms` they had banked
+        (`stall_room`): the rest is owed, paid back by the plain steps' slack before the next ride."""
+        self.owed_ms += max(0.0, stall_ms - banked_ms)
 
 
 def ride_plan(remaining: Sequence[int], tokens: int) -> list[tuple[int, int | None]]:

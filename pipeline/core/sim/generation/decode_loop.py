@@ -29,6 +29,9 @@ from pipeline.core.engine.decisions import Batch, BatchPolicy, PendingRequest
 from pipeline.core.engine.joins import (
     JOIN_GROUP,
     JOIN_WAIT_STEPS,
+    MIN_CHUNK,
+    OLDEST_SHARE,
+    Decoding,
     Joiner,
     JoinRule,
     JoinSettings,
@@ -41,6 +44,9 @@ from pipeline.core.engine.joins import (
     ride_allowance,
     ride_plan,
     ride_tokens,
+    rides_late,
+    rides_ms,
+    stall_room,
 )
 from pipeline.core.sim.generation.chunks import ChunkedGroup, chunk_tokens, ride_ms, ride_token_ms
 from pipeline.core.sim.generation.cost import GenerationCost
@@ -72,6 +78,9 @@ class GenArrivals:
     lane: np.ndarray
     deadline_ms: np.ndarray
     """Absolute deadline, NaN for none."""
+    exact_answers: bool = False
+    """Every answer runs to its limit (a replayed trace's, the end-of-sequence ignored): the loop
+    knows how many tokens a row has left."""
 
     def __len__(self) -> int:
         return int(self.create_ms.shape[0])
@@ -209,6 +218,7 @@ def simulate_generation(
     answered = 0
     gap = [0.0]
     deadline = arr.deadline_ms
+    exact = arr.exact_answers
     due = bool(np.isfinite(deadline).any())
     """Whether any request has a deadline (without, the scans for the expired are skipped)."""
 
@@ -273,41 +283,52 @@ def simulate_generation(
             row.group.arrived_step,
         )
 
+    def plain_step(lane: int) -> tuple[int, float]:
+        """(rows in the cache, ms) of the running rows' next plain decode step."""
+        loop = loops[lane]
+        rows = len(loop.live) + loop.dead
+        return rows, cost.step_ms(rows, max(int(arr.prompt[r.i]) + r.emitted for r in loop.live))
+
+    def ride_size(lane: int, ms: float) -> int:
+        """Prompt tokens the next ride carries beside a plain step of `ms` (the consumer's pacer)."""
+        decoding = len(loops[lane].live)
+        per_token = cost.ride_token_ms()
+        if per_token:  # the consumer's pacer, once it has fitted both parts
+            return paced_ride(budget, decoding, ms, per_token, settings.tpot_ms, cost.ride_fixed())
+        device = ms - cost.step_overhead_ms
+        return ride_tokens(
+            chunk_tokens(budget, decoding), ms, ride_token_ms(device, budget, decoding), settings.tpot_ms
+        )
+
+    def ride_added(lane: int, ms: float, fed: int) -> float:
+        """What a ride of `fed` prompt tokens adds to a plain step of `ms`."""
+        per_token = cost.ride_token_ms()
+        if per_token:
+            return cost.ride_fixed() + fed * per_token
+        device = ms - cost.step_overhead_ms  # a ride adds to the forward pass, not to the loop's fixed cost
+        return ride_ms(device, fed / chunk_tokens(budget, len(loops[lane].live))) - device
+
     def step(lane: int, now: float) -> None:
         """One decode step of the running rows; the queued groups' next chunks ride it (joins.ride_plan) when
         the last rides are paid back (joins.RideCredit)."""
         loop = loops[lane]
-        rows = len(loop.live) + loop.dead
-        width = max(int(arr.prompt[r.i]) + r.emitted for r in loop.live)
-        ms = cost.step_ms(rows, width)
+        rows, ms = plain_step(lane)
         merged: list[_Row] = []
         allowance = ride_allowance(ms, settings.tpot_ms)
         if not loop.prefills or not loop.credit.due(allowance):
             loop.credit.plain(allowance)
         else:
-            plain_ms = ms
-            decoding = len(loop.live)
-            device = ms - cost.step_overhead_ms  # a ride adds to the forward pass, not to the loop's fixed cost
-            per_token = cost.ride_token_ms()
-            if per_token:  # the consumer's pacer
-                tokens = paced_ride(budget, decoding, ms, per_token, settings.tpot_ms)
-            else:
-                tokens = ride_tokens(
-                    chunk_tokens(budget, decoding), ms, ride_token_ms(device, budget, decoding), settings.tpot_ms
-                )
             queue: list[ChunkedGroup[_Row]] = list(loop.prefills)
             fed = 0
-            for k, chunk in ride_plan([p.rest_tokens() for p in queue], tokens):
+            for k, chunk in ride_plan([p.rest_tokens() for p in queue], ride_size(lane, ms)):
                 group = queue[k]
                 fed += group.ride(chunk)
                 if group.complete:
                     loop.prefills.remove(group)
                     merged += group.rows
-            if per_token:
-                ms += fed * per_token
-            else:
-                ms = ride_ms(device, fed / chunk_tokens(budget, decoding)) + cost.step_overhead_ms
-            loop.credit.rode(ms - plain_ms, allowance)
+            added = ride_added(lane, ms, fed)
+            loop.credit.rode(added, allowance)
+            ms += added
         step_rows.append(rows)
         loop.busy = True
         push(now + ms, _STEPPED, lane, (ms, merged))
@@ -331,6 +352,36 @@ def simulate_generation(
             else:
                 finish_row(lane, order[k - len(queued)], now, True)
         return [r for r in waiting if not r.done]
+
+    def pace(lane: int, share: float) -> tuple[int, float]:
+        """(tokens, ms) a queued prompt gets per ride at the rides' pace: its `share` of a ride, and the
+        time from one ride to the next (its step and the plain steps that pay it back)."""
+        _, ms = plain_step(lane)
+        tokens = ride_size(lane, ms)
+        added = ride_added(lane, ms, tokens)
+        allowance = ride_allowance(ms, settings.tpot_ms)
+        per_ride = ms * max(1.0, added / allowance) + added if allowance > 0 else ms + added
+        return max(MIN_CHUNK, int(share * tokens)), per_ride
+
+    def late_on_rides(lane: int, head: ChunkedGroup[_Row], now: float, by: float) -> bool:
+        """Whether the oldest queued prompt, riding at the rides' pace (its share of each), would get its
+        first token past `by` (joins.rides_late)."""
+        share = OLDEST_SHARE if len(loops[lane].prefills) > 1 else 1.0
+        return rides_late(head.rest_tokens(), *pace(lane, share), now, by)
+
+    def room_now(lane: int, now: float) -> tuple[float, float]:
+        """The running rows' room for a stall (joins.stall_room), less what the rides owe."""
+        loop = loops[lane]
+        if settings.tpot_ms is None or not loop.live:
+            return 0.0, 0.0
+        rule = loop.rule
+        rows = [
+            Decoding(float(first[r.i]), r.emitted, rule.remaining_tokens(r.emitted, int(arr.limit[r.i]), exact))
+            for r in loop.live
+        ]
+        width = max(int(arr.prompt[r.i]) + r.emitted for r in loop.live)
+        room, banked = stall_room(rows, now, cost.step_ms(len(loop.live) + loop.dead, width), settings.tpot_ms)
+        return room - loop.credit.owed_ms, banked
 
     def iterate(lane: int, now: float) -> None:
         """One pass of the decode loop from `now`: drop, refuse, admit, expire, prefill or step (or idle)."""
@@ -362,14 +413,30 @@ def simulate_generation(
         ms = 0.0
         if joining:
             loop.joins += 1
+            room, banked = room_now(lane, now)
+            riding = pace(lane, 1.0) if room > 0 else (1, 0.0)
             for group in length_groups([int(arr.prompt[r.i]) for r in joining]):
                 rows = [joining[k] for k in group]
                 width = max(int(arr.prompt[r.i]) for r in rows)
-                if rule.one_piece(len(loop.live)):
-                    ms += cost.prefill_ms(len(rows), width)
+                stall = cost.prefill_ms(len(rows), width)
+                slow = rides_ms(sum(int(arr.prompt[r.i]) for r in rows), *riding)
+                if rule.one_piece(len(loop.live)) or rule.stall_fits(ms + stall, room, len(loop.prefills), slow):
+                    ms += stall
                     whole += rows
                 else:
                     loop.prefills.extend(ChunkedGroup([r], int(arr.prompt[r.i])) for r in rows)  # rides: unpadded
+            if whole and loop.live:
+                loop.credit.stalled(ms, banked)
+        if not whole and loop.live and loop.prefills and settings.ttft_ms is not None:
+            head = loop.prefills[0]
+            by = min(float(arr.create_ms[r.i]) for r in head.rows) + settings.ttft_ms
+            if late_on_rides(lane, head, now, by):
+                stall = cost.prefill_ms(1, head.rest_tokens())
+                room, banked = room_now(lane, now)
+                if rule.rescue(stall, room, now, by):
+                    loop.prefills.popleft()
+                    ms, whole = stall, head.rows
+                    loop.credit.stalled(stall, banked)
         if not whole and not loop.live and loop.prefills:
             head = loop.prefills.popleft()
             ms = cost.prefill_ms(1, head.rest_tokens())

@@ -238,4 +238,5 @@ def trace_arrivals(trace: Trace) -> GenArrivals:
         np.ones(n, dtype=np.int64),
         np.zeros(n, dtype=np.int64),
         np.full(n, np.nan),
+        exact_answers=True,
     )
