@@ -7,6 +7,7 @@ The cluster rows (CLUSTER) run on a three-broker cluster of their own, started o
 from __future__ import annotations
 
 import asyncio
+import functools
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from pipeline.tools.chaos.cluster_faults import (
     coordinator_freeze,
     leader_kill,
     rolling_restart,
+    share_leader_kill,
 )
 from pipeline.tools.chaos.consumer_kill import consumer_kill, consumer_kill_transactional
 from pipeline.tools.chaos.deployment import Stage
@@ -30,6 +32,7 @@ from pipeline.tools.chaos.ledger import FaultReport
 from pipeline.tools.chaos.overload import overload
 from pipeline.tools.chaos.poison import poison_request
 from pipeline.tools.chaos.rebalance_storm import rebalance_storm
+from pipeline.tools.chaos.share_consumer_kill import share_consumer_kill
 from pipeline.tools.chaos.sink_kill import sink_kill
 from pipeline.tools.chaos.steps import ChaosSizes
 from pipeline.tools.devtools.localcluster import LocalCluster
@@ -46,6 +49,8 @@ class FaultScenario:
     """Stops the broker: must run on a broker nobody else uses."""
     cluster: bool = False
     """Runs on a three-broker cluster (whose brokers it kills, freezes or restarts)."""
+    share: bool = False
+    """Runs the consumers in a share group (needs Kafka 4.2+): `batchtide chaos share`, not `all` or `cluster`."""
 
 
 SCENARIOS: dict[str, FaultScenario] = {
@@ -65,12 +70,20 @@ SCENARIOS: dict[str, FaultScenario] = {
         FaultScenario("coordinator-freeze", coordinator_freeze, cluster=True),
         FaultScenario("rolling-restart", rolling_restart, cluster=True),
         FaultScenario("controller-kill", controller_kill, cluster=True),
+        FaultScenario("share-consumer-kill", share_consumer_kill, share=True),
+        FaultScenario("share-leader-kill", share_leader_kill, cluster=True, share=True),
+        FaultScenario("share-broker-freeze", functools.partial(broker_freeze, share=True), cluster=True, share=True),
+        FaultScenario(
+            "share-rolling-restart", functools.partial(rolling_restart, share=True), cluster=True, share=True
+        ),
     )
 }
-SINGLE_BROKER = [name for name, s in SCENARIOS.items() if not s.cluster]
+SINGLE_BROKER = [name for name, s in SCENARIOS.items() if not s.cluster and not s.share]
 """`batchtide chaos all`."""
-CLUSTER = [name for name, s in SCENARIOS.items() if s.cluster]
+CLUSTER = [name for name, s in SCENARIOS.items() if s.cluster and not s.share]
 """`batchtide chaos cluster`."""
+SHARE = [name for name, s in SCENARIOS.items() if s.share]
+"""`batchtide chaos share`: the share-group rows (single broker first, then the cluster's)."""
 
 
 async def run_scenarios(names: list[str], sizes: ChaosSizes, workdir: Path) -> list[FaultReport]:

@@ -51,10 +51,17 @@ from pipeline.tools.chaos.ledger import FaultReport
 from pipeline.tools.chaos.steps import ChaosSizes
 from pipeline.tools.devtools.localcluster import LocalCluster
 
-__all__ = ["broker_freeze", "controller_kill", "coordinator_freeze", "leader_kill", "rolling_restart"]
+__all__ = [
+    "broker_freeze",
+    "controller_kill",
+    "coordinator_freeze",
+    "leader_kill",
+    "rolling_restart",
+    "share_leader_kill",
+]
 
 
-async def broker_freeze(stage: Stage, sizes: ChaosSizes) -> FaultReport:
+async def broker_freeze(stage: Stage, sizes: ChaosSizes, *, share: bool = False) -> FaultReport:
     """SIGSTOP the broker that leads the most request partitions for `freeze_s`, then SIGCONT:
     it is fenced meanwhile and must come back as a follower, never as a second leader.
 
@@ -67,7 +74,7 @@ async def broker_freeze(stage: Stage, sizes: ChaosSizes) -> FaultReport:
     async def busiest_leader(d: Deployment) -> int:
         return busiest(await request_leaders(d))
 
-    return await _freeze(stage, sizes, f"leader SIGSTOP {sizes.freeze_s:g} s, SIGCONT", busiest_leader)
+    return await _freeze(stage, sizes, f"leader SIGSTOP {sizes.freeze_s:g} s, SIGCONT", busiest_leader, share=share)
 
 
 async def coordinator_freeze(stage: Stage, sizes: ChaosSizes) -> FaultReport:
@@ -82,7 +89,7 @@ async def coordinator_freeze(stage: Stage, sizes: ChaosSizes) -> FaultReport:
 
 
 async def _freeze(
-    stage: Stage, sizes: ChaosSizes, label: str, choose: Callable[[Deployment], Awaitable[int]]
+    stage: Stage, sizes: ChaosSizes, label: str, choose: Callable[[Deployment], Awaitable[int]], *, share: bool = False
 ) -> FaultReport:
     async def inject(d: Deployment, cluster: LocalCluster) -> Injection:
         leaders = await request_leaders(d)
@@ -119,10 +126,10 @@ async def _freeze(
             },
         )
 
-    return await under_load(stage, sizes, label, inject)
+    return await under_load(stage, sizes, label, inject, share=share)
 
 
-async def rolling_restart(stage: Stage, sizes: ChaosSizes) -> FaultReport:
+async def rolling_restart(stage: Stage, sizes: ChaosSizes, *, share: bool = False) -> FaultReport:
     """Stop (clean shutdown) and restart every broker in turn, the active controller last, waiting
     for every partition's ISR to be full again before the next one, as an upgrade does."""
 
@@ -139,7 +146,32 @@ async def rolling_restart(stage: Stage, sizes: ChaosSizes) -> FaultReport:
             steps.append(f"{node.node_id}:{time.time() - began:.1f}s(isr {settled_s:.1f}s)")
         return Injection(start, time.time(), injections=len(order), details={"restarts": " ".join(steps)})
 
-    return await under_load(stage, sizes, "rolling restart of every broker", inject)
+    return await under_load(stage, sizes, "rolling restart of every broker", inject, share=share)
+
+
+async def share_leader_kill(stage: Stage, sizes: ChaosSizes) -> FaultReport:
+    """Share mode: SIGKILL the broker that leads the request partition (no transactions, so no
+    coordinator to choose: `leader-kill` needs one for the partition group's row); it stays down
+    `outage_s`, then restarts and rejoins. What its share partition had acquired is re-read by the
+    new leader from the share coordinator's state: records in flight come back."""
+
+    async def inject(d: Deployment, cluster: LocalCluster) -> Injection:
+        victim = busiest(await request_leaders(d))
+        node = cluster.node(victim)
+        start = time.time()
+        await asyncio.to_thread(node.kill)
+        moved_s = await leaders_moved_off(d, without(cluster, d.settings, victim), victim, sizes.outage_s)
+        await asyncio.sleep(max(0.0, sizes.outage_s - (time.time() - start)))
+        back = time.time()
+        await restart(node)
+        await replication_settled(d.settings)
+        return Injection(
+            start,
+            time.time(),
+            details={"victim": victim, "leaders_moved_s": moved_s, "down_s": round(back - start, 1)},
+        )
+
+    return await under_load(stage, sizes, f"request leader SIGKILL, down {sizes.outage_s:g} s", inject, share=True)
 
 
 async def controller_kill(stage: Stage, sizes: ChaosSizes) -> FaultReport:

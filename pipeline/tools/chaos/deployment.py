@@ -29,6 +29,7 @@ from pipeline.tools.harness.group_offsets import (
     consumer_group,
     end_offsets,
     wait_group,
+    wait_share_group,
 )
 from pipeline.tools.harness.open_loop import Traffic
 from pipeline.tools.harness.processes import Proc, Processes
@@ -93,6 +94,7 @@ class Deployment:
     ) -> None:
         self.stage = stage
         self.device = device
+        self._consumer_table = dict(consumer or {})
         self.partitions = partitions
         self.settings = stage.kafka
         self.topics = Topics(stage.kafka.topic_prefix)
@@ -173,7 +175,16 @@ class Deployment:
         for request_id in ids:
             self.ledger.sent.pop(request_id, None)
 
+    @property
+    def share(self) -> bool:
+        """The consumers run in a share group (`[consumer] group_type = "share"`)."""
+        return self._consumer_table.get("group_type") == "share"
+
     async def wait_group_size(self, members: int, timeout_s: float) -> None:
+        if self.share:
+            group = self.topics.share_group(CHAOS_MODEL)
+            await wait_share_group(self.settings, group, members, timeout_s, check=self.check_alive, poll_s=0.3)
+            return
         group = consumer_group(self.settings, CHAOS_MODEL)
         await wait_group(self.settings, group, members, timeout_s, check=self.check_alive, poll_s=0.3)
 

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.core.kafka.first_answers import DEFAULT_WINDOW_MS, FirstAnswers
 from schemas.messages import DeadLetter, LatencyEvent, Result
 
 
@@ -129,6 +130,17 @@ class Ledger:
             phase = "before" if sent_at < start else "during" if sent_at <= end else "after"
             phases[phase].append((first - sent_at) * 1000.0)
         return {f"p99_{name}_ms": round(percentile(values, 99), 1) for name, values in phases.items()}
+
+    def duplicated_past_dedup(self, window_ms: int = DEFAULT_WINDOW_MS) -> int:
+        """Repeated Results a reader keeping the first answer per id (`FirstAnswers`, by the time the
+        harness saw each) would still hand out: repeats later than its window after the first."""
+        reader = FirstAnswers(window_ms)
+        seen = sorted((answer.at, request_id) for request_id, answers in self.results.items() for answer in answers)
+        firsts: dict[str, int] = {}
+        for at, request_id in seen:
+            if reader.first(request_id, int(at * 1000)):
+                firsts[request_id] = firsts.get(request_id, 0) + 1
+        return sum(n - 1 for n in firsts.values())
 
     def report(
         self,

@@ -1,6 +1,7 @@
 """CLI command group `batchtide bench`: `policies`, `suite` (the simulated policy bench), `fleet` (a simulated
 consumer group, balanced or not), `pipeline` and `fleet-live` (the real pipeline end to end, on a broker) and
-`generation` (batchtide's decode loop against LLM servers' schedulers, by goodput).
+`generation` (batchtide's decode loop against LLM servers' schedulers, by goodput), `share-partition` (what one
+request partition carries for a share group).
 """
 
 from __future__ import annotations
@@ -647,16 +648,22 @@ def bench_fleet_live(
         help="Generation cases: run each with the balance off, on or both; the all-equal pair with the balance "
         "on runs in every invocation as the slow cases' reference.",
     ),
+    modes: str = typer.Option(
+        "off,on,share",
+        "--modes",
+        help="Cost-model cases, comma-separated: off (partition group, no balance), on (tail forwarding), "
+        "share (a share group).",
+    ),
 ) -> None:
-    """A consumer group with a slow member, on the real pipeline: each case with the group's balance
-    off (Kafka's equal partition counts) and on, p99 against the all-fast group of the same run.
-    The cost-model cases slow a simulated device; the generation cases run SmolLM2 on pinned cores,
-    the slow one sharing its core with a busy process."""
+    """A consumer group with a slow member, on the real pipeline: each cost-model case as a partition
+    group with its balance off (Kafka's equal partition counts) and on (tail forwarding), and as a share
+    group; p99 against the all-fast group of the same run and mode. The generation cases run SmolLM2 on
+    pinned cores, the slow one sharing its core with a busy process (balance off, on or both)."""
     import logging
     import tempfile
 
     from pipeline.tools.bench import fleet_generation
-    from pipeline.tools.bench.fleet_live import CASES, fleet_table, run_fleet
+    from pipeline.tools.bench.fleet_live import CASES, MODES, fleet_table, run_fleet
     from pipeline.tools.bench.pipeline.options import BenchOptions
     from pipeline.tools.bench.pipeline.run import bench_broker
 
@@ -683,6 +690,11 @@ def bench_fleet_live(
     if repeats < 1:
         typer.echo(f"error: --repeats must be >= 1 (got {repeats})", err=True)
         raise typer.Exit(2)
+    wanted = {m.strip() for m in modes.split(",") if m.strip()}
+    chosen = tuple(m for m in MODES if m in wanted)
+    if not chosen or wanted - set(MODES):
+        typer.echo(f"error: --modes takes some of {', '.join(MODES)} (got {modes!r})", err=True)
+        raise typer.Exit(2)
     base = BenchOptions(seed=seed, bootstrap=bootstrap, partitions=partitions)
 
     async def main() -> dict[str, Any]:
@@ -690,7 +702,16 @@ def bench_fleet_live(
         figures: dict[str, Any] = {}
         async with bench_broker(bootstrap, workdir, typer.echo) as kafka:
             if names or not generation:
-                figures |= await run_fleet(base, kafka, workdir, typer.echo, names, duration_scale, repeats)
+                figures |= await run_fleet(
+                    base,
+                    kafka,
+                    workdir,
+                    typer.echo,
+                    names,
+                    duration_scale,
+                    repeats,
+                    chosen,
+                )
             if generation:
                 rate = gen_rate or fleet_generation.DEFAULT_RATE
                 figures |= await fleet_generation.run_generation_fleet(
@@ -710,6 +731,37 @@ def bench_fleet_live(
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(figures, indent=2))
         typer.echo(f"wrote {json_out}")
+
+
+@bench_app.command("share-partition")
+def bench_share_partition(
+    members: str = typer.Option("1,2,4,8", "--members", help="Comma-separated share member counts, one trial each."),
+    poll_records: str = typer.Option("8,32", "--poll-records", help="Comma-separated poll sizes (max.poll.records)."),
+    records: int = typer.Option(20000, "--records", help="Requests on the partition per trial."),
+    bootstrap: str | None = typer.Option(None, "--bootstrap", help="Use this broker instead of starting a local one."),
+) -> None:
+    """What one request partition carries for a share group here: records handed out and acknowledged
+    per second by N members polling it (no model runs: the broker's and the client's share)."""
+    import logging
+    import tempfile
+
+    from pipeline.tools.bench.pipeline.run import bench_broker
+    from pipeline.tools.bench.share_partition import run_partition_bench
+
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    try:
+        counts = tuple(int(n) for n in members.split(","))
+        sizes = tuple(int(n) for n in poll_records.split(","))
+    except ValueError:
+        typer.echo("error: --members and --poll-records take comma-separated whole numbers", err=True)
+        raise typer.Exit(2) from None
+
+    async def main() -> None:
+        workdir = Path(tempfile.mkdtemp(prefix="batchtide-share-partition-"))
+        async with bench_broker(bootstrap, workdir, typer.echo) as kafka:
+            await run_partition_bench(kafka, counts, sizes, records, typer.echo)
+
+    asyncio.run(main())
 
 
 def parse_slowdown(text: str) -> tuple[float, float, float]:

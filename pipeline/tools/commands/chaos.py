@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 def chaos(
     scenario: str = typer.Argument(
         "all",
-        help="A scenario name, `all` (the single-broker rows) or `cluster` (the three-broker rows). `--list` shows the names.",
+        help="A scenario name, `all` (the single-broker rows), `cluster` (the three-broker rows) or `share` (the "
+        "share-group rows). `--list` shows the names.",
     ),
     json_out: Path | None = typer.Option(None, "--json", help="Also write the rows (with details) as JSON here."),
     quick: bool = typer.Option(False, "--quick", help="The test suite's short sizes (15 s overload, 10 s outages)."),
@@ -40,7 +41,7 @@ def chaos(
     """Inject faults into a real local pipeline and report lost and duplicated requests."""
     import dataclasses
 
-    from pipeline.tools.chaos.catalogue import CLUSTER, SCENARIOS, SINGLE_BROKER, report_rows, run_scenarios
+    from pipeline.tools.chaos.catalogue import CLUSTER, SCENARIOS, SHARE, SINGLE_BROKER, report_rows, run_scenarios
     from pipeline.tools.chaos.steps import ChaosSizes
 
     if list_only:
@@ -49,10 +50,12 @@ def chaos(
             where = "  (3-broker cluster)" if entry.cluster else ""
             typer.echo(f"{name:18} {doc}{where}")
         return
-    names = {"all": SINGLE_BROKER, "cluster": CLUSTER}.get(scenario, [scenario])
+    names = {"all": SINGLE_BROKER, "cluster": CLUSTER, "share": SHARE}.get(scenario, [scenario])
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
-        typer.echo(f"error: unknown scenario {unknown[0]!r}; known: all, cluster, {', '.join(SCENARIOS)}", err=True)
+        typer.echo(
+            f"error: unknown scenario {unknown[0]!r}; known: all, cluster, share, {', '.join(SCENARIOS)}", err=True
+        )
         raise typer.Exit(2)
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     sizes = ChaosSizes.quick() if quick else ChaosSizes()

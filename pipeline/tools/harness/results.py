@@ -18,6 +18,7 @@ import msgspec
 
 from pipeline.core.config import KafkaSettings
 from pipeline.core.kafka.client import Topics
+from pipeline.core.kafka.first_answers import FirstAnswers
 from pipeline.core.kafka.reader import Record, TopicReader
 from schemas.messages import DeadLetter, LatencyEvent, Result
 
@@ -83,11 +84,16 @@ class ResultArrivals(Follower):
         self.consumers: dict[str, str] = {}
         self.repeats: dict[str, int] = {}
         """Answers that arrived again after the first, by request id (exactly once: none)."""
+        self._first = FirstAnswers()
+        self.repeats_past_dedup = 0
+        """Of those, answers a `FirstAnswers` reader would still hand out (its window passed)."""
 
     def _stamp(self, record: Record) -> None:
         key = record.key.decode() if record.key else ""
+        first = self._first.first(key, record.timestamp)
         if key in self.received_ms:
             self.repeats[key] = self.repeats.get(key, 0) + 1
+            self.repeats_past_dedup += first
         else:
             self.received_ms[key] = time.time() * 1000.0
             found = self.OUTCOME.search(record.value or b"")

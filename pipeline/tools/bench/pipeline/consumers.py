@@ -26,7 +26,7 @@ from pipeline.tools.bench.pipeline.options import MIXED_NEW_TOKENS, MODEL, Bench
 from pipeline.tools.bench.pipeline.record import CONFIG_FILE, PROFILE_FILE, clickhouse_table
 from pipeline.tools.harness.config_file import kafka_table, toml_text
 from pipeline.tools.harness.errors import HarnessError
-from pipeline.tools.harness.group_offsets import wait_group
+from pipeline.tools.harness.group_offsets import wait_group, wait_share_group
 from pipeline.tools.harness.processes import Processes
 
 LLM_TOKEN_CAP = 4096
@@ -120,7 +120,11 @@ def consumer_config(
     return toml_text({
         f"models.{MODEL}": model_table(options, slower),
         "kafka": kafka_table(kafka),
-        "consumer": {"tail_forwarding": options.tail_forwarding, "max_queue": options.max_queue},
+        "consumer": {
+            "tail_forwarding": options.tail_forwarding,
+            "max_queue": options.max_queue,
+            "group_type": options.group_type,
+        },
         **({"clickhouse": clickhouse} if clickhouse else {}),
     })  # fmt: skip
 
@@ -208,10 +212,29 @@ class BenchConsumers:
 
     async def wait_for_group(self, timeout_s: float = 120.0) -> None:
         """Measuring starts only once every consumer joined: a late join would rebalance mid-run."""
-        group = Topics(self.kafka.topic_prefix).group(MODEL)
+        topics = Topics(self.kafka.topic_prefix)
+        if self.options.group_type == "share":
+            await wait_share_group(
+                self.kafka,
+                topics.share_group(MODEL),
+                len(self.processes.consumers),
+                timeout_s,
+                check=self.check_alive,
+                poll_s=0.5,
+            )
+            return
         await wait_group(
-            self.kafka, group, len(self.processes.consumers), timeout_s, check=self.check_alive, poll_s=0.5
+            self.kafka,
+            topics.group(MODEL),
+            len(self.processes.consumers),
+            timeout_s,
+            check=self.check_alive,
+            poll_s=0.5,
         )
+
+    def stop_one(self, index: int) -> None:
+        """Stop consumer `bench-<index>` cleanly (SIGTERM), as an autoscaler scales in."""
+        self.processes.consumers[f"bench-{index}"].request_stop()
 
     def stop(self) -> None:
         self.processes.stop(timeout_s=40)

@@ -42,6 +42,10 @@ class BenchOptions:
     """Where the consumers run batches (the model config's `isolation`)."""
     late_consumer_s: float | None = None
     """Start the last consumer this long after the load began (to measure a rebalance)."""
+    leaving_consumer_s: float | None = None
+    """Stop the last consumer (a clean stop, as an autoscaler scales in) this long after the load began."""
+    group_type: Literal["consumer", "share"] = "consumer"
+    """The consumers' `[consumer] group_type`: a partition group, or a share group (docs/share-groups.md)."""
     find_max_duration_s: float = 8.0
     """Seconds per find-max trial (the ramp runs several)."""
     find_max_start: float = 2000.0

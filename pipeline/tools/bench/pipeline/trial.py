@@ -109,6 +109,8 @@ class Trial:
     """Generation: the share of the requests sent that met both objectives."""
     replay_command: str = ""
     """`--record`: the `batchtide replay` command that replays this trial from its recording."""
+    repeated_past_dedup: int = 0
+    """Of those, answers a reader keeping the first per id (`FirstAnswers`) would still hand out."""
 
     @property
     def sustained(self) -> bool:
@@ -198,11 +200,15 @@ async def run_trial(
                 f"  offered {rate:g} req/s for {options.duration_s:g} s ({len(load)} requests, {options.consumers} consumer(s))"
             )
             producer.sent_ms.clear()
-            late = None
+            late = leaving = None
             if consumers.at_start < options.consumers:
                 delay = options.late_consumer_s or 0.0
                 last = range(consumers.at_start, options.consumers)
                 late = asyncio.get_running_loop().call_later(delay, consumers.start, last)
+            if options.leaving_consumer_s is not None:
+                leaving = asyncio.get_running_loop().call_later(
+                    options.leaving_consumer_s, consumers.stop_one, options.consumers - 1
+                )
             cpu_before = consumers.cpu_s()
             rss_start = consumers.rss_mib()
             rss_peak = [rss_start]
@@ -211,8 +217,9 @@ async def run_trial(
             try:
                 consumers.slow_down(time.time() * 1000.0)
                 report = await producer.send(load)
-                if late is not None:
-                    late.cancel()
+                for timer in (late, leaving):
+                    if timer is not None:
+                        timer.cancel()
                 ids = list(producer.sent_ms)
                 if llm:
                     drained_s = await arrivals.drain(ids, LLM_IDLE_S, LLM_DRAIN_MAX_S)
@@ -294,6 +301,7 @@ async def run_trial(
             rss_end_mib=rss_end,
             goodput_rps=events.meeting_objectives / options.duration_s if llm and events.tokens else float("nan"),
             slo_attainment=events.meeting_objectives / max(len(ids), 1) if llm and events.tokens else float("nan"),
+            repeated_past_dedup=arrivals.repeats_past_dedup,
         )
     finally:
         if tenant is not None:
