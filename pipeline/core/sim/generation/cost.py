@@ -11,12 +11,12 @@ measured (pipeline/core/profile_file.py, `GenerationCurves`):
   prefills: its work grows with the tokens, and one prefill measured while another process
   held the core (2.8 s at 256 tokens between 0.8 s at 128 and 3.6 s at 512, here) must not
   make every join of that size look slow;
-- a ride in a decode step (chunked prefill): a fixed part and a part per prompt token, the
-  model the consumer's pacer fits to its rides and paces them by. From a profile, the prefill
-  line's slope (what a token adds to a forward pass on a device whose passes are bound by their
-  tokens, a CPU) and its intercept (what a pass over prompt tokens costs whatever their number:
-  riding them beside the rows' tokens is not free either, ~55 ms beside a ~63 ms plain step of
-  SmolLM2 inside the consumer on 2 cores);
+- a ride in a decode step (chunked prefill): a fixed part (`ride_fixed_ms`) and a part per
+  prompt token, the model the consumer's pacer fits to its rides and paces them by. From a
+  profile, the prefill line's slope (what a token adds to a forward pass on a device whose passes
+  are bound by their tokens, a CPU) and no fixed part: a profile does not measure rides, and the
+  prefill line's intercept as the fixed part made the replay's calibration of a recording find
+  a device 20x off (the recording's pace holds the fixed part: `ride_measured_ms`);
 - one decode step: the step curve at the rows in the cache (finished rows not yet compacted
   away count: they are decoded too) plus attention over the cache, `per_row_token_ms` per row
   and cache token past the profiled cache length. That slope is taken from the steps the
@@ -124,7 +124,7 @@ class GenerationCost:
         slope = max(0.0, sorted(slopes)[len(slopes) // 2]) if slopes else 0.0
         prefill = _line(curves.prefill)
         per_token = prefill.c_ms if prefill.c_ms > 0 else None
-        return cls(prefill, step, ref_cache, slope, ride_ms_per_token=per_token, ride_fixed_ms=prefill.a_ms)
+        return cls(prefill, step, ref_cache, slope, ride_ms_per_token=per_token)
 
 
 def _line(points: tuple[tuple[int, float], ...]) -> DeviceCurve:
