@@ -14,7 +14,10 @@ rates (`Flow`) make its load, which its beacon carries.
 A generating consumer with iteration-level batching balances in
 generation's units instead (`pipeline.core.engine.decode_forwarding`): its
 `DecodeLedger` learns, from what it dispatches and the answers' token
-stamps, its first-token time and its decode step by rows; its beacon says
+stamps, its first-token time and its decode step by rows, and from the
+decode loop's timed plain steps (`timed_steps`, drained before every use)
+the pace its steps go at now, so a slowdown shows within a few steps, not
+when the answers that ran through it end; its beacon says
 how soon one more request could start its prefill and what its steps cost;
 and every waiting request, a lone arrival included, goes to the peer that
 gives it the earlier first token without a later answer. What is on the
@@ -86,8 +89,10 @@ class PeerForwarding:
         clock: Clock,
         offered_total: Callable[[], int] = lambda: 0,
         decode_slots: int | None = None,
+        timed_steps: Callable[[], list[tuple[int, float]]] = list,
     ) -> None:
-        """`offered_total()`: cost units offered to the engine so far (from the intake)."""
+        """`offered_total()`: cost units offered to the engine so far (from the intake);
+        `timed_steps()`: the decode loop's plain steps (rows, ms) timed since the last call."""
         self._consumer_id = consumer_id
         self._model = model
         self._group_id = group_id
@@ -107,6 +112,7 @@ class PeerForwarding:
         self.fleet: Fleet | None = None
         self.decode = DecodeLedger(decode_slots) if decode_slots else None
         """The decode loop's measures (generation, iteration-level); None for a consumer that runs batches."""
+        self._timed_steps = timed_steps
         self._decode_rule = DecodeRule(min_gain_ms=settings.forward_min_gain_ms, gain_share=settings.forward_gain_share)
 
     def start(self, kafka: KafkaSettings, beacon_ms: float, beacon: Callable[[], FleetBeacon]) -> None:
@@ -122,10 +128,17 @@ class PeerForwarding:
 
     # ---- the device's state, as the group is told it ----------------------------
 
+    def _sync(self) -> None:
+        """The decode loop's steps timed since the last look, into its ledger (in the order they ran)."""
+        if self.decode is not None:
+            for rows, ms in self._timed_steps():
+                self.decode.stepped(rows, ms)
+
     def dispatched(self, batch: Batch, now_ms: float) -> None:
         self._flow.served(now_ms, batch.record.cost)
         self._busy_until[batch.batch_id] = now_ms + (self._engine.curve.estimate_ms(batch.record.cost) or 0.0)
         if self.decode is not None:
+            self._sync()
             for pr in batch.requests:
                 self.decode.dispatched(pr.request_id, now_ms, pr.payload.tokens_out)
 
@@ -134,6 +147,7 @@ class PeerForwarding:
         from those that ran (a refused or expired answer teaches nothing; it only leaves)."""
         if self.decode is None:
             return
+        self._sync()
         for index, pr in enumerate(batch.requests):
             out = outputs.get(index)
             if out is None or out.refused or out.expired:
@@ -169,6 +183,7 @@ class PeerForwarding:
         engine = self._engine
         view = beacon_view(self._consumer_id, now_ms, engine.pending, self.view(now_ms), self._batch_ms, partitions)
         if self.decode is not None:
+            self._sync()
             state = self.decode.state(now_ms, free_slots, engine.pending)
             return FleetBeacon(
                 member_id=view.member_id,
@@ -235,6 +250,7 @@ class PeerForwarding:
         if not ordered or not any(movable):
             return []
         if self.decode is not None:
+            self._sync()
             decoders = fleet.decode_peers()
             plan = plan_decode_forwards(
                 [pr.payload.tokens_out for pr in queue],

@@ -149,6 +149,7 @@ class Consumer:
             self.clock,
             lambda: self._admission.offered_cost,
             decode_slots=model.profile.max_inflight_batches if model.batching == "iteration" else None,
+            timed_steps=getattr(runner, "timed_steps", list),
         )
         self._prior_costs: list[tuple[int, float]] = list(prior_costs)
         self.membership = Membership(self.consumer_id, self.priority_topic, engine, self._admission, self._work.settle)

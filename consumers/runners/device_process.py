@@ -24,6 +24,8 @@ import socket
 import subprocess
 import sys
 import threading
+import time
+from collections import deque
 from concurrent.futures import Future
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -35,9 +37,15 @@ from schemas.messages import Request
 
 from .base import MemoryKind, Output, Runner, describe_error
 from .in_process import make_runner
+from .iteration import TIMED_KEPT
 
 log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[2]
+
+
+STEP_REPORT_S = 0.05
+"""How often a decode loop's device process reports its timed steps (a step of SmolLM2 on a CPU core
+takes 50-150 ms, so the consumer sees each within about a step)."""
 
 
 class DeviceProcessDied(RuntimeError):
@@ -79,8 +87,10 @@ def serve_batches(conn: Connection) -> None:
 
 def _serve_concurrently(conn: Connection, runner: Runner) -> None:
     """Iteration-level batching: every batch in flight joins the one running set, so
-    batches are answered as they finish (tagged), not one after another."""
+    batches are answered as they finish (tagged), not one after another; the decode
+    loop's timed steps go to the parent every STEP_REPORT_S (`_report_steps`)."""
     send_lock = threading.Lock()
+    threading.Thread(target=_report_steps, args=(conn, runner, send_lock), name="steps", daemon=True).start()
 
     def answer(tag: int, reqs: list[Request]) -> None:
         try:
@@ -99,6 +109,22 @@ def _serve_concurrently(conn: Connection, runner: Runner) -> None:
         except (EOFError, OSError):
             return
         threading.Thread(target=answer, args=(tag, reqs), name=f"batch-{tag}", daemon=True).start()
+
+
+def _report_steps(conn: Connection, runner: Runner, send_lock: threading.Lock) -> None:
+    """Send the decode loop's plain steps timed since the last report, as ("steps", 0, [(rows, ms)]),
+    while the parent listens."""
+    timed = getattr(runner, "timed_steps", None)
+    while timed is not None:
+        time.sleep(STEP_REPORT_S)
+        steps = timed()
+        if not steps:
+            continue
+        with send_lock:
+            try:
+                conn.send(("steps", 0, steps))
+            except OSError:
+                return
 
 
 class _Child:
@@ -165,6 +191,8 @@ class _SharedChild(_Child):
     def __init__(self, model: ModelConfig, index: int) -> None:
         super().__init__(model, index)
         self._waiting: dict[int, Future[tuple[list[Output], tuple[int, MemoryKind]]]] = {}
+        self.timed: deque[tuple[int, float]] = deque(maxlen=TIMED_KEPT)
+        """The decode loop's timed steps the child reported, not yet taken (`ProcessRunner.timed_steps`)."""
         self._send_lock = threading.Lock()
         self._tags = 0
         self._reader = threading.Thread(target=self._read, name=f"{self.name}-reader", daemon=True)
@@ -189,6 +217,9 @@ class _SharedChild(_Child):
                 kind, tag, payload = self.conn.recv()
             except (EOFError, OSError):
                 break
+            if kind == "steps":
+                self.timed.extend(payload)
+                continue
             future = self._waiting.pop(tag, None)
             if future is None:
                 continue
@@ -283,6 +314,17 @@ class ProcessRunner:
 
     def device_memory(self) -> tuple[int, MemoryKind]:
         return getattr(self._memory, "last", (0, "none"))
+
+    def timed_steps(self) -> list[tuple[int, float]]:
+        """The decode loop's plain steps (rows, ms) its device process timed and reported since the
+        last call (iteration-level batching; none otherwise)."""
+        with self._lock:
+            children = [c for c in self._children if isinstance(c, _SharedChild)]
+        taken: list[tuple[int, float]] = []
+        for child in children:
+            while child.timed:
+                taken.append(child.timed.popleft())
+        return taken
 
     def close(self) -> None:
         with self._lock:

@@ -91,6 +91,9 @@ JOIN_SLOTS = 2 * JOIN_GROUP
 """In-flight batches beyond what the running set holds: joiners queued for room, so that
 rows leaving at the token cap are replaced in groups rather than one prefill at a time."""
 
+TIMED_KEPT = 1024
+"""Timed steps kept for the consumer at most (it takes them every beacon; a stale one is worth nothing)."""
+
 
 def running_token_cap(batch_cap: int | None, slots: int, target: int | None = None) -> int | None:
     """Tokens the running set may reserve: every in-flight batch but the joiners' slots, each at
@@ -160,6 +163,8 @@ class IterationScheduler:
         """Prefills (groups admitted) so far."""
         self.chunks = 0
         """Chunks of chunked prefills so far (forward passes of their own, or riding in a step)."""
+        self._timed: deque[tuple[int, float]] = deque(maxlen=TIMED_KEPT)
+        """Plain decode steps (rows, ms) not yet taken by `timed_steps`."""
         self._thread = threading.Thread(target=self._loop, name="batchtide-decode", daemon=True)
         self._thread.start()
 
@@ -179,6 +184,14 @@ class IterationScheduler:
         if group.error is not None:
             raise RuntimeError(group.error)
         return [self._to_output(s) for s in seqs]
+
+    def timed_steps(self) -> list[tuple[int, float]]:
+        """The plain decode steps (rows, ms) timed since the last call, oldest first: the consumer's
+        balance learns its pace from them as they run (`decode_pace`)."""
+        taken: list[tuple[int, float]] = []
+        while self._timed:
+            taken.append(self._timed.popleft())
+        return taken
 
     def close(self) -> None:
         with self._cond:
@@ -352,9 +365,11 @@ class IterationScheduler:
         pass when the chunk rode in the step); `_last_step_ms` times plain steps only."""
         finished, stepped = self._advance_prefill(now_ms)
         if len(self._running) and not stepped:
+            rows = len(self._running)
             started = time.perf_counter()
             finished += self._running.step()
             self._last_step_ms = (time.perf_counter() - started) * 1000.0
+            self._timed.append((rows, self._last_step_ms))
             self.steps += 1
             if isinstance(self._pacer, RidePacer):
                 self._pacer.observe_plain(self._last_step_ms)

@@ -398,6 +398,10 @@ class TransformersRunner:
             return int(torch.cuda.max_memory_allocated(self.device)), "cuda_max_allocated"
         return process_rss()
 
+    def timed_steps(self) -> list[tuple[int, float]]:
+        """The decode loop's plain steps (rows, ms) timed since the last call (none without one)."""
+        return self.iteration.timed_steps() if self.iteration is not None else []
+
     def close(self) -> None:
         if self.iteration is not None:
             self.iteration.close()

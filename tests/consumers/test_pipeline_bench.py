@@ -19,7 +19,7 @@ from consumers.runners.cost_model import SlowdownHook
 from pipeline.core.config import KafkaSettings, load_config
 from pipeline.tools.bench.fleet_generation import BASELINE as GEN_BASELINE
 from pipeline.tools.bench.fleet_generation import CASES as GEN_CASES
-from pipeline.tools.bench.fleet_generation import balance_settings, generation_rows
+from pipeline.tools.bench.fleet_generation import balance_settings, generation_rows, repeat_order
 from pipeline.tools.bench.fleet_live import CASES, median_trial, recovered_after_s
 from pipeline.tools.bench.pipeline.event_figures import STAGES
 from pipeline.tools.bench.pipeline.options import BenchOptions
@@ -165,6 +165,8 @@ def test_generation_fleet_halves_keep_every_ratio_within_one_run() -> None:
     assert balance_settings(equal, False, (False,)) == (True,)
     assert balance_settings(equal, True, (True,)) == (False, True)
     assert balance_settings(slow, True, (False,)) == (False,)
+    assert balance_settings(equal, True, (True, False)) == (True, False), "in the order asked"
+    assert [repeat_order((False, True), k) for k in range(3)] == [(False, True), (True, False), (False, True)]
 
     def trial(p99: float, ttft: float, forwarded: int = 0) -> Trial:
         blank = Trial(0, 0, 100, 100, 0, 0, 0, 0, 0, 0, 0, 0, p99_by_window_ms=[])

@@ -27,6 +27,7 @@ from tests.support.clock import FakeClock
 from tests.support.decode_fleet import FleetRun, run_fleet
 
 TOKENS = 64
+PLAIN_SHARE = 0.8
 
 
 def fast_step(rows: float) -> float:
@@ -47,9 +48,11 @@ def served(
     answers: int = 24,
     prefill_ms: float = 100.0,
     hold: bool = True,
+    timed: bool = False,
 ) -> tuple[DecodeLedger, FakeClock]:
     """A ledger that watched `answers` requests decode `TOKENS` tokens among `rows` requests on a device
-    of step curve `step`, and then (`hold`) holds `rows` requests on the device, dispatched at staggered times."""
+    of step curve `step`, and then (`hold`) holds `rows` requests on the device, dispatched at staggered times;
+    `timed`: it was also told each plain step (PLAIN_SHARE of an answer's time per output token: rides)."""
     clock = clock or FakeClock()
     ledger = DecodeLedger(slots)
     life = prefill_ms + (TOKENS - 1) * step(rows)
@@ -59,6 +62,8 @@ def served(
         for rid in ids:
             ledger.dispatched(rid, start, TOKENS)
         clock.advance(life)
+        for _ in range(TOKENS - 1 if timed else 0):
+            ledger.stepped(rows, PLAIN_SHARE * step(rows))
         for rid in ids:
             ledger.answered(rid, clock.now_ms(), start + prefill_ms, start + life, TOKENS)
     for r in range(rows if hold else 0):  # the running set now: one request every life/rows, the oldest near its end
@@ -234,6 +239,33 @@ def test_a_consumer_that_slows_down_says_so_within_a_few_answers() -> None:
     assert ledger.first_token_ms(6) == pytest.approx(2 * first_before, rel=0.1), "its first token, in its steps"
 
 
+def test_a_consumer_whose_steps_are_timed_says_it_slowed_down_within_a_few_steps() -> None:
+    """A co-tenant takes most of the core: the loop's next few plain steps take 2.9x, before any answer
+    that ran through the slowdown ends. The beacon's steps and first-token time follow at once, and a
+    waiting request goes to the twin that did not slow down; a ledger that learns from answers only
+    still says nothing."""
+    timed, clock = served(fast_step, 6, answers=12, timed=True)
+    untimed, _ = served(fast_step, 6, answers=12, clock=FakeClock(clock.now_ms() - 12 * 2e4))
+    twin, _ = served(fast_step, 6, answers=12, timed=True, clock=FakeClock(clock.now_ms() - 12 * 2e4))
+    assert timed.timed and not untimed.timed
+    now = clock.now_ms()
+    before = step_ms(timed.steps(), 6)
+    assert before == pytest.approx(fast_step(6), rel=0.01), "plain steps times the answers' ratio to them"
+    first_before = timed.state(now, room=26, waiting=0).first_token_ms
+    rule = DecodeRule()
+    fast = peer("twin", twin.state(now, room=26, waiting=0), now)
+    assert plan_decode_forwards([TOKENS], [True], timed.local(now, 26), [fast], now, rule) == []
+    for ledger in (timed, untimed):
+        for _ in range(4):
+            ledger.stepped(6, 2.9 * PLAIN_SHARE * fast_step(6))
+    assert step_ms(timed.steps(), 6) == pytest.approx(2.9 * before, rel=0.01)
+    assert timed.state(now, room=26, waiting=0).first_token_ms == pytest.approx(2.9 * first_before, rel=0.01)
+    assert step_ms(untimed.steps(), 6) == pytest.approx(before, rel=0.01)
+    plan = plan_decode_forwards([TOKENS], [True], timed.local(now, 26), [fast], now, rule)
+    assert [f.member_id for f in plan] == ["twin"]
+    assert plan_decode_forwards([TOKENS], [True], untimed.local(now, 26), [fast], now, rule) == []
+
+
 # ---- the balance over time: two decode loops on a virtual clock (tests/support/decode_fleet.py) -----
 
 
@@ -267,10 +299,12 @@ def test_a_loop_twice_as_slow_hands_on_enough_to_keep_the_group_within_twice_the
     assert 0 < on.served(0) < on.served(1), "the slow loop still serves, less"
 
 
-def test_a_loop_that_slows_down_mid_run_sheds_new_requests_to_its_peer() -> None:
-    equal = run_fleet((1.0, 1.0), 2.0, 150, balance=True, seed=3)
-    on = run_fleet((1.0, 1.0), 2.0, 150, balance=True, seed=3, slowdown=(50, 100))
-    off = run_fleet((1.0, 1.0), 2.0, 150, balance=False, seed=3, slowdown=(50, 100))
+@pytest.mark.parametrize("timed", [True, False])
+def test_a_loop_that_slows_down_mid_run_sheds_new_requests_to_its_peer(timed: bool) -> None:
+    """From its timed steps (as a live decode loop) or, later, from its answers alone."""
+    equal = run_fleet((1.0, 1.0), 2.0, 150, balance=True, seed=3, timed_steps=timed)
+    on = run_fleet((1.0, 1.0), 2.0, 150, balance=True, seed=3, slowdown=(50, 100), timed_steps=timed)
+    off = run_fleet((1.0, 1.0), 2.0, 150, balance=False, seed=3, slowdown=(50, 100), timed_steps=timed)
     assert on.forwarded_share > 0.02
     assert _p99(on, "last_ms") < _p99(off, "last_ms")
     assert _p99(on, "last_ms") <= 2.0 * _p99(equal, "last_ms")

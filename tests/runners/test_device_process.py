@@ -15,7 +15,7 @@ from consumers.runners.cost_model import POISON_MARKER
 from consumers.runners.device_process import DeviceProcessDied, ProcessRunner
 from consumers.runners.transformers_runner import TransformersRunner
 from pipeline.core.config import BatchProfile, ModelConfig
-from schemas.messages import Request
+from schemas.messages import GenerationParams, Request
 
 TEXTS = ["kafka", "the quick brown fox jumps over the lazy dog", "tail latency of a fixed window", "grafana"]
 
@@ -150,5 +150,34 @@ def test_one_child_per_inflight_slot_and_concurrent_batches() -> None:
         # two batches in two children overlap: about the time of one batch alone (measured here, so a
         # loaded machine slows both alike), where one after the other would take twice it
         assert alone >= 0.8 and together < 1.5 * alone, (alone, together)
+    finally:
+        runner.close()
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_decode_loop_reports_each_plain_step_it_timed_once(tiny_gpt2_dir: Path, isolation: str) -> None:
+    """Iteration-level batching: the consumer's balance learns its pace from the decode loop's timed
+    steps (rows, ms) as they run, in its device process or in this one; each step comes once."""
+    model = ModelConfig(
+        name="g", model_path=str(tiny_gpt2_dir), torch_threads=1, batching="iteration", isolation=isolation
+    )
+    runner = serving_runner(model)
+    timed = runner.timed_steps  # type: ignore[attr-defined]
+    try:
+        runner.load()
+        params = GenerationParams(max_new_tokens=9, ignore_eos=True)
+        reqs = [Request(id=f"s{i}", model="g", text=t, params=params) for i, t in enumerate([TEXTS[0], TEXTS[3]])]
+        outs = runner.run(reqs)
+        assert [o.tokens_out for o in outs] == [9, 9]
+        steps: list[tuple[int, float]] = []
+        deadline = time.monotonic() + 5.0
+        while len(steps) < 8 and time.monotonic() < deadline:
+            steps += timed()
+            time.sleep(0.02)
+        assert len(steps) == 8, "one prefill, then eight plain steps of both rows"
+        assert all(rows == 2 and ms > 0 for rows, ms in steps)
+        time.sleep(0.2)
+        assert timed() == [], "taken once"
     finally:
         runner.close()

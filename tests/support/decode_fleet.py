@@ -3,7 +3,8 @@
 A model, not the device: each loop decodes one token for every running row per step, a step taking
 `speed x (a + b sqrt(rows))` ms (concave in rows, as SmolLM2's decode step on a CPU core), and a
 joiner's prefill adds `speed x (c + d x prompt)` to the step it joins in. Requests arrive Poisson on
-four partitions, two per consumer; each consumer keeps a `DecodeLedger` of its own loop, publishes
+four partitions, two per consumer; each consumer keeps a `DecodeLedger` of its own loop (told every
+plain step as it ends, unless `timed_steps` is off: then it learns from answers only), publishes
 its `DecodeState` every 100 ms (seen one hop later) and places every waiting request with
 `plan_decode_forwards`; a forward reaches its peer one hop later and never moves again. What the
 tests read: per request its first and last token and who answered it, and the forwards.
@@ -46,6 +47,8 @@ class _Loop:
     joining: list[_Request] = field(default_factory=list)
     running: list[_Request] = field(default_factory=list)
     stepping: bool = False
+    plain: tuple[int, float] | None = None
+    """The step under way, (rows, ms), when it carries no prefill (the loop times it)."""
     beacon: DecodePeer | None = None
     """The peer's newest beacon as this loop has heard it."""
 
@@ -85,9 +88,11 @@ def run_fleet(
     seed: int = 1,
     slots: int = 32,
     slowdown: tuple[float, float] | None = None,
+    timed_steps: bool = True,
 ) -> FleetRun:
     """Serve `duration_s` of Poisson arrivals at `rate_per_s` on two loops of `speeds` (1.0: the
-    reference device; 2.0 twice as slow); `slowdown` (from_s, to_s): loop 0 twice as slow over that span."""
+    reference device; 2.0 twice as slow); `slowdown` (from_s, to_s): loop 0 twice as slow over that span;
+    `timed_steps`: each ledger is told every plain step as it ends (as a consumer's decode loop does)."""
     rng = np.random.default_rng(seed)
     arrivals = np.cumsum(rng.exponential(1000.0 / rate_per_s, size=int(rate_per_s * duration_s * 1.2)))
     arrivals = arrivals[arrivals < duration_s * 1000.0]
@@ -155,6 +160,7 @@ def run_fleet(
         for r in joined:
             r.left = r.tokens
             r.first_ms = -1.0  # stamped when this step ends
+        loop.plain = (len(loop.running), took) if loop.running and not joined else None
         loop.running += joined
         loop.stepping = True
         push(now + took, "stepped", loop.index)
@@ -177,6 +183,8 @@ def run_fleet(
             sent[index].pop(loop.beacon.member_id, None)
         elif kind == "stepped":
             loop.stepping = False
+            if timed_steps and loop.plain is not None:
+                loop.ledger.stepped(*loop.plain)
             for r in loop.running:
                 if r.first_ms < 0:
                     r.first_ms = now

@@ -11,10 +11,16 @@ nothing. So a generating consumer keeps its measures in generation's units
 
 - its first-token time: dispatch to first token of recent answers (the join
   and the prefill), their median;
-- its decode step by rows: each answer's time per output token against the
-  mean number of requests on its device during its life, in a `CostCurve`
-  (bucket medians made non-decreasing; a shift, such as a co-tenant that
-  starts taking half of the core, is re-learned);
+- its decode step by rows: where the loop times its plain decode steps as
+  they run (`stepped`), their curve at the pace of the last few steps
+  (`decode_pace.StepPace`), times how much longer an answer's time per
+  output token is than the plain steps it ran among (rides, prefills: the
+  median of recent answers' ratio, which a slower device does not change),
+  so a consumer that slows down mid-run says so within a few steps; until
+  then, or where nothing times the steps, each answer's time per output
+  token against the mean number of requests on its device during its life,
+  in a `CostCurve` (bucket medians made non-decreasing; a shift, such as a
+  co-tenant that starts taking half of the core, is re-learned);
 - how long answers run: the median of recent answers' tokens (a request is
   expected to run the smaller of that and its max_new_tokens);
 - its running set as it sees it: each request on the device with when it
@@ -67,6 +73,7 @@ from dataclasses import dataclass
 
 from pipeline.core.engine.buckets import interpolate
 from pipeline.core.engine.costcurve import CostCurve
+from pipeline.core.engine.decode_pace import StepPace
 from pipeline.core.engine.peer_forwarding import Forward
 
 DEFAULT_RELIEF_SPEED = 0.6
@@ -81,6 +88,8 @@ PACE_WEIGHT = 0.3
 """Weight of the newest answer in the ledger's pace (`DecodeLedger._pace`)."""
 PACE_BOUNDS = (0.25, 4.0)
 """One answer moves the pace by at most this ratio's share."""
+MIN_TIMED = 4
+"""Timed plain steps an answer's life must span to tell its ratio to them."""
 LEARN_AFTER = 8
 """Answers a consumer learns from before it judges (its own queue) or is judged (its beacon says
 nothing of its decode loop until then): a curve of a few answers on a shared host is noise."""
@@ -325,6 +334,9 @@ class _OnDevice:
     area_at_dispatch: float
     rows: int
     """Requests on the device once it joined (itself included)."""
+    steps_at_dispatch: int = 0
+    step_ms_at_dispatch: float = 0.0
+    """Timed plain steps and their total time before it joined: those of its life are the difference."""
 
 
 class DecodeLedger:
@@ -350,6 +362,11 @@ class DecodeLedger:
         self._area = 0.0
         """Time integral of the requests on the device (request x ms), up to `_area_ms`."""
         self._area_ms: float | None = None
+        self._timed = StepPace()
+        """The plain decode steps timed as they run (`stepped`)."""
+        self._timed_total_ms = 0.0
+        self._over_plain: deque[float] = deque(maxlen=SAMPLES)
+        """Recent answers' time per output token over the mean plain step timed during their life."""
 
     def _advance(self, now_ms: float) -> None:
         if self._area_ms is not None and now_ms > self._area_ms:
@@ -360,8 +377,16 @@ class DecodeLedger:
     def dispatched(self, request_id: str, now_ms: float, max_new_tokens: int) -> None:
         """A request went to the device (it joins the running set there)."""
         self._advance(now_ms)
-        self._on_device[request_id] = _OnDevice(now_ms, max(1, max_new_tokens), self._area, self.running + 1)
+        self._on_device[request_id] = _OnDevice(
+            now_ms, max(1, max_new_tokens), self._area, self.running + 1, self._timed.steps, self._timed_total_ms
+        )
         self._last_dispatch_ms = max(self._last_dispatch_ms, now_ms)
+
+    def stepped(self, rows: int, ms: float) -> None:
+        """A plain decode step of `rows` rows took `ms` (timed where the loop runs, as it ran)."""
+        if rows >= 1 and ms > 0:
+            self._timed.stepped(rows, ms)
+            self._timed_total_ms += ms
 
     def left(self, request_id: str, now_ms: float) -> None:
         """It left the device without an answer to learn from (failed, withdrawn)."""
@@ -389,6 +414,9 @@ class DecodeLedger:
         rows = (self._area - seen.area_at_dispatch) / life if life > 0 else 1.0
         size, per_token = max(1, round(rows)), (last_token_ms - first_token_ms) / (tokens - 1)
         self._first_token.append(waited / per_token)
+        timed = self._timed.steps - seen.steps_at_dispatch
+        if timed >= MIN_TIMED:
+            self._over_plain.append(per_token * timed / (self._timed_total_ms - seen.step_ms_at_dispatch))
         expected = self._curve.estimate_ms(size)
         if expected and self._learned >= LEARN_AFTER:
             ratio = min(PACE_BOUNDS[1], max(PACE_BOUNDS[0], per_token / expected))
@@ -400,16 +428,27 @@ class DecodeLedger:
     def running(self) -> int:
         return len(self._on_device)
 
+    @property
+    def timed(self) -> bool:
+        """Whether the step curve comes from the timed steps (enough of them, and of answers that ran
+        among them), not from the answers alone."""
+        return self._timed.learned and len(self._over_plain) >= LEARN_AFTER
+
     def steps(self) -> tuple[tuple[int, float], ...]:
-        """The step curve, at most STEP_POINTS points (the largest rows always among them); empty
-        before LEARN_AFTER answers."""
+        """The step curve, at most STEP_POINTS points (the largest rows always among them): the timed
+        steps' at their recent pace times the answers' ratio to them, else the answers' curve at
+        their pace; empty before LEARN_AFTER answers."""
         if self._learned < LEARN_AFTER:
             return ()
-        points = self._curve.points()
+        if self.timed:
+            ratio = _median(self._over_plain)
+            points = [(rows, ms * ratio) for rows, ms in self._timed.points()]
+        else:
+            points = [(rows, ms * self._pace) for rows, ms in self._curve.points()]
         if len(points) > STEP_POINTS:
             stride = (len(points) - 1) / (STEP_POINTS - 1)
             points = [points[round(k * stride)] for k in range(STEP_POINTS)]
-        return tuple((int(rows), float(ms) * self._pace) for rows, ms in points)
+        return tuple((int(rows), float(ms)) for rows, ms in points)
 
     def first_token_steps(self) -> float:
         """Dispatch to first token in decode steps, the median of recent answers (each in its own time

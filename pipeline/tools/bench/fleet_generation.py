@@ -22,8 +22,9 @@ Goals: with one consumer about 2x slower and the balance on, TTFT p99 and
 e2e p99 at most GOAL_RATIO x the all-equal pair's and every request answered
 exactly once (answered = sent, no duplicate); with equal consumers, at most
 EQUAL_FORWARD_SHARE forwarded and e2e p99 within EQUAL_P99_SHARE of balance
-off. With `repeats` each pair runs off, on, off, on... and every figure is
-the median trial's by e2e p99. `balances` picks the settings to run (a
+off. With `repeats` each pair runs off, on, on, off, off, on... (every
+other repeat reversed) and every figure is the median trial's by e2e p99.
+`balances` picks the settings to run, in order (a
 trial of SmolLM2 takes about two minutes, so a slow case's off and on may
 go in two invocations): a slow case's reference, the all-equal pair with
 the balance on, runs in each, so every ratio is still within one run.
@@ -102,7 +103,13 @@ def balance_settings(case: GenerationCase, asked: bool, balances: tuple[bool, ..
         return balances
     if not asked:
         return (True,)
-    return (False, True) if True in balances else (False,)
+    return balances if False in balances else (False, *balances)
+
+
+def repeat_order(settings: tuple[bool, ...], repeat: int) -> tuple[bool, ...]:
+    """The order a repeat runs its balance settings in: as asked, reversed every other repeat (a host
+    that drifts over an invocation then favours neither setting)."""
+    return settings if repeat % 2 == 0 else settings[::-1]
 
 
 def _ratio(value: float, reference: float) -> float:
@@ -128,7 +135,7 @@ async def run_generation_fleet(
     settings = {c.name: balance_settings(c, c in cases, balances) for c in ordered}
     for case in ordered:
         for repeat in range(repeats):
-            for balance in settings[case.name]:
+            for balance in repeat_order(settings[case.name], repeat):
                 say(
                     f"{case.name}: balance {'on' if balance else 'off'}"
                     + (f", repeat {repeat + 1}" if repeats > 1 else "")

@@ -636,7 +636,8 @@ def bench_fleet_live(
     repeats: int = typer.Option(
         1,
         "--repeats",
-        help="Run each case's off/on pair this many times (alternating, a new seed each) and report the median trial.",
+        help="Run each case's off/on pair this many times (a new seed each; generation cases reverse the order "
+        "every other repeat) and report the median trial.",
     ),
     json_out: Path | None = typer.Option(None, "--json", help="Write every row, with its whole trial, as JSON here."),
     gen_rate: float | None = typer.Option(
@@ -645,8 +646,8 @@ def bench_fleet_live(
     balance: str = typer.Option(
         "both",
         "--balance",
-        help="Generation cases: run each with the balance off, on or both; the all-equal pair with the balance "
-        "on runs in every invocation as the slow cases' reference.",
+        help="Generation cases: run each with the balance off, on or both (off first; on,off: on first); the "
+        "all-equal pair with the balance on runs in every invocation as the slow cases' reference.",
     ),
     modes: str = typer.Option(
         "off,on,share",
@@ -677,9 +678,9 @@ def bench_fleet_live(
     if unknown:
         typer.echo(f"error: unknown case(s) {sorted(unknown)}; cases: {known}", err=True)
         raise typer.Exit(2)
-    balances = {"off": (False,), "on": (True,), "both": (False, True)}.get(balance)
+    balances = {"off": (False,), "on": (True,), "both": (False, True), "on,off": (True, False)}.get(balance)
     if balances is None:
-        typer.echo(f"error: --balance takes off, on or both (got {balance!r})", err=True)
+        typer.echo(f"error: --balance takes off, on, both or on,off (got {balance!r})", err=True)
         raise typer.Exit(2)
     if gen_rate is not None and gen_rate <= 0:
         typer.echo(f"error: --gen-rate must be > 0 (got {gen_rate})", err=True)
