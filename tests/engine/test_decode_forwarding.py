@@ -250,6 +250,7 @@ def test_a_consumer_whose_steps_are_timed_says_it_slowed_down_within_a_few_steps
     assert timed.timed and not untimed.timed
     now = clock.now_ms()
     before = step_ms(timed.steps(), 6)
+    assert before is not None
     assert before == pytest.approx(fast_step(6), rel=0.01), "plain steps times the answers' ratio to them"
     first_before = timed.state(now, room=26, waiting=0).first_token_ms
     rule = DecodeRule()

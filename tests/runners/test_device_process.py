@@ -7,6 +7,7 @@ import signal
 import threading
 import time
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
@@ -156,7 +157,9 @@ def test_one_child_per_inflight_slot_and_concurrent_batches() -> None:
 
 @pytest.mark.model
 @pytest.mark.parametrize("isolation", ["thread", "process"])
-def test_a_decode_loop_reports_each_plain_step_it_timed_once(tiny_gpt2_dir: Path, isolation: str) -> None:
+def test_a_decode_loop_reports_each_plain_step_it_timed_once(
+    tiny_gpt2_dir: Path, isolation: Literal["thread", "process"]
+) -> None:
     """Iteration-level batching: the consumer's balance learns its pace from the decode loop's timed
     steps (rows, ms) as they run, in its device process or in this one; each step comes once."""
     model = ModelConfig(
