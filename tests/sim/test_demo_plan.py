@@ -322,14 +322,26 @@ def test_a_step_p99_is_over_the_requests_it_sent_and_an_unanswered_one_is_infini
     assert plan.step_p99s(send, latency, 12.0, 1) == [np.inf]
 
 
-def test_the_capacity_is_the_highest_step_that_met_the_objective_before_the_first_miss() -> None:
-    rates = [10.0, 20.0, 30.0, 40.0]
-    assert plan.sustained(rates, [100.0, 300.0, 900.0, 1500.0], 1000.0) == 30.0
-    assert plan.sustained(rates, [100.0, 1100.0, 900.0, 800.0], 1000.0) == 10.0, (
-        "a pass after a miss is the backlog's luck"
-    )
-    assert plan.sustained(rates, [1200.0, 300.0, 900.0, 800.0], 1000.0) == 0.0
-    assert plan.sustained(rates, [100.0, 200.0, 300.0, 400.0], 1000.0) == 40.0
+def test_the_steps_met_stop_at_the_first_miss() -> None:
+    assert plan.steps_met([100.0, 300.0, 900.0, 1500.0], 1000.0) == 3
+    assert plan.steps_met([100.0, 1100.0, 900.0, 800.0], 1000.0) == 1, "a pass after a miss is the backlog's luck"
+    assert plan.steps_met([1200.0, 300.0, 900.0, 800.0], 1000.0) == 0
+    assert plan.steps_met([100.0, 200.0, 300.0, 400.0], 1000.0) == 4
+
+
+def test_the_capacity_is_each_models_rate_at_the_highest_step_every_model_met() -> None:
+    """Both models ramp on one machine: past the step where the encoder missed, the generator's p99 measured
+    the encoder's backlog, so both take the step before it."""
+    rates = {"minilm": [20.0, 30.0, 40.0, 50.0], "smollm": [0.5, 0.75, 1.0, 1.25]}
+    objectives = {"minilm": 1000.0, "smollm": 5000.0}
+    p99s = {"minilm": [250.0, 500.0, 2400.0, 4800.0], "smollm": [3000.0, 3500.0, 4000.0, 4900.0]}
+    assert plan.capacities(rates, p99s, objectives) == {"minilm": 30.0, "smollm": 0.75}
+    p99s["smollm"] = [3000.0, 5400.0, 4000.0, 4900.0]
+    assert plan.capacities(rates, p99s, objectives) == {"minilm": 20.0, "smollm": 0.5}
+    p99s["smollm"] = [5200.0, 3000.0, 3000.0, 3000.0]
+    assert plan.capacities(rates, p99s, objectives) == {"minilm": 0.0, "smollm": 0.0}
+    alone = {"minilm": rates["minilm"]}
+    assert plan.capacities(alone, {"minilm": [250.0, 500.0, 900.0, 999.0]}, objectives) == {"minilm": 50.0}
 
 
 def test_a_load_at_half_the_ramps_capacity_is_half_the_rate_that_met_the_objective() -> None:
@@ -339,7 +351,7 @@ def test_a_load_at_half_the_ramps_capacity_is_half_the_rate_that_met_the_objecti
     kept_busy = 2.5
     rates = [share * kept_busy for share in plan.RAMP_SHARES]
     p99s = [2000.0 + 8000.0 * (rate / kept_busy - 0.3) for rate in rates]  # 2,000, 3,200, 4,400, 6,000, 7,600
-    capacity = plan.sustained(rates, p99s, 5000.0)
+    capacity = plan.capacities({"smollm": rates}, {"smollm": p99s}, {"smollm": 5000.0})["smollm"]
     assert capacity == pytest.approx(0.6 * kept_busy)
     scale = plan.multiplier(scenario, capacity, plan.LOAD_MIN)
     assert plan.busiest_rate(scenario) * scale == pytest.approx(0.3 * kept_busy)

@@ -210,13 +210,13 @@ def demo(
     load: Annotated[
         float,
         typer.Option(
-            help="MiniLM's busiest phase as a share of its capacity: the highest ramp step that met its objective (at least 0.5)."
+            help="MiniLM's busiest phase as a share of its capacity: its rate at the highest ramp step every model met (at least 0.5)."
         ),
     ] = 0.5,
     llm_load: Annotated[
         float,
         typer.Option(
-            help="SmolLM2's busiest phase as a share of its capacity: the highest ramp step that met its objective (at least 0.5)."
+            help="SmolLM2's busiest phase as a share of its capacity: its rate at the highest ramp step every model met (at least 0.5)."
         ),
     ] = 0.5,
     calibrate_s: Annotated[
@@ -344,14 +344,13 @@ def demo(
         scenarios = {m.name: load_scenario(m.scenario) for m in chosen}
         before = watch.mark()
         kept_busy = _calibrate(config, chosen, scenarios, measured, calibrate_s, procs, logs)
-        capacity = _ramp(config, chosen, scenarios, kept_busy, procs, logs)
+        capacity, missed = _ramp(config, chosen, scenarios, kept_busy, procs, logs)
         busy.append(_busy(watch, before, "calibrated", busy_max))
         typer.echo(f"    while it ran: {busy[-1].detail}")
-        missed = [m for m in chosen if capacity[m.name] <= 0]
         if missed:
             for check in busy:
                 typer.echo(f"    {'PASS' if check.passed else 'FAIL'}  {check.name}: {check.detail}")
-            names = ", ".join(m.name for m in missed)
+            names = ", ".join(missed)
             raise typer.Exit(
                 _fail_with_logs(
                     logs,
@@ -360,7 +359,9 @@ def demo(
                 )
             )
         loads = {}
-        typer.echo("==> sizing the load: each busiest phase at a share of the highest ramp step that met its objective")
+        typer.echo(
+            "==> sizing the load: each busiest phase at a share of its rate at the highest ramp step every model met"
+        )
         for model in chosen:
             scale = plan.multiplier(scenarios[model.name], capacity[model.name], shares[model.name])
             loads[model.name] = plan.sized_load(scenarios[model.name], scale)
@@ -518,9 +519,10 @@ def _ramp(
     kept_busy: dict[str, float],
     procs: Processes,
     logs: Path,
-) -> dict[str, float]:
+) -> tuple[dict[str, float], list[str]]:
     """Send every chosen model its scenario's busiest phase at once, open loop, at rising shares of what
-    it served kept busy; its capacity is the highest step whose p99 met its objective (requests/s)."""
+    it served kept busy; each one's capacity is its rate at the highest step where every model's p99
+    met its objective (requests/s); and the models that missed the lowest step."""
     from pipeline.core.config import load_config
     from pipeline.tools.devtools import demo_plan as plan
     from pipeline.tools.harness.ramp import send_together
@@ -535,17 +537,20 @@ def _ramp(
     latencies = asyncio.run(send_together(kafka, ramps, seeds, stop=lambda: bool(_exited(procs))))
     if _exited(procs):
         raise typer.Exit(_fail_with_logs(logs, f"{_exited(procs)} exited during the ramp"))
-    capacity: dict[str, float] = {}
+    rates = {m.name: [share * kept_busy[m.name] for share in plan.RAMP_SHARES] for m in chosen}
+    p99s = {
+        m.name: plan.step_p99s(ramps[m.name].send_ms, latencies[m.name], plan.RAMP_STEP_S, len(plan.RAMP_SHARES))
+        for m in chosen
+    }
+    capacity = plan.capacities(rates, p99s, {m.name: m.objective_ms for m in chosen})
     for m in chosen:
-        rates = [share * kept_busy[m.name] for share in plan.RAMP_SHARES]
-        p99s = plan.step_p99s(ramps[m.name].send_ms, latencies[m.name], plan.RAMP_STEP_S, len(rates))
-        capacity[m.name] = plan.sustained(rates, p99s, m.objective_ms)
-        steps = ", ".join(f"{rate:.2f}/s: {p99:,.0f}" for rate, p99 in zip(rates, p99s, strict=True))
+        steps = ", ".join(f"{rate:.2f}/s: {p99:,.0f}" for rate, p99 in zip(rates[m.name], p99s[m.name], strict=True))
+        met = plan.steps_met(p99s[m.name], m.objective_ms)
         typer.echo(
-            f"    {m.name}: p99 ms per step ({steps}); capacity {capacity[m.name]:.2f} req/s, "
-            f"the highest step within {m.objective_ms:,.0f} ms"
+            f"    {m.name}: p99 ms per step ({steps}); within {m.objective_ms:,.0f} ms up to step {met} of "
+            f"{len(plan.RAMP_SHARES)}; capacity {capacity[m.name]:.2f} req/s, the highest step every model met"
         )
-    return capacity
+    return capacity, [m.name for m in chosen if not plan.steps_met(p99s[m.name], m.objective_ms)]
 
 
 def _exited(procs: Processes) -> str:

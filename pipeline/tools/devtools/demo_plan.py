@@ -13,9 +13,9 @@ the producer sharing the cores, as in the run itself. First every model is kept
 busy at once, closed loop (`served_per_s` over a calibration's answers): the
 most it serves, in large batches. Then a ramp sends each model its scenario's
 busiest phase, bursts included, open loop as the load arrives, at rising shares
-of that rate (`ramp`); the capacity is the highest step whose p99 met the
-objective before the first that missed (`sustained`). The load is sized to that
-capacity: a scenario keeps its shape (every rate relative to its busiest
+of that rate (`ramp`); each model's capacity is its rate at the highest step
+that every model met its objective at, counting from the first step and
+stopping at the first miss (`capacities`). The load is sized to that capacity: a scenario keeps its shape (every rate relative to its busiest
 phase); the demo scales it so that the busiest phase's base rate is `load` x
 the capacity, never under LOAD_MIN, and its bursts go above that by the
 scenario's own ratio.
@@ -181,15 +181,27 @@ def step_p99s(send_ms: np.ndarray, latency_ms: np.ndarray, step_s: float, steps:
     return out
 
 
-def sustained(rates: list[float], p99s: list[float], objective_ms: float) -> float:
-    """The highest step rate whose p99 met the objective, before the first step that missed (past an
-    overloaded step the queue it left behind decides the next one's tail); 0 when the first missed."""
-    met = 0.0
-    for rate, p99 in zip(rates, p99s, strict=True):
+def steps_met(p99s: list[float], objective_ms: float) -> int:
+    """How many of the ramp's steps, from the first, met the objective: counting stops at the first
+    miss (past an overloaded step the queue it left behind decides the next one's tail)."""
+    met = 0
+    for p99 in p99s:
         if p99 > objective_ms:
             break
-        met = rate
+        met += 1
     return met
+
+
+def capacities(
+    rates: dict[str, list[float]], p99s: dict[str, list[float]], objectives: dict[str, float]
+) -> dict[str, float]:
+    """Each model's rate at the highest ramp step that every model met (`steps_met`); 0 for all when one
+    missed the first. The models share the cores and ramp together: a step one of them missed was an
+    overloaded machine for all, and the other's p99 there measured the overload, not its own rate (a
+    model judged on its own ramp took a capacity read beside the other model's backlog, and a load
+    at half of it left the pair's tail to chance)."""
+    shared = min(steps_met(p99s[m], objectives[m]) for m in rates)
+    return {m: rates[m][shared - 1] if shared else 0.0 for m in rates}
 
 
 def machine_fingerprint() -> str:
