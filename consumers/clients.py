@@ -112,7 +112,7 @@ async def open_share_clients(
     max_queue: int,
     stats: ConsumerStats,
     clock: Clock,
-    may_pull: Callable[[], bool],
+    may_pull: Callable[[], int],
 ) -> ShareClients:
     producer, outbox, delivery = await _producer(kafka, None, shared_topics, own_topics, results_topic, limits, clock)
     intake = ShareIntake(

@@ -71,6 +71,8 @@ class Fleet:
         self._tasks: list[asyncio.Task[None]] = []
         self.sent: dict[str, int] = {}
         """Requests forwarded to each peer since its newest beacon (the plan adds their load)."""
+        self.on_heard: Callable[[], None] = lambda: None
+        """Called after a peer's newer beacon is taken (share members then look at their pull rule again)."""
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -132,6 +134,7 @@ class Fleet:
                 ),
             )
         self.sent.pop(beacon.member_id, None)
+        self.on_heard()
 
     async def _keep(self, run: Callable[[], Awaitable[object]]) -> None:
         """Beacons must never end while the consumer serves: a failed session is rebuilt."""

@@ -50,6 +50,7 @@ from pipeline.core.engine.peer_forwarding import (
     Forward,
     ForwardRule,
     LocalView,
+    MemberView,
     beacon_view,
     curve_view,
     dispatch_order,
@@ -172,6 +173,10 @@ class PeerForwarding:
             self._flow.offered(now_ms, total - self._offered_seen)
             self._offered_seen = total
         return curve_view(self._engine.curve, self.busy_for(now_ms), *self._flow.rates_per_ms(now_ms))
+
+    def peers(self) -> list[MemberView]:
+        """The newest beacon of every peer (none before the fleet starts, or without beacons)."""
+        return [] if self.fleet is None else self.fleet.peers()
 
     def busy_for(self, now_ms: float) -> float:
         """Device time left on the batches running now, as t(b) predicted them."""

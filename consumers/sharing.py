@@ -16,8 +16,11 @@ fetcher, the offset commits and the group membership:
   the next poll's wait.
 - the pull rule: a request member polls only while the device has a free
   slot, so a slow device holds only what it is about to run and the rest
-  stays on the broker for faster peers (the group balances by pull rate;
-  nothing is forwarded). One poll is bounded by the engine's largest batch.
+  stays on the broker for faster peers (nothing is forwarded). One poll is
+  bounded by the engine's largest batch, and a member clearly slower than a
+  peer takes only the batch it finishes no later than that peer would
+  (`pipeline.core.engine.share_pull`, fed by the consumer from its learned
+  t(b) and its peers' beacons; a new beacon makes the members look again).
 - verdicts: ACCEPT once the record's answer is on the broker (the
   producer's delivery confirmed), REJECT once the dead letter of a record
   refused at admission is; a request the engine expires is answered
@@ -200,8 +203,9 @@ class ShareIntake:
         max_records: int,
         max_queue: int,
         stats: ConsumerStats,
-        may_pull: Callable[[], bool],
+        may_pull: Callable[[], int],
     ) -> None:
+        """`may_pull()`: how many records a request member's poll may take now (0: none)."""
         self._max_queue = max_queue
         self._members = [
             ShareMember(settings, group_id, member_client_id(consumer_id, str(i)), [request_topic], max_records)
@@ -232,10 +236,10 @@ class ShareIntake:
         ]
         self._tasks.append(loop.create_task(self._serve(self._priority, priority=True), name="share-priority"))
 
-    def _pull_now(self) -> bool:
-        """A request member may poll: not paused, every record handed out so far is in the engine
-        (not still on its way to it), and the pull rule holds."""
-        return not self.paused and self._handed == 0 and self._may_pull()
+    def _pull_now(self) -> int:
+        """How many records a request member may poll: none while paused or while records handed
+        out are still on their way to the engine; else what the pull rule allows."""
+        return 0 if self.paused or self._handed else max(0, self._may_pull())
 
     def nudge(self) -> None:
         """The device or the queue changed: members waiting on the pull rule look again."""
@@ -259,9 +263,10 @@ class ShareIntake:
                     await self._wait_nudge()
                     continue
                 async with self._pulling:
-                    if not self._pull_now():
+                    limit = self._pull_now()
+                    if not limit:
                         continue
-                    records = await member.poll(POLL_S)
+                    records = await member.poll(POLL_S, limit)
             if not records:
                 continue
             poll = _Poll(member, priority, {}, asyncio.Event())

@@ -52,6 +52,8 @@ from pipeline.core import profile_file
 from pipeline.core.config import Config, ConsumerSettings, KafkaSettings, ModelConfig
 from pipeline.core.engine.decisions import Batch, ServingPolicy
 from pipeline.core.engine.engine import BatchingEngine
+from pipeline.core.engine.peer_forwarding import capacity_per_s
+from pipeline.core.engine.share_pull import PullRule, pull_bound
 from pipeline.core.kafka.client import Topics
 from pipeline.core.kafka.offsets import OffsetTracker
 from pipeline.core.kafka.share_client import prepare_share_group
@@ -189,11 +191,25 @@ class Consumer:
 
     async def _start_sharing(self) -> None:
         slots = self.model.profile.max_inflight_batches
-        engine, device = self.engine, self._device
+        engine, device, forwarding, rule = self.engine, self._device, self.forwarding, PullRule()
 
-        def may_pull() -> bool:
-            """The pull rule: only while the device has a free slot and less than a full batch waits."""
-            return device.computing < slots and engine.pending < engine.ceiling
+        def may_pull() -> int:
+            """The pull rule: records a poll may take, only while the device has a free slot: up to a
+            full batch with what waits, less for a member clearly slower than a peer
+            (`pipeline.core.engine.share_pull`)."""
+            if device.computing >= slots:
+                return 0
+            now = self.clock.now_ms()
+            view = forwarding.view(now)
+            bound = pull_bound(
+                None if view is None else view.t_ms,
+                0.0 if view is None else capacity_per_s(view),
+                engine.ceiling,
+                forwarding.peers(),
+                now,
+                rule,
+            )
+            return self._records_in(bound.units - engine.pending)
 
         self._clients = clients = await open_share_clients(
             self.kafka,
@@ -214,7 +230,16 @@ class Consumer:
         )
         self._nudge = clients.fetcher.nudge
         self.forwarding.start(self.kafka, self.settings.fleet_beacon_ms, self.beacon)
+        if self.forwarding.fleet is not None:
+            self.forwarding.fleet.on_heard = clients.fetcher.nudge
         log.info("consumer %s: joined share group %s", self.consumer_id, self.group_id)
+
+    def _records_in(self, units: int) -> int:
+        """How many records make about `units` cost units (a token-costed model: by the mean cost of
+        the records admitted so far)."""
+        if units <= 0 or self.model.profile.cost_unit == "requests" or not self.stats.fetched:
+            return max(0, units)
+        return max(1, round(units * self.stats.fetched / max(1, self._admission.offered_cost)))
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until `stop` is set, then stop fetching, finish what is held, commit, close: all

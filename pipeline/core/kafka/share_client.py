@@ -246,8 +246,9 @@ class ShareMember:
 
         await self._call(start)
 
-    async def poll(self, timeout_s: float) -> list[ShareRecord]:
-        """The next records for this member (none within `timeout_s`: an empty list)."""
+    async def poll(self, timeout_s: float, limit: int | None = None) -> list[ShareRecord]:
+        """The next records for this member (none within `timeout_s`: an empty list), at most `limit`
+        of them (default: `max_records`; the rest are released at once)."""
         if self.held:
             raise RuntimeError(f"share member {self.client_id}: {len(self.held)} records of its last poll unsettled")
         if self.closed:
@@ -265,7 +266,8 @@ class ShareMember:
             return out
 
         records: list[ShareRecord] = await self._call(poll)
-        kept, excess = records[: self._max_records], records[self._max_records :]
+        bound = self._max_records if limit is None else max(1, min(limit, self._max_records))
+        kept, excess = records[:bound], records[bound:]
         if excess:
             await self._release_now(excess)
         self.held = {(r.record.topic, r.record.partition, r.record.offset) for r in kept}
