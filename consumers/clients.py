@@ -73,15 +73,25 @@ class ShareClients:
         await stop_client(self.producer.stop, f"{name}: the Kafka producer", timeout_s)
 
 
-async def _producer(
-    kafka: KafkaSettings,
-    transactional_id: str | None,
-    shared_topics: set[str],
-    own_topics: set[str],
-    results_topic: str,
-    limits: TopicLimits,
-    clock: Clock,
-) -> tuple[AIOKafkaProducer, Outbox, Delivery]:
+@dataclass(frozen=True)
+class ClientPlan:
+    """What a consumer's clients are built from, whatever its group type."""
+
+    kafka: KafkaSettings
+    group_id: str
+    consumer_id: str
+    shared_topics: frozenset[str]
+    own_topics: frozenset[str]
+    results_topic: str
+    priority_topic: str
+    limits: TopicLimits
+    max_queue: int
+    stats: ConsumerStats
+    clock: Clock
+
+
+async def _producer(plan: ClientPlan, transactional_id: str | None) -> tuple[AIOKafkaProducer, Outbox, Delivery]:
+    kafka, limits = plan.kafka, plan.limits
     producer_options: dict[str, Any] = dict(
         linger_ms=0, max_batch_size=BATCH_BYTES, request_timeout_ms=kafka.request_timeout_ms, **durable_producer()
     )
@@ -89,76 +99,43 @@ async def _producer(
         producer_options["transactional_id"] = transactional_id
     producer = AIOKafkaProducer(**client_options(kafka), **producer_options)
     await producer.start()
-    outbox = Outbox(producer, shared_topics, limits)
+    outbox = Outbox(producer, set(plan.shared_topics), limits)
     outbox.start()
-    delivery = Delivery(producer, outbox, limits, own_topics, results_topic, clock)
-    await limits.prefetch(sorted(own_topics))
+    delivery = Delivery(producer, outbox, limits, set(plan.own_topics), plan.results_topic, plan.clock)
+    await limits.prefetch(sorted(plan.own_topics))
     return producer, outbox, delivery
 
 
 async def open_share_clients(
-    kafka: KafkaSettings,
-    *,
-    group_id: str,
-    consumer_id: str,
-    shared_topics: set[str],
-    own_topics: set[str],
-    results_topic: str,
-    request_topic: str,
-    priority_topic: str,
-    limits: TopicLimits,
-    members: int,
-    max_records: int,
-    max_queue: int,
-    stats: ConsumerStats,
-    clock: Clock,
-    may_pull: Callable[[], int],
+    plan: ClientPlan, *, request_topic: str, members: int, max_records: int, may_pull: Callable[[], int]
 ) -> ShareClients:
-    producer, outbox, delivery = await _producer(kafka, None, shared_topics, own_topics, results_topic, limits, clock)
+    producer, outbox, delivery = await _producer(plan, None)
     intake = ShareIntake(
-        kafka,
-        group_id=group_id,
-        consumer_id=consumer_id,
+        plan.kafka,
+        group_id=plan.group_id,
+        consumer_id=plan.consumer_id,
         request_topic=request_topic,
-        priority_topic=priority_topic,
+        priority_topic=plan.priority_topic,
         members=members,
         max_records=max_records,
-        max_queue=max_queue,
-        stats=stats,
+        max_queue=plan.max_queue,
+        stats=plan.stats,
         may_pull=may_pull,
     )
     await intake.open()
-    return ShareClients(producer, outbox, SharePublisher(delivery, intake, stats), intake)
+    return ShareClients(producer, outbox, SharePublisher(delivery, intake, plan.stats), intake)
 
 
-async def open_clients(
-    kafka: KafkaSettings,
-    *,
-    group_id: str,
-    consumer_id: str,
-    shared_topics: set[str],
-    own_topics: set[str],
-    results_topic: str,
-    priority_topic: str,
-    limits: TopicLimits,
-    max_queue: int,
-    stats: ConsumerStats,
-    clock: Clock,
-) -> KafkaClients:
+async def open_clients(plan: ClientPlan) -> KafkaClients:
+    kafka, group_id, stats, clock = plan.kafka, plan.group_id, plan.stats, plan.clock
     options = client_options(kafka)
     producer, outbox, delivery = await _producer(
-        kafka,
-        f"{group_id}.{consumer_id}" if kafka.transactional else None,
-        shared_topics,
-        own_topics,
-        results_topic,
-        limits,
-        clock,
+        plan, f"{group_id}.{plan.consumer_id}" if kafka.transactional else None
     )
     consumer = AIOKafkaConsumer(
         **options,
         group_id=group_id,
-        client_id=consumer_id,
+        client_id=plan.consumer_id,
         enable_auto_commit=False,
         auto_offset_reset="earliest",
         isolation_level="read_committed" if kafka.transactional else "read_uncommitted",
@@ -181,7 +158,7 @@ async def open_clients(
         guard=guard,
     )
     stable_start = StableStart(consumer, publisher.tracker, group_id, stats, clock)
-    fetcher = Fetcher(consumer, priority_topic, max_queue, stats, stable_start.holding)
+    fetcher = Fetcher(consumer, plan.priority_topic, plan.max_queue, stats, stable_start.holding)
     watchdog = FetchWatchdog(consumer, stats, clock)
     watchdog.start()
     return KafkaClients(producer, outbox, consumer, publisher, fetcher, watchdog, stable_start)

@@ -35,7 +35,7 @@ from aiokafka import ConsumerRecord, TopicPartition
 
 from consumers.admit import Admission
 from consumers.answers import Answers, BatchTiming
-from consumers.clients import KafkaClients, ShareClients, open_clients, open_share_clients
+from consumers.clients import ClientPlan, KafkaClients, ShareClients, open_clients, open_share_clients
 from consumers.clock import Alarm, Clock, SystemClock
 from consumers.decide import poll_engine
 from consumers.device import Device
@@ -171,23 +171,26 @@ class Consumer:
         if self.share:
             await self._start_sharing()
             return
-        self._clients = clients = await open_clients(
-            self.kafka,
-            group_id=self.group_id,
-            consumer_id=self.consumer_id,
-            shared_topics=set(self.topics.shared),
-            own_topics=self._own_topics,
-            results_topic=self.topics.results(self.model.name),
-            limits=self._limits,
-            priority_topic=self.priority_topic,
-            max_queue=self.settings.max_queue,
-            stats=self.stats,
-            clock=self.clock,
-        )
+        self._clients = clients = await open_clients(self._client_plan())
         self.membership.join(
             clients.consumer, clients.publisher, [self.request_topic, self.priority_topic], clients.stable_start
         )
         self.forwarding.start(self.kafka, self.settings.fleet_beacon_ms, self.beacon)
+
+    def _client_plan(self) -> ClientPlan:
+        return ClientPlan(
+            self.kafka,
+            self.group_id,
+            self.consumer_id,
+            frozenset(self.topics.shared),
+            frozenset(self._own_topics),
+            self.topics.results(self.model.name),
+            self.priority_topic,
+            self._limits,
+            self.settings.max_queue,
+            self.stats,
+            self.clock,
+        )
 
     async def _start_sharing(self) -> None:
         slots = self.model.profile.max_inflight_batches
@@ -212,20 +215,10 @@ class Consumer:
             return self._records_in(bound.units - engine.pending)
 
         self._clients = clients = await open_share_clients(
-            self.kafka,
-            group_id=self.group_id,
-            consumer_id=self.consumer_id,
-            shared_topics=set(self.topics.shared),
-            own_topics=self._own_topics,
-            results_topic=self.topics.results(self.model.name),
+            self._client_plan(),
             request_topic=self.request_topic,
-            priority_topic=self.priority_topic,
-            limits=self._limits,
             members=slots + 1,
             max_records=self.engine.ceiling,
-            max_queue=self.settings.max_queue,
-            stats=self.stats,
-            clock=self.clock,
             may_pull=may_pull,
         )
         self._nudge = clients.fetcher.nudge

@@ -18,6 +18,7 @@ from pipeline.tools.chaos.ledger import FaultReport
 from pipeline.tools.chaos.overload import overload
 from pipeline.tools.chaos.poison import poison_request
 from pipeline.tools.chaos.rebalance_storm import rebalance_storm
+from pipeline.tools.chaos.share_consumer_kill import share_consumer_kill
 from pipeline.tools.chaos.steps import ChaosSizes
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
@@ -41,6 +42,14 @@ def test_consumer_sigkill_mid_batch_loses_nothing(stage: Stage) -> None:
     assert report.details["reprocessed_by_survivor"] > 0, "the kill interrupted no work"
     assert report.duplicated <= report.details["answered_uncommitted_by_victim"]
     assert report.recovery_s is not None
+
+
+@pytest.mark.timeout(180)
+def test_share_consumer_sigkill_while_holding_records_loses_nothing(stage: Stage) -> None:
+    report = asyncio.run(share_consumer_kill(stage, SIZES))
+    assert_nothing_lost(report)
+    assert report.details["held_by_victim"] > 0, "the kill caught no acquired record"
+    assert report.details["duplicated_past_dedup"] == 0
 
 
 @pytest.mark.timeout(120)

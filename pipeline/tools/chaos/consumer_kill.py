@@ -27,19 +27,32 @@ async def consumer_kill_transactional(stage: Stage, sizes: ChaosSizes) -> FaultR
     return await _consumer_kill(stage, sizes, transactional=True)
 
 
+KILL_DEVICE = CostModelDevice(a_ms=60.0, c_ms=3.0, target_size=8, hard_cap=16, max_wait_ms=10.0)
+"""The kill rows' device: a long per-batch cost, so that at the scenarios' rate it is busy most of the time."""
+VICTIM = "victim"
+
+
+async def pair_under_load(
+    d: Deployment, sizes: ChaosSizes, victim_env: dict[str, str] | None = None
+) -> asyncio.Task[None]:
+    """Start the victim and a survivor, warm them up, start the steady load and let a third of it
+    run; returns the task that sends the rest."""
+    d.consumer(VICTIM, env=victim_env)
+    d.consumer("survivor")
+    await d.warm_up(consumers=2)
+    sending = asyncio.create_task(d.traffic.open_loop(sizes.requests, sizes.rate_rps))
+    await asyncio.sleep(sizes.requests / sizes.rate_rps / 3)
+    return sending
+
+
 async def _consumer_kill(stage: Stage, sizes: ChaosSizes, *, transactional: bool) -> FaultReport:
-    device = CostModelDevice(a_ms=60.0, c_ms=3.0, target_size=8, hard_cap=16, max_wait_ms=10.0)
     # Without transactions a forward answered by the victim is a second at-least-once path, through
     # the priority partition's uncommitted offsets, that this row's request-partition bound does not
     # count; the row measures the request partitions' bound, so it runs without forwarding there.
     consumer = None if transactional else {"tail_forwarding": False}
-    async with Deployment(stage, device, partitions=4, transactional=transactional, consumer=consumer) as d:
-        victim_id = "victim"
-        d.consumer(victim_id)
-        d.consumer("survivor")
-        await d.warm_up(consumers=2)
-        sending = asyncio.create_task(d.traffic.open_loop(sizes.requests, sizes.rate_rps))
-        await asyncio.sleep(sizes.requests / sizes.rate_rps / 3)
+    async with Deployment(stage, KILL_DEVICE, partitions=4, transactional=transactional, consumer=consumer) as d:
+        victim_id = VICTIM
+        sending = await pair_under_load(d, sizes)
         await _until_holding_work(d, victim_id)
         d.check_alive()
         fault_at = time.time()

@@ -149,9 +149,10 @@ class Deployment:
 
     # -- processes --
 
-    def consumer(self, consumer_id: str) -> Proc:
-        """Start a consumer process of the model's group (a new process on every call)."""
-        return self.processes.consumer(CHAOS_MODEL, self.config_path, consumer_id)
+    def consumer(self, consumer_id: str, env: dict[str, str] | None = None) -> Proc:
+        """Start a consumer process of the model's group (a new process on every call), with `env` added
+        to its environment."""
+        return self.processes.consumer(CHAOS_MODEL, self.config_path, consumer_id, env=env)
 
     def sink(self, config_path: Path | None = None, name: str = "sink") -> Proc:
         """Start a sink process (`batchtide sink`) on the deployment's config."""
