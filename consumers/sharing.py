@@ -267,6 +267,7 @@ class ShareIntake:
                     if not limit:
                         continue
                     records = await member.poll(POLL_S, limit)
+                    self._stats.share_released_excess = sum(m.released_excess for m in self._members)
             if not records:
                 continue
             poll = _Poll(member, priority, {}, asyncio.Event())

@@ -58,3 +58,6 @@ class ConsumerStats:
     """Share mode: records delivered here that the group had delivered before (to any member)."""
     share_late_acks: int = 0
     """Share mode: acknowledgements the broker refused (the record's lock had expired: it is delivered again)."""
+    share_released_excess: int = 0
+    """Share mode: records a poll handed out past its bound and released at once (the client's bound
+    is soft); each counts one more delivery against the group's delivery limit."""

@@ -44,7 +44,7 @@ from consumers.membership import Membership
 from consumers.outcomes import Outcomes, Reply
 from consumers.runners import serving_runner
 from consumers.runners.base import Runner
-from consumers.sharing import check_lock, enforce_lock
+from consumers.sharing import check_lock, describe_lock, enforce_lock
 from consumers.stats import ConsumerStats
 from consumers.stop_budget import StopBudget, step_s
 from consumers.tasks import Work
@@ -167,6 +167,7 @@ class Consumer:
         if self.share:
             group = await prepare_share_group(self.kafka, self.group_id)
             enforce_lock(self.model, check_lock(self.model, self.engine.ceiling, self._prior_costs, group.lock_ms))
+            log.info("consumer %s: share group %s, %s", self.consumer_id, self.group_id, describe_lock(group))
         self.stats.warm_up_sizes.extend(await self._device.warm_up(self.model.name, self.engine.ceiling))
         if self.share:
             await self._start_sharing()

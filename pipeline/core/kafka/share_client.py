@@ -231,9 +231,6 @@ class ShareMember:
         self.closed = False
         self.released_excess = 0
         """Records handed out past `max_records` and released at once (the client's bound is soft)."""
-        self.late_acks = 0
-        """Acknowledgements the broker refused (the lock had expired, or the member had left): those
-        records were, or will be, delivered again."""
 
     async def _call(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
@@ -309,7 +306,6 @@ class ShareMember:
         except KafkaException as e:
             log.warning("share member %s: acknowledgement of %d records failed: %s", self.client_id, len(held), e)
             refused = len(held)
-        self.late_acks += refused
         return refused
 
     async def close(self) -> None:

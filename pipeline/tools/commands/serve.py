@@ -77,6 +77,13 @@ def consume(
             f"stalls_unblocked={s.fetch_stalls_unblocked} self_fenced={s.transactions_self_fenced} "
             f"txn_refused={s.txn_offsets_refused} "
             f"inherited={s.answered_inherited} unstable_waits={s.unstable_offsets_waited}"
+            + (
+                f" share: accepted={s.share_accepted} released={s.share_released} rejected={s.share_rejected} "
+                f"redelivered={s.share_redelivered} late_acks={s.share_late_acks} "
+                f"released_excess={s.share_released_excess}"
+                if c.share
+                else ""
+            )
         )
 
     async def main() -> None:
