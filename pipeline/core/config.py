@@ -421,7 +421,8 @@ class ConsumerSettings:
     through the noise of their predictions while a much slower device hands on what it cannot start at once."""
     fleet_beacon_ms: float = 100.0
     """How often each consumer tells its group (topic `<prefix>.fleet`) how soon it could start a request, its recent batch
-    time and capacity; its peers forward by it. 0 turns beacons, and so forwarding to this consumer, off."""
+    time and capacity; its peers forward by it, and in share mode a slow member pulls by it. 0 turns beacons, and so
+    forwarding to this consumer and the slow-member pull rule, off."""
     max_message_bytes: int = 1_048_576
     """Requests larger than this go to the dead-letter topic."""
     commit_interval_ms: float = 200.0
