@@ -34,7 +34,7 @@ VICTIM = "victim"
 
 async def pair_under_load(
     d: Deployment, sizes: ChaosSizes, victim_env: dict[str, str] | None = None
-) -> asyncio.Task[None]:
+) -> asyncio.Task[list[str]]:
     """Start the victim and a survivor, warm them up, start the steady load and let a third of it
     run; returns the task that sends the rest."""
     d.consumer(VICTIM, env=victim_env)

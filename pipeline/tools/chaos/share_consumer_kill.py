@@ -81,8 +81,9 @@ async def _until_holding(d: Deployment, slowdown: Path, timeout_s: float = 10.0)
         now = time.time()
         last = {VICTIM: 0.0}
         for answers in d.ledger.results.values():
-            first = answers[0]
-            last[first.consumer_id] = max(last.get(first.consumer_id, 0.0), first.at)
+            who, at = answers[0].consumer_id, answers[0].at
+            if who is not None:
+                last[who] = max(last.get(who, 0.0), at)
         if now - last[VICTIM] > SILENT_S and any(now - at < SILENT_S for who, at in last.items() if who != VICTIM):
             return
         await asyncio.sleep(0.02)
