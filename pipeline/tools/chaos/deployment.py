@@ -230,13 +230,14 @@ class Deployment:
         """
         if self._sink_group_id is not None:
             return self._sink_group_id
-        own = consumer_group(self.settings, CHAOS_MODEL)
+        # the broker lists share groups beside consumer groups (Kafka 4): the model's share group is not the sink's
+        own = {consumer_group(self.settings, CHAOS_MODEL), self.topics.share_group(CHAOS_MODEL)}
         admin = await admin_client(self.settings)
         try:
             names = [g[0] for g in await admin.list_consumer_groups()]
         finally:
             await admin.close()
-        ours = [n for n in names if n.startswith(self.settings.topic_prefix) and n != own]
+        ours = [n for n in names if n.startswith(self.settings.topic_prefix) and n not in own]
         if len(ours) == 1:
             self._sink_group_id = ours[0]
         return self._sink_group_id
