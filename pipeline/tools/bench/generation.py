@@ -16,8 +16,10 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import multiprocessing
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -202,6 +204,9 @@ def run_default(scn: GenWorkload, arr: GenArrivals) -> GenOutcome:
     return simulate_generation(arr, scn.cost, [engine], loop, profile.max_inflight_batches)
 
 
+PEER_FAMILIES = ("vllm", "tgi", "sglang", "fixed-window")
+"""The peers' schedulers, in the report's order (`grids`)."""
+
 Grid = list[tuple[str, Callable[[], TokenScheduler]]]
 """A family's settings to try: each one's description and a maker of its scheduler."""
 
@@ -211,6 +216,9 @@ def grids(scn: GenWorkload, quick: bool) -> dict[str, Grid]:
     vLLM without chunked prefill and TGI need a prefill budget of at least the longest prompt."""
     kv = scn.kv_tokens
     longest = scn.longest_prompt
+    # with one priority level vLLM's priority policy orders the queue as FCFS does (a preempted row,
+    # admitted before every waiting one, arrived before them): its runs would repeat FCFS's
+    policies = ("fcfs", "priority") if np.unique(scn.arrivals.priority).size > 1 else ("fcfs",)
     seqs = (32, 128, 512) if quick else (16, 32, 64, 128, 256, 512)
     budgets = (512, 2048, 4096) if quick else (256, 512, 1024, 2048, 4096, 8192)
     vllm: Grid = [
@@ -218,7 +226,7 @@ def grids(scn: GenWorkload, quick: bool) -> dict[str, Grid]:
             f"max_num_seqs={s} max_num_batched_tokens={t} chunked={c} {p}",
             functools.partial(VLLM, s, t, c, p, kv),
         )
-        for s, t, c, p in itertools.product(seqs, budgets, (True, False), ("fcfs", "priority"))
+        for s, t, c, p in itertools.product(seqs, budgets, (True, False), policies)
         if c or t >= longest
     ]
     total = (kv // 2, kv) if quick else (kv // 4, kv // 2, kv)
@@ -252,10 +260,40 @@ def bench_scenario(
     quick: bool = False,
     on_run: Callable[[str], None] = lambda _: None,
     peer_kernels: Kernels = "runner",
+    jobs: int = 1,
+    families: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """batchtide-default and every peer's best configuration on one scenario, the peers charged
     the runner's measured kernels (or their own idealised ragged ones: peer_schedulers.iteration_ms)."""
-    return bench_workload(GenWorkload.of_scenario(scn), quick, on_run, peer_kernels)
+    return bench_workload(GenWorkload.of_scenario(scn), quick, on_run, peer_kernels, jobs, families=families)
+
+
+_POOL_WORKLOAD: tuple[GenWorkload, Kernels] | None = None
+
+
+def _pool_start(workload: GenWorkload, kernels: Kernels) -> None:
+    global _POOL_WORKLOAD
+    _POOL_WORKLOAD = (workload, kernels)
+
+
+def _pool_run(make: Callable[[], TokenScheduler]) -> tuple[dict[str, float], float]:
+    assert _POOL_WORKLOAD is not None
+    scn, kernels = _POOL_WORKLOAD
+    start = time.perf_counter()
+    got = figures(scn, simulate_tokens(scn.arrivals, scn.cost, make(), kernels))
+    return got, time.perf_counter() - start
+
+
+def _grid_figures(
+    scn: GenWorkload, runs: list[Callable[[], TokenScheduler]], peer_kernels: Kernels, jobs: int
+) -> list[tuple[dict[str, float], float]]:
+    """Each run's figures and seconds, in `jobs` processes (the runs are independent and pure)."""
+    if jobs <= 1:
+        _pool_start(scn, peer_kernels)
+        return [_pool_run(make) for make in runs]
+    context = multiprocessing.get_context("fork")
+    with ProcessPoolExecutor(jobs, mp_context=context, initializer=_pool_start, initargs=(scn, peer_kernels)) as pool:
+        return list(pool.map(_pool_run, runs))
 
 
 def best_peers(
@@ -263,21 +301,27 @@ def best_peers(
     quick: bool = False,
     peer_kernels: Kernels = "runner",
     on_run: Callable[[str], None] = lambda _: None,
+    jobs: int = 1,
+    only: tuple[str, ...] = (),
 ) -> list[GenRow]:
-    """Each peer family at the configuration of its grid with the highest goodput (its oracle)."""
-    arr = scn.arrivals
+    """Each peer family (of `only`, when given: a bench split over several runs) at the configuration
+    of its grid with the highest goodput (its oracle); the grids' runs spread over `jobs` processes
+    (the same rows as one: the first best in grid order)."""
+    families = {name: grid for name, grid in grids(scn, quick).items() if not only or name in only}
+    runs = [(family, label, make) for family, grid in families.items() for label, make in grid]
+    results = _grid_figures(scn, [make for _, _, make in runs], peer_kernels, jobs)
     rows = []
-    for family, grid in grids(scn, quick).items():
-        start = time.perf_counter()
+    for family, grid in families.items():
         best: tuple[str, dict[str, float]] | None = None
-        for label, make in grid:
-            got = figures(scn, simulate_tokens(arr, scn.cost, make(), peer_kernels))
+        seconds = 0.0
+        for (owner, label, _), (got, took) in zip(runs, results, strict=True):
+            if owner != family:
+                continue
+            seconds += took
             if best is None or got["goodput_rps"] > best[1]["goodput_rps"] + 1e-9:
                 best = (label, got)
         assert best is not None
-        rows.append(
-            GenRow(f"{family} (oracle)", best[0], runs=len(grid), wall_s=time.perf_counter() - start, **best[1])
-        )
+        rows.append(GenRow(f"{family} (oracle)", best[0], runs=len(grid), wall_s=seconds, **best[1]))
         on_run(family)
     return rows
 
@@ -287,15 +331,19 @@ def bench_workload(
     quick: bool = False,
     on_run: Callable[[str], None] = lambda _: None,
     peer_kernels: Kernels = "runner",
+    jobs: int = 1,
+    peers: list[GenRow] | None = None,
+    families: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """batchtide-default and every peer's best configuration on one workload."""
+    """batchtide-default and every peer's best configuration on one workload (`peers`: those rows
+    already computed on this workload, by a search that ended on it; `families`: only those peers)."""
     arr = scn.arrivals
     rows: list[GenRow] = []
     start = time.perf_counter()
     out = figures(scn, run_default(scn, arr))
     rows.append(GenRow("batchtide-default", "profile layout", runs=1, wall_s=time.perf_counter() - start, **out))
     on_run("batchtide-default")
-    rows += best_peers(scn, quick, peer_kernels, on_run)
+    rows += peers if peers is not None else best_peers(scn, quick, peer_kernels, on_run, jobs, families)
     peers = [r.goodput_rps for r in rows[1:]]
     top = max(peers) if peers else math.nan
     return {

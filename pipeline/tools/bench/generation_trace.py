@@ -152,6 +152,8 @@ class ScaleSearch:
     attained: float
     """The best tuned peer's share of requests meeting both objectives at `scale` (the report's grids)."""
     tried: list[tuple[float, float]]
+    peers: list[GenRow] | None = None
+    """The peers' rows at `scale` (the report reuses them)."""
 
 
 def search_time_scale(
@@ -162,6 +164,8 @@ def search_time_scale(
     quick: bool = False,
     on_step: Callable[[float, float], None] = lambda *_: None,
     peer_kernels: Kernels = "runner",
+    jobs: int = 1,
+    families: tuple[str, ...] = (),
 ) -> ScaleSearch:
     """The time scale at which the best tuned peer meets both objectives for ATTAINMENT of the requests
     (aiming at the middle), by doubling to a bracket and bisecting in log scale. Less load never makes
@@ -169,11 +173,14 @@ def search_time_scale(
     low, high = ATTAINMENT
     aim = (low + high) / 2.0
     tried: list[tuple[float, float]] = []
+    rows: dict[float, list[GenRow]] = {}
 
     def attained(scale: float) -> float:
         sliced = replace(window, time_scale=scale).apply(trace)
         ttft, tpot = objectives(sliced)
-        got = best_peer(best_peers(trace_workload(sliced, device, ttft, tpot, "search"), quick, peer_kernels)).attained
+        workload = trace_workload(sliced, device, ttft, tpot, "search")
+        rows[scale] = best_peers(workload, quick, peer_kernels, jobs=jobs, only=families)
+        got = best_peer(rows[scale]).attained
         tried.append((scale, got))
         on_step(scale, got)
         return got
@@ -198,7 +205,7 @@ def search_time_scale(
             break
         got = attained(scale)
     best = min(tried, key=lambda t: abs(t[1] - aim) if low <= t[1] <= high else 1.0 + abs(t[1] - aim))
-    return ScaleSearch(best[0], best[1], tried)
+    return ScaleSearch(best[0], best[1], tried, rows[best[0]])
 
 
 def bench_trace(
@@ -212,9 +219,12 @@ def bench_trace(
     model: ModelConfig | None = None,
     say: Callable[[str], None] = lambda _: None,
     peer_kernels: Kernels = "runner",
+    jobs: int = 1,
+    families: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """With `model` (needs a profile device), a row of that model as configured is added after the peers."""
-    """The trace's slice at the chosen (or searched) time scale: batchtide-default and every peer's best."""
+    """The trace's slice at the chosen (or searched) time scale: batchtide-default and every peer's best
+    (the grids' runs over `jobs` processes). With `model` (needs a profile device), a row of that model
+    as configured is added after the peers."""
     if model is not None and device.profile is None:
         raise ProfileError("simulating a configured model needs its device profile (--profile)")
     trace = read_trace(path)
@@ -233,6 +243,8 @@ def bench_trace(
             quick,
             on_step=lambda s, a: say(f"  time x{s:.3g}: the best tuned peer meets both objectives for {a:.1%}"),
             peer_kernels=peer_kernels,
+            jobs=jobs,
+            families=families,
         )
         window = replace(window, time_scale=found.scale)
         say(
@@ -241,7 +253,14 @@ def bench_trace(
     sliced = window.apply(trace)
     ttft, tpot = objectives(sliced)
     workload = trace_workload(sliced, device, ttft, tpot, Path(path).name)
-    report = bench_workload(workload, quick, peer_kernels=peer_kernels)
+    report = bench_workload(
+        workload,
+        quick,
+        peer_kernels=peer_kernels,
+        jobs=jobs,
+        peers=found.peers if found is not None else None,
+        families=families,
+    )
     rows = report["rows"]
     top = max(rows[1:], key=lambda r: r["goodput_rps"])
     if model is not None:

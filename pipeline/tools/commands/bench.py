@@ -820,6 +820,13 @@ def bench_generation(
         help="What the peers' iterations cost: runner (the runner's measured kernels, as "
         "batchtide's loop) or ragged (the servers' own idealised kernels).",
     ),
+    jobs: int = typer.Option(1, "--jobs", min=1, help="Processes the peers' grid runs are spread over."),
+    peers: str = typer.Option(
+        "",
+        "--peers",
+        help="Only these peer families, comma-separated (vllm, tgi, sglang, fixed-window): one bench split "
+        "over several runs; default all.",
+    ),
 ) -> None:
     """Goodput (requests/s meeting both the TTFT and the TPOT objective), p99 TTFT and TPOT of
     batchtide-default (untuned) and of vLLM's, TGI's, SGLang's and the fixed window's scheduler,
@@ -827,12 +834,19 @@ def bench_generation(
     from pipeline.core.sim.generation.gen_scenario import load_gen_scenario
     from pipeline.core.sim.generation.peer_schedulers import KERNELS
     from pipeline.core.sim.scenario import ScenarioError
-    from pipeline.tools.bench.generation import bench_scenario
+    from pipeline.tools.bench.generation import PEER_FAMILIES, bench_scenario
     from pipeline.tools.commands.literal_choice import pick
 
     kernels = pick(peer_kernels, KERNELS)
     if kernels is None:
         wide_console.print(f"[red]error:[/red] --peer-kernels must be runner or ragged (got {escape(peer_kernels)})")
+        raise typer.Exit(2)
+    families = tuple(name.strip() for name in peers.split(",") if name.strip())
+    unknown = [name for name in families if name not in PEER_FAMILIES]
+    if unknown:
+        wide_console.print(
+            f"[red]error:[/red] --peers: unknown {escape(', '.join(unknown))} (known: {', '.join(PEER_FAMILIES)})"
+        )
         raise typer.Exit(2)
     if bool(scenario_opts) == (trace is not None):
         wide_console.print("[red]error:[/red] give --scenario FILE (one or more) or --trace FILE")
@@ -847,6 +861,8 @@ def bench_generation(
             (config, model),
             quick,
             peer_kernels,
+            jobs,
+            families,
         )
         reports.append(report)
         _generation_table(report, f"{trace.name}: {report['requests']} requests", peer_kernels)
@@ -857,13 +873,39 @@ def bench_generation(
             wide_console.print(f"[red]error:[/red] {escape(str(e))}")
             raise typer.Exit(2) from None
         with wide_console.status(f"{scn.name}: batchtide-default and the peers' grids ..."):
-            report = bench_scenario(scn, quick=quick, peer_kernels=kernels)
+            report = bench_scenario(scn, quick=quick, peer_kernels=kernels, jobs=jobs, families=families)
         reports.append(report)
         _generation_table(report, f"{scn.name}: {report['requests']} requests", peer_kernels)
     if json_out:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(reports, indent=2))
         wide_console.print(f"wrote {json_out}")
+
+
+@bench_app.command("synth-trace")
+def bench_synth_trace(
+    shape: str = typer.Argument(
+        ..., help="conversation, summarization or bursty (pipeline/core/sim/generation/synth_trace.py)."
+    ),
+    out: Path = typer.Option(..., "--out", help="The trace file to write (the common format of `produce --trace`)."),
+    requests: int = typer.Option(3000, "--requests", min=2, help="Requests in the trace."),
+    seed: int = typer.Option(0, "--seed", help="Random seed (the same shape, size and seed give the same file)."),
+) -> None:
+    """Write a synthetic LLM request trace of another workload's shape, for `bench generation --trace`."""
+    from pipeline.core.sim.generation.synth_trace import synth_trace
+    from pipeline.core.sim.generation.trace import write_trace
+
+    try:
+        made = synth_trace(shape, requests, seed)
+    except ValueError as e:
+        wide_console.print(f"[red]error:[/red] {escape(str(e))}")
+        raise typer.Exit(2) from None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_trace(out, made.offset_s, made.prompt, made.answer)
+    wide_console.print(
+        f"wrote {escape(str(out))}: {requests} requests over {made.offset_s[-1]:,.0f} s, prompt tokens p50 "
+        f"{sorted(made.prompt.tolist())[requests // 2]}, answer tokens p50 {sorted(made.answer.tolist())[requests // 2]}"
+    )
 
 
 def _bench_trace(
@@ -874,6 +916,8 @@ def _bench_trace(
     configured: tuple[Path | None, str | None],
     quick: bool,
     peer_kernels: str,
+    jobs: int = 1,
+    families: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """`bench generation --trace`: the device found, the time scale searched when not given, the report."""
     from pipeline.core.config import ConfigError, ModelConfig, load_config
@@ -912,6 +956,8 @@ def _bench_trace(
             model=spec,
             say=lambda line: wide_console.print(escape(line)),
             peer_kernels=peer_kernels,  # type: ignore[arg-type]
+            jobs=jobs,
+            families=families,
         )
     except (TraceError, ProfileError, ConfigError) as e:
         wide_console.print(f"[red]error:[/red] {escape(str(e))}")
