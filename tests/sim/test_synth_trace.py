@@ -14,7 +14,7 @@ from pipeline.cli import app
 from pipeline.core.sim.generation.synth_trace import SHAPES, synth_trace
 from pipeline.core.sim.generation.trace import TraceSlice, read_trace, write_trace
 from pipeline.tools.bench.generation import GenWorkload, best_peers, grids
-from pipeline.tools.bench.generation_trace import DEFAULT_CURVE, TraceDevice, trace_workload
+from pipeline.tools.bench.generation_trace import DEFAULT_CURVE, TraceDevice, burst_prefill_scale, trace_workload
 
 
 def test_a_conversation_follows_a_day_with_medium_prompts_and_short_answers() -> None:
@@ -105,3 +105,19 @@ def test_a_bench_split_by_peer_family_gives_that_familys_row_as_the_whole_does(t
     CliRunner().invoke(app, ["bench", "synth-trace", "bursty", "--requests", "50", "--out", str(trace)])
     bad = CliRunner().invoke(app, ["bench", "generation", "--trace", str(trace), "--peers", "vllm,orca"])
     assert bad.exit_code == 2 and "unknown orca" in bad.output
+
+
+def test_the_scale_search_starts_where_a_burst_of_prefills_fits_the_ttft_objective(tmp_path: Path) -> None:
+    # bursts of 10 prompts 0.1 s apart, 100 s between bursts; each prompt's lone prefill is 1 s on the
+    # default curve (10.12 + 0.12 ms a token past the first): a 3 s objective holds 3 of them, so their
+    # arrivals must spread to 0.3 s of trace time per objective: a scale of 10
+    offsets = np.concatenate([b * 100.0 + np.arange(10) * 0.1 for b in range(5)])
+    path = write_trace(tmp_path / "b.csv", offsets, np.full(50, 8250), np.full(50, 4))
+    sliced = TraceSlice().apply(read_trace(path))
+    assert DEFAULT_CURVE.prefill_ms(1, 1) + 8249 * DEFAULT_CURVE.prompt_token_ms() == pytest.approx(1000.0)
+    assert burst_prefill_scale(sliced, DEFAULT_CURVE, 3000.0, 1.0) == pytest.approx(10.0, rel=0.02)
+    # twice the objective holds twice the prompts in twice the time: the same scale
+    assert burst_prefill_scale(sliced, DEFAULT_CURVE, 6000.0, 1.0) == pytest.approx(10.0, rel=0.02)
+    # the last 3 of each burst fit at any scale (nothing behind them): asking that of 30% needs no stretch
+    assert burst_prefill_scale(sliced, DEFAULT_CURVE, 3000.0, 0.3) < 0.1
+    assert burst_prefill_scale(sliced, DEFAULT_CURVE, 3000.0, 0.8) == pytest.approx(10.0, rel=0.02)
