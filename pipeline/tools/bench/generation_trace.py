@@ -16,9 +16,11 @@ same requests. Given only the file, it chooses the rest itself:
   that ride its steps, not for a prefill that stalls it for seconds;
 - the time scale: the trace's own rate overloads a small device for minutes at a time (its
   bursts) and a slow enough replay makes every system meet everything, so it is searched
-  (`search_time_scale`, from the scale at which the busiest minute's prefills alone would fill the
-  device, doubling to a bracket, then bisection in log scale) for the load at which the best tuned
-  peer meets both objectives for `ATTAINMENT` of the requests: a load where scheduling decides.
+  (`search_time_scale`: from 4x lighter than the scale at which the busiest minute's prefills alone
+  would fill the device, or at which the trace's bursts of prompts could be prefilled within the TTFT
+  objective, whichever is heavier; by steps to a bracket, then bisection in log scale) for the load
+  at which the best tuned peer meets both objectives for `ATTAINMENT` of the requests: a load where
+  scheduling decides.
 """
 
 from __future__ import annotations
@@ -53,6 +55,12 @@ ATTAINMENT = (0.80, 0.95)
 SEARCH_STEPS = 12
 """Most time scales tried by the search."""
 SCALE_RANGE = (1.0 / 64.0, 1024.0)
+LIGHT_START = 4.0
+"""The search starts this much lighter than the heavier of `busiest_prefill_load` and `burst_prefill_scale`,
+and goes `HEAVIER_STEP` heavier a step until too heavy: a run at an overload is by far the slowest to
+simulate (queues of hundreds, every scheduler scanning them each iteration; one grid on a 2,000-request
+synthetic conversation trace at the busiest minute's prefill load took over 5 minutes)."""
+HEAVIER_STEP = 2.0
 
 
 @dataclass(frozen=True)
@@ -194,8 +202,9 @@ def search_time_scale(
     families: tuple[str, ...] = (),
 ) -> ScaleSearch:
     """The time scale at which the best tuned peer meets both objectives for ATTAINMENT of the requests
-    (aiming at the middle), by steps of 4x to a bracket and bisecting in log scale, from the heavier of
-    `busiest_prefill_load` and `burst_prefill_scale` (the TTFT objective does not depend on the scale). Less load never makes
+    (aiming at the middle), by steps to a bracket (lighter by 4x, heavier by HEAVIER_STEP) and bisecting in
+    log scale, from LIGHT_START x the heavier of `busiest_prefill_load` and `burst_prefill_scale` (the TTFT
+    objective does not depend on the scale). Less load never makes
     fewer requests meet their objectives here by more than noise, so the share falls with the load."""
     low, high = ATTAINMENT
     aim = (low + high) / 2.0
@@ -214,7 +223,8 @@ def search_time_scale(
 
     sliced = window.apply(trace)
     busiest = busiest_prefill_load(sliced, device.cost)
-    scale = max(window.time_scale, busiest, burst_prefill_scale(sliced, device.cost, objectives(sliced)[0], aim))
+    heavy = max(busiest, burst_prefill_scale(sliced, device.cost, objectives(sliced)[0], aim))
+    scale = max(window.time_scale, LIGHT_START * heavy)
     got = attained(scale)
     lo = hi = scale  # lo: too heavy (below `low`), hi: light enough (above `high`)
     while not (low <= got <= high) and len(tried) < SEARCH_STEPS:
@@ -227,7 +237,7 @@ def search_time_scale(
         else:
             hi = scale
             if lo >= scale:
-                scale = max(scale / 4.0, SCALE_RANGE[0])
+                scale = max(scale / HEAVIER_STEP, SCALE_RANGE[0])
             else:
                 scale = math.sqrt(lo * hi)
         if any(abs(math.log(scale / s)) < 1e-3 for s, _ in tried):
