@@ -344,8 +344,8 @@ def bench_workload(
     rows.append(GenRow("batchtide-default", "profile layout", runs=1, wall_s=time.perf_counter() - start, **out))
     on_run("batchtide-default")
     rows += peers if peers is not None else best_peers(scn, quick, peer_kernels, on_run, jobs, families)
-    peers = [r.goodput_rps for r in rows[1:]]
-    top = max(peers) if peers else math.nan
+    goodputs = [r.goodput_rps for r in rows[1:]]
+    top = max(goodputs) if goodputs else math.nan
     return {
         "scenario": scn.name,
         "requests": len(arr),
