@@ -92,10 +92,13 @@ def test_two_share_consumers_on_one_partition_both_get_work(kafka_settings: Kafk
             (status,) = await collect_status(Config(kafka=kafka_settings, consumer=SHARE), [MODEL])
         assert set(answers.by_id) == ids
         assert answers.duplicates == {}
-        served = {c.consumer_id: sum(c.stats.answered.values()) - before[c.consumer_id] for c in (first, second)}
+        total = {c.consumer_id: sum(c.stats.answered.values()) for c in (first, second)}
+        served = {member: total[member] - before[member] for member in total}
         assert all(n >= 30 for n in served.values()), served
-        assert sum(served.values()) == len(wanted)
-        assert await share_lag(kafka_settings, 1) == [0]
+        # a warm-up request still in flight at `before` is answered after it: count every request once
+        assert sum(total.values()) == len(ids)
+        # the last polls' acknowledgements reach the broker's count a moment after the answers do
+        assert await _wait_for(lambda: share_lag(kafka_settings, 1), lambda got: got == [0], 20) == [0]
         assert status.share and status.group == group(kafka_settings)
         assert {m["client_id"] for m in status.members} == {"c1", "c2"}
         assert all(f"{requests}:0" in m["partitions"] for m in status.members), status.members
