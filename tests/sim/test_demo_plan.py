@@ -350,7 +350,7 @@ def test_a_load_at_half_the_ramps_capacity_is_half_the_rate_that_met_the_objecti
     scenario = load_scenario(ROOT / "scenarios" / "demo-llm.toml")
     kept_busy = 2.5
     rates = [share * kept_busy for share in plan.RAMP_SHARES]
-    p99s = [2000.0 + 8000.0 * (rate / kept_busy - 0.3) for rate in rates]  # 2,000, 3,200, 4,400, 6,000, 7,600
+    p99s = [2000.0 + 8000.0 * (rate / kept_busy - 0.3) for rate in rates]  # 800, 1,600, 2,800, 4,400, 6,000, 7,600
     capacity = plan.capacities({"smollm": rates}, {"smollm": p99s}, {"smollm": 5000.0})["smollm"]
     assert capacity == pytest.approx(0.6 * kept_busy)
     scale = plan.multiplier(scenario, capacity, plan.LOAD_MIN)

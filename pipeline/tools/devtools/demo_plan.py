@@ -143,15 +143,17 @@ def sized_load(scenario: Scenario, scale: float) -> Load:
     return Load(arrivals.create_ms, prompt, arrivals.priority, None, new_tokens)
 
 
-RAMP_SHARES = (0.3, 0.45, 0.6, 0.8, 1.0)
+RAMP_SHARES = (0.15, 0.25, 0.4, 0.6, 0.8, 1.0)
 """The ramp's steps, as shares of what a model served kept busy (closed loop). A closed loop keeps the
 queue full, so the model runs its largest batches (an encoder) or joins rows in groups (a decode loop);
 the load arrives open loop, one request at a time, in smaller batches and with a prefill per joiner, so
 what meets the objective open loop lies below the closed loop's rate, by as much as the machine says:
-the ramp finds it, stepping up from under a third of it. A model that misses at the lowest step fails."""
+the ramp finds it, stepping up from a sixth of it. The steps are closest where the capacity usually
+falls (a quarter to a half), and the lowest is low enough that a model missing there does not serve its
+scenario beside the rest: that fails the demo."""
 RAMP_STEP_S = 12.0
-"""Seconds per ramp step: the busiest phase's bursts (one every 10 s) fall in each, and a generating
-model answers ten or more requests per step at the lowest."""
+"""Seconds per ramp step: the encoder's bursts (one every 10 s) fall in each; a generating model
+answers a few requests in the lowest step, and its p99 there is their slowest."""
 
 
 def ramp(
