@@ -118,6 +118,7 @@ class Fleet:
             capacity_per_s=beacon.capacity_per_s,
             partitions=tuple(beacon.partitions),
             load=beacon.load,
+            batches=beacon.batches,
         )
         if beacon.first_token_ms is not None:
             self._decoders[beacon.member_id] = DecodePeer(

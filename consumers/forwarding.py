@@ -105,6 +105,10 @@ class PeerForwarding:
         self._last_scan_ms = 0.0
         self._batch_ms = 0.0
         """Recent batch compute time (a moving average): what the group is told a forward costs here."""
+        self.batches = 0
+        """Batches measured since the start: the evidence behind this consumer's capacity."""
+        self.measured_at_ms: float | None = None
+        """When the newest of them ended (None before the first)."""
         self._offered_total = offered_total
         self._offered_seen = 0
         self._flow = Flow()
@@ -165,6 +169,8 @@ class PeerForwarding:
 
     def measured(self, compute_ms: float) -> None:
         self._batch_ms = recent_batch_ms(self._batch_ms, compute_ms, self._rule)
+        self.batches += 1
+        self.measured_at_ms = self._clock.now_ms()
 
     def view(self, now_ms: float) -> LocalView | None:
         """This consumer's state for the balance: device time left, learned t(b), offered and served rates."""
@@ -205,6 +211,7 @@ class PeerForwarding:
                 running=state.running,
                 room=state.room,
                 slot_every_ms=state.slot_every_ms,
+                batches=self.batches,
             )
         return FleetBeacon(
             member_id=view.member_id,
@@ -216,6 +223,7 @@ class PeerForwarding:
             capacity_per_s=view.capacity_per_s,
             partitions=list(view.partitions),
             load=view.load,
+            batches=self.batches,
         )
 
     # ---- which requests leave --------------------------------------------------

@@ -212,6 +212,8 @@ class Consumer:
                 forwarding.peers(),
                 now,
                 rule,
+                batches=forwarding.batches,
+                measured_at_ms=forwarding.measured_at_ms,
             )
             return self._records_in(bound.units - engine.pending)
 

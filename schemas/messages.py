@@ -276,4 +276,7 @@ class FleetBeacon(msgspec.Struct, omit_defaults=False):
     """Generation: requests it could start now beyond its waiting queue (free device slots)."""
     slot_every_ms: float | None = None
     """Generation: once it is full, how often one of its running requests ends."""
+    batches: int | None = None
+    """Batches it has measured since it started (null from consumers before it): a share-mode peer
+    restrains a slower member only on enough of them."""
     v: int = SCHEMA_VERSION

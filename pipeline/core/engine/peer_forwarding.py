@@ -92,6 +92,9 @@ class MemberView:
     are left out so that the balance never feeds its own measure: counted, the requests one
     consumer handed to another made that one look loaded, and it handed its own on in turn (live,
     four consumers under CPU contention forwarded 97% of the requests)."""
+    batches: int | None = None
+    """Batches it has measured since it started (None: its beacon does not say): how much its
+    capacity is worth as evidence."""
 
 
 @dataclass(frozen=True)

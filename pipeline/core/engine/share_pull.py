@@ -7,22 +7,30 @@ batches. Its share is far above 1%, so the group's p99 is its tail. Load
 balanced, latency not.
 
 A member that is clearly slower than its fastest peer (its capacity at
-most `slower_share` of that peer's, both from the learned t(b): noise
-between twins never restrains either) pulls only as many cost units as it
-can run no later than a record left on the broker would be finished by a
-peer: its own t(n) on its free device against the peer's start time (busy
-time left, aged with the beacon as in `peer_forwarding.peer_finish_ms`)
-plus the peer's recent batch time. When the peers are busy enough that a
-record would wait for them longer than the slow device takes, the slow
-member helps, with small batches; when a peer would finish it sooner, the
-record stays on the broker for that peer. There is no forwarding hop:
-what the slow member does not pull was never its own.
+most `slower_share` of that peer's, both from the learned t(b)) pulls only
+as many cost units as it can run no later than a record left on the
+broker would be finished by a peer: its own t(n) on its free device
+against the peer's start time (busy time left, aged with the beacon as in
+`peer_forwarding.peer_finish_ms`) plus the peer's recent batch time. When
+the peers are busy enough that a record would wait for them longer than
+the slow device takes, the slow member helps, with small batches; when a
+peer would finish it sooner, the record stays on the broker for that peer.
+There is no forwarding hop: what the slow member does not pull was never
+its own.
+
+Restraint needs evidence, because a restrained member is measured only
+when it pulls, so a wrong restraint would feed itself. Both sides must
+have measured `min_batches` batches (a t(b) learned from a few, at a cold
+start or through a hiccup under CPU contention, can be off by more than
+the margin, and twins must never starve each other), and a restrained
+member whose newest batch is older than `remeasure_ms` may take one unit,
+so that its speed is measured again even when its peers are never busy
+enough to make it pull: a twin misread as slow, or a slow device that
+recovered, then learns its true t(b) and is released.
 
 A member that has measured nothing, or whose peers' beacons are all older
-than `stale_ms` (a peer gone) or have measured nothing, pulls as before:
-nobody is known to be faster. A slow member that recovers is measured
-again only when it pulls, which it does as soon as the peers' load makes
-a record wait for them as long as the member's learned t(1).
+than `stale_ms` (a peer gone) or have measured too little, pulls as
+before: nobody is known to be faster.
 
 Pure: no clock, no Kafka. The consumer feeds it its learned t(b) and its
 peers' beacons; tests feed it virtual ones.
@@ -39,11 +47,21 @@ DEFAULT_SLOWER_SHARE = 0.6
 """A member whose capacity is at most this share of its fastest peer's is restrained. Learned
 capacities under CPU contention differ by tens of percent between twins (the same bound as
 forwarding's `relief_load`), and a 3x slower device is at 0.33."""
+DEFAULT_MIN_BATCHES = 8
+"""Batches a capacity rests on before it restrains or is restrained: a handful at the smallest
+sizes leaves t(b) at the knee an extrapolation."""
+DEFAULT_REMEASURE_MS = 1000.0
+"""A restrained member takes one unit after this long without a batch: at a few hundred records
+a second, one in hundreds runs at the slow speed, far from the group's p99."""
 
 
 @dataclass(frozen=True)
 class PullRule:
     slower_share: float = DEFAULT_SLOWER_SHARE
+    min_batches: int = DEFAULT_MIN_BATCHES
+    """Batches each side must have measured before their capacities are compared."""
+    remeasure_ms: float = DEFAULT_REMEASURE_MS
+    """A restrained member whose newest measured batch is older than this may take one unit."""
     stale_ms: float = 2000.0
     """A beacon older than this is a peer that may be gone: it is not counted on."""
     phase_share: float = 0.5
@@ -74,20 +92,29 @@ def pull_bound(
     peers: Sequence[MemberView],
     now_ms: float,
     rule: PullRule,
+    *,
+    batches: int,
+    measured_at_ms: float | None,
 ) -> Pull:
     """How many cost units a member may run in its next batch, with its device free.
 
     `t_ms`: its learned t(b), None before it measured a batch; `capacity_per_s`: its capacity at
-    the knee (`peer_forwarding.capacity_per_s`); `ceiling`: its largest batch. Unrestrained, the
-    bound is the ceiling; restrained, the largest n with t(n) no later than the soonest peer
-    would finish the record, 0 when even one unit would finish later."""
+    the knee (`peer_forwarding.capacity_per_s`); `ceiling`: its largest batch; `batches`: the
+    batches it measured, the newest ending at `measured_at_ms`. Unrestrained, the bound is the
+    ceiling; restrained, the largest n with t(n) no later than the soonest peer would finish the
+    record, 0 when even one unit would finish later, and 1 when its own measure is older than
+    `rule.remeasure_ms`."""
     free = Pull(ceiling, restrained=False)
-    if t_ms is None or capacity_per_s <= 0:
+    if t_ms is None or capacity_per_s <= 0 or batches < rule.min_batches:
         return free
-    fresh = [p for p in peers if p.capacity_per_s > 0 and now_ms - p.at_ms <= rule.stale_ms]
-    if not fresh or capacity_per_s > rule.slower_share * max(p.capacity_per_s for p in fresh):
+    known = [
+        p
+        for p in peers
+        if p.capacity_per_s > 0 and now_ms - p.at_ms <= rule.stale_ms and (p.batches or 0) >= rule.min_batches
+    ]
+    if not known or capacity_per_s > rule.slower_share * max(p.capacity_per_s for p in known):
         return free
-    wait = min(peer_wait_ms(p, now_ms, rule) for p in fresh)
+    wait = min(peer_wait_ms(p, now_ms, rule) for p in known)
     low, high = 0, ceiling
     while low < high:  # t(n) grows with n: the largest n with t(n) <= wait
         mid = (low + high + 1) // 2
@@ -95,4 +122,6 @@ def pull_bound(
             low = mid
         else:
             high = mid - 1
+    if low == 0 and (measured_at_ms is None or now_ms - measured_at_ms >= rule.remeasure_ms):
+        low = min(1, ceiling)
     return Pull(low, restrained=True)
