@@ -73,6 +73,7 @@ class Fleet:
         """Requests forwarded to each peer since its newest beacon (the plan adds their load)."""
         self.on_heard: Callable[[], None] = lambda: None
         """Called after a peer's newer beacon is taken (share members then look at their pull rule again)."""
+        self._soon = asyncio.Event()
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -87,6 +88,11 @@ class Fleet:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+    def send_soon(self) -> None:
+        """Publish the next beacon now, not at the interval: the consumer's state just changed in a way
+        its peers act on (a share member left the broker empty)."""
+        self._soon.set()
 
     def peers(self) -> list[MemberView]:
         return list(self._views.values())
@@ -119,6 +125,7 @@ class Fleet:
             partitions=tuple(beacon.partitions),
             load=beacon.load,
             batches=beacon.batches,
+            drained_at_ms=beacon.drained_at_ms,
         )
         if beacon.first_token_ms is not None:
             self._decoders[beacon.member_id] = DecodePeer(
@@ -155,7 +162,9 @@ class Fleet:
             key = self._member_id.encode()
             while True:
                 await producer.send(self._topic, _encode(self._beacon()), key=key)
-                await asyncio.sleep(self._interval_s)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._soon.wait(), self._interval_s)
+                self._soon.clear()
         finally:
             await stop_client(producer.stop, f"fleet {self._member_id}: its producer", 2.0)
 

@@ -109,6 +109,8 @@ class PeerForwarding:
         """Batches measured since the start: the evidence behind this consumer's capacity."""
         self.measured_at_ms: float | None = None
         """When the newest of them ended (None before the first)."""
+        self.drained_at_ms: float | None = None
+        """Share mode: when a request poll last left the broker empty (its beacon says it at once)."""
         self._offered_total = offered_total
         self._offered_seen = 0
         self._flow = Flow()
@@ -172,6 +174,13 @@ class PeerForwarding:
         self.batches += 1
         self.measured_at_ms = self._clock.now_ms()
 
+    def drained(self, now_ms: float) -> None:
+        """A share member's poll brought fewer records than it asked for: whatever waits on the broker
+        now arrived after `now_ms`. The peers hear it at once, not at the next interval."""
+        self.drained_at_ms = now_ms
+        if self.fleet is not None:
+            self.fleet.send_soon()
+
     def view(self, now_ms: float) -> LocalView | None:
         """This consumer's state for the balance: device time left, learned t(b), offered and served rates."""
         total = self._offered_total()
@@ -212,6 +221,7 @@ class PeerForwarding:
                 room=state.room,
                 slot_every_ms=state.slot_every_ms,
                 batches=self.batches,
+                drained_at_ms=self.drained_at_ms,
             )
         return FleetBeacon(
             member_id=view.member_id,
@@ -224,6 +234,7 @@ class PeerForwarding:
             partitions=list(view.partitions),
             load=view.load,
             batches=self.batches,
+            drained_at_ms=self.drained_at_ms,
         )
 
     # ---- which requests leave --------------------------------------------------

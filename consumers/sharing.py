@@ -227,6 +227,9 @@ class ShareIntake:
         """Records polled and not yet taken by the loop (`fetch`)."""
         self._stopping = False
         self.paused = False
+        self.on_drained: Callable[[], None] = lambda: None
+        """Called when a request member's poll brought fewer records than it asked for (the broker had
+        no more): the consumer's beacon says when."""
 
     async def open(self) -> None:
         await asyncio.gather(*(m.open() for m in (*self._members, self._priority)))
@@ -267,6 +270,8 @@ class ShareIntake:
                     if not limit:
                         continue
                     records = await member.poll(POLL_S, limit)
+                    if len(records) < limit:
+                        self.on_drained()
                     self._stats.share_released_excess = sum(m.released_excess for m in self._members)
             if not records:
                 continue

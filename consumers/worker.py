@@ -225,6 +225,7 @@ class Consumer:
             may_pull=may_pull,
         )
         self._nudge = clients.fetcher.nudge
+        clients.fetcher.on_drained = lambda: forwarding.drained(self.clock.now_ms())
         self.forwarding.start(self.kafka, self.settings.fleet_beacon_ms, self.beacon)
         if self.forwarding.fleet is not None:
             self.forwarding.fleet.on_heard = clients.fetcher.nudge

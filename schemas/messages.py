@@ -279,4 +279,8 @@ class FleetBeacon(msgspec.Struct, omit_defaults=False):
     batches: int | None = None
     """Batches it has measured since it started (null from consumers before it): a share-mode peer
     restrains a slower member only on enough of them."""
+    drained_at_ms: float | None = None
+    """Share mode: wall-clock ms when its newest request poll that left the broker empty (fewer records
+    than it asked for) returned; null outside share mode, before one, and from consumers before it. A
+    slower member judges the age of what it would pull by it."""
     v: int = SCHEMA_VERSION

@@ -82,20 +82,39 @@ def test_the_bound_is_the_largest_batch_that_finishes_in_time() -> None:
         assert units == 128 or t(units + 1) > wait
 
 
-def simulate(devices: list, rate_per_ms: float, seconds: float, *, rule: PullRule | None, seed: int = 1) -> float:
+def simulate(
+    devices: list, rate_per_ms: float, seconds: float, *, rule: PullRule | None, seed: int = 1, drains: bool = True
+) -> float:
     """p99 (ms) of a share group: Poisson arrivals on the broker, devices that pull when free (every
-    ms), each bounded by `pull_bound` against fresh beacons of the others (`rule` None: pull-by-rate)."""
+    ms), each bounded by `pull_bound` (`rule` None: pull-by-rate) against the others' beacons as the
+    consumers send them: every 100 ms and, with `drains`, at once when a pull leaves the broker
+    empty; each arrives 8 ms after it was sent."""
     rng = random.Random(seed)
     queue: list[float] = []
     latencies: list[float] = []
     busy_until = [0.0] * len(devices)
     running: list[list[float]] = [[] for _ in devices]
     batch_ms = [t(1) for t, _ in devices]
+    drained_at: list[float | None] = [None] * len(devices)
+    heard: dict[int, MemberView] = {}
+    in_flight: list[tuple[float, int, MemberView]] = []
+    phase = [rng.uniform(0, 100) for _ in devices]
     next_arrival = rng.expovariate(rate_per_ms)
+
+    def send(j: int, now: float) -> None:
+        start = max(0.0, busy_until[j] - now)
+        view = MemberView(str(j), now, start, batch_ms[j], devices[j][1], (), batches=100, drained_at_ms=drained_at[j])
+        in_flight.append((now + 8.0, j, view))
+
     for now in range(int(seconds * 1000)):
         while next_arrival <= now:
             queue.append(next_arrival)
             next_arrival += rng.expovariate(rate_per_ms)
+        for j in range(len(devices)):
+            if (now - phase[j]) % 100 < 1:
+                send(j, now)
+        heard.update({j: view for due, j, view in in_flight if due <= now})
+        in_flight = [beacon for beacon in in_flight if beacon[0] > now]
         for i, (t, capacity) in enumerate(devices):
             if busy_until[i] > now:
                 continue
@@ -105,15 +124,14 @@ def simulate(devices: list, rate_per_ms: float, seconds: float, *, rule: PullRul
                 continue
             units = 64
             if rule is not None:
-                peers = [
-                    MemberView(str(j), now, max(0.0, busy_until[j] - now), batch_ms[j], devices[j][1], (), batches=100)
-                    for j in range(len(devices))
-                    if j != i
-                ]
+                peers = [view for j, view in heard.items() if j != i]
                 units = bound(t, capacity, peers, now, rule).units
             if units == 0:
                 continue
             running[i], queue[:] = queue[:units], queue[units:]
+            if len(running[i]) < units and drains:
+                drained_at[i] = now
+                send(i, now)
             took = t(len(running[i]))
             busy_until[i] = now + took
             batch_ms[i] = 0.8 * batch_ms[i] + 0.2 * took
@@ -123,15 +141,40 @@ def simulate(devices: list, rate_per_ms: float, seconds: float, *, rule: PullRul
 
 def test_in_a_virtual_group_the_rule_keeps_a_slow_member_off_the_tail() -> None:
     """Two devices at 300 req/s (t(b) = 20 + 2b ms, one 3x slower): pulling by rate puts the slow
-    device's batches in the group's p99; the rule brings it near the perfect split's."""
+    device's batches in the group's p99; the rule brings it nearer the perfect split's, and more so
+    when the beacons say when the broker was last left empty (the age rule) than with the peers'
+    start times alone, which are up to a beacon interval old."""
     fast, slow = (FAST, FAST_CAPACITY), (SLOW, SLOW_CAPACITY)
     all_fast = simulate([fast, fast], 0.3, 30.0, rule=None)
     by_rate = simulate([slow, fast], 0.3, 30.0, rule=None)
-    ruled = simulate([slow, fast], 0.3, 30.0, rule=PullRule())
+    by_start = simulate([slow, fast], 0.3, 30.0, rule=PullRule(), drains=False)
+    by_age = simulate([slow, fast], 0.3, 30.0, rule=PullRule())
     assert by_rate > 2.0 * all_fast
-    assert ruled < 0.75 * by_rate
-    assert ruled <= 2.0 * all_fast
+    assert by_start < 0.75 * by_rate
+    assert by_age < 0.95 * by_start
+    assert by_age <= 1.8 * all_fast
     assert simulate([fast, fast], 0.3, 30.0, rule=PullRule()) == all_fast, "twins are never restrained"
+
+
+def test_a_slow_member_takes_only_what_it_answers_within_two_peer_batches_of_arrival() -> None:
+    """The peer left the broker empty 10 ms ago, so nothing there is older; its batches take 44 ms,
+    so its latest record waits about 88 ms: the slow member takes the n with 10 + t(n) <= 88."""
+    drained = MemberView("fast", 0.0, 30.0, 44.0, FAST_CAPACITY, (), batches=100, drained_at_ms=-10.0)
+    assert bound(SLOW, SLOW_CAPACITY, [drained], 0.0) == Pull(3, restrained=True)
+    assert 10 + SLOW(3) <= 88 < 10 + SLOW(4)
+    recent = MemberView("fast", 0.0, 30.0, 44.0, FAST_CAPACITY, (), batches=100, drained_at_ms=-30.0)
+    assert bound(SLOW, SLOW_CAPACITY, [recent], 0.0).units == 0, "what waits is too old for a slow batch"
+    assert bound(SLOW, SLOW_CAPACITY, [recent, drained], 0.0).units == 3, "the newest drain of any peer counts"
+
+
+def test_a_peer_behind_its_load_falls_back_to_its_finish_time() -> None:
+    """A peer that has not left the broker empty for longer than two of its batches has a backlog:
+    its next pull will not reach what waits, so the slow member helps by the finish time."""
+    behind = MemberView("fast", 0.0, 100.0, 100.0, FAST_CAPACITY, (), batches=100, drained_at_ms=-500.0)
+    assert (
+        bound(SLOW, SLOW_CAPACITY, [behind], 0.0).units == bound(SLOW, SLOW_CAPACITY, [beacon(100.0, 100.0)], 0.0).units
+    )
+    assert bound(SLOW, SLOW_CAPACITY, [behind], 0.0).units == 23
 
 
 def test_restraint_waits_for_enough_batches_on_both_sides() -> None:

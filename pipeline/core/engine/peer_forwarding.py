@@ -95,6 +95,9 @@ class MemberView:
     batches: int | None = None
     """Batches it has measured since it started (None: its beacon does not say): how much its
     capacity is worth as evidence."""
+    drained_at_ms: float | None = None
+    """Share mode: when its newest poll that left the broker empty (fewer records than it asked
+    for) returned; None when its beacon does not say."""
 
 
 @dataclass(frozen=True)

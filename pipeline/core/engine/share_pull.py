@@ -1,4 +1,4 @@
-"""Share mode's pull rule for a slow member: take a record only where it finishes no later than at a peer.
+"""Share mode's pull rule for a slow member: take only the records it answers within a faster peer's tail.
 
 In a share group a member pulls while its device has a free slot, so the
 group splits the load by pull rate: a 3x slower member takes about a
@@ -7,16 +7,29 @@ batches. Its share is far above 1%, so the group's p99 is its tail. Load
 balanced, latency not.
 
 A member that is clearly slower than its fastest peer (its capacity at
-most `slower_share` of that peer's, both from the learned t(b)) pulls only
-as many cost units as it can run no later than a record left on the
-broker would be finished by a peer: its own t(n) on its free device
-against the peer's start time (busy time left, aged with the beacon as in
-`peer_forwarding.peer_finish_ms`) plus the peer's recent batch time. When
-the peers are busy enough that a record would wait for them longer than
-the slow device takes, the slow member helps, with small batches; when a
-peer would finish it sooner, the record stays on the broker for that peer.
-There is no forwarding hop: what the slow member does not pull was never
-its own.
+most `slower_share` of that peer's, both from the learned t(b)) takes a
+record only when it answers it within the tail a peer would give it, judged
+on the record's age. A peer that pulls whenever its device frees answers
+its latest record about two of its batch times (`tail_batches`) after the
+record arrived, so that is the budget; and a peer's beacon says when one of
+its polls last left the broker empty (`drained_at_ms`, sent at once), so
+nothing that waits there now is older than that. The slow member pulls the
+largest n with (now - that drain) + t(n) within the budget: small batches
+of young records while its peers keep up, nothing once what waits is too
+old for its slower batches (its peers take those next, and sooner).
+
+The age matters because records are delivered oldest first: judged on
+the peers' finish times alone (their start time, aged with the beacon as
+in `peer_forwarding.peer_finish_ms`, plus their recent batch time), a slow
+member pulled whenever a beacon up to an interval old made a peer look
+busy, and took the oldest records it could; in the simulator of
+tests/engine/test_share_pull.py (100 ms beacons, one of two devices 3x
+slower) the group's p99 came out about 10% higher that way. That
+comparison remains for a peer that has not left the broker empty within
+the budget (it is behind its load, its next pull will not reach what
+waits) or whose beacon does not say: then the slow member takes the batch
+it finishes no later than that peer would finish a record left now. There
+is no forwarding hop: what the slow member does not pull was never its own.
 
 Restraint needs evidence, because a restrained member is measured only
 when it pulls, so a wrong restraint would feed itself. Both sides must
@@ -38,6 +51,7 @@ peers' beacons; tests feed it virtual ones.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -47,6 +61,10 @@ DEFAULT_SLOWER_SHARE = 0.6
 """A member whose capacity is at most this share of its fastest peer's is restrained. Learned
 capacities under CPU contention differ by tens of percent between twins (the same bound as
 forwarding's `relief_load`), and a 3x slower device is at 0.33."""
+DEFAULT_TAIL_BATCHES = 2.0
+"""A peer that pulls whenever its device frees answers its latest record about two batch times
+after it arrived (it waits out the batch running, then runs in the next): that is the tail a
+slow member's records must not pass."""
 DEFAULT_MIN_BATCHES = 8
 """Batches a capacity rests on before it restrains or is restrained: a handful at the smallest
 sizes leaves t(b) at the knee an extrapolation."""
@@ -66,6 +84,8 @@ class PullRule:
     """A beacon older than this is a peer that may be gone: it is not counted on."""
     phase_share: float = 0.5
     """A peer's start time ages with its beacon down to this share of its batch time, no lower."""
+    tail_batches: float = DEFAULT_TAIL_BATCHES
+    """A slow member's record must be answered within this many of a faster peer's batch times."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +105,18 @@ def peer_wait_ms(peer: MemberView, now_ms: float, rule: PullRule) -> float:
     return peer_finish_ms(peer, 0, forward_rule, age_ms=max(0.0, now_ms - peer.at_ms))
 
 
+def largest_within(t_ms: Callable[[int], float], ceiling: int, budget_ms: float) -> int:
+    """The largest n <= ceiling with t(n) <= budget_ms (t grows with n), 0 when none."""
+    low, high = 0, ceiling
+    while low < high:
+        mid = (low + high + 1) // 2
+        if t_ms(mid) <= budget_ms:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
 def pull_bound(
     t_ms: Callable[[int], float] | None,
     capacity_per_s: float,
@@ -101,9 +133,9 @@ def pull_bound(
     `t_ms`: its learned t(b), None before it measured a batch; `capacity_per_s`: its capacity at
     the knee (`peer_forwarding.capacity_per_s`); `ceiling`: its largest batch; `batches`: the
     batches it measured, the newest ending at `measured_at_ms`. Unrestrained, the bound is the
-    ceiling; restrained, the largest n with t(n) no later than the soonest peer would finish the
-    record, 0 when even one unit would finish later, and 1 when its own measure is older than
-    `rule.remeasure_ms`."""
+    ceiling; restrained, the largest n whose t(n) fits the budget the module's docstring gives
+    (the tail budget less the age of what waits, or the soonest peer's finish time), 0 when even
+    one unit does not fit, and 1 then when its own measure is older than `rule.remeasure_ms`."""
     free = Pull(ceiling, restrained=False)
     if t_ms is None or capacity_per_s <= 0 or batches < rule.min_batches:
         return free
@@ -114,14 +146,13 @@ def pull_bound(
     ]
     if not known or capacity_per_s > rule.slower_share * max(p.capacity_per_s for p in known):
         return free
-    wait = min(peer_wait_ms(p, now_ms, rule) for p in known)
-    low, high = 0, ceiling
-    while low < high:  # t(n) grows with n: the largest n with t(n) <= wait
-        mid = (low + high + 1) // 2
-        if t_ms(mid) <= wait:
-            low = mid
-        else:
-            high = mid - 1
+    drains = [p.drained_at_ms for p in known if p.drained_at_ms is not None]
+    allowance = rule.tail_batches * min(p.batch_ms for p in known)
+    age = max(0.0, now_ms - max(drains)) if drains else math.inf
+    if age <= allowance:
+        low = largest_within(t_ms, ceiling, allowance - age)
+    else:
+        low = largest_within(t_ms, ceiling, min(peer_wait_ms(p, now_ms, rule) for p in known))
     if low == 0 and (measured_at_ms is None or now_ms - measured_at_ms >= rule.remeasure_ms):
         low = min(1, ceiling)
     return Pull(low, restrained=True)
