@@ -103,6 +103,10 @@ def test_two_share_consumers_on_one_partition_both_get_work(kafka_settings: Kafk
         assert {m["client_id"] for m in status.members} == {"c1", "c2"}
         assert all(f"{requests}:0" in m["partitions"] for m in status.members), status.members
         assert "shared by" in render([status], time.time() * 1000)
+        for consumer in (first, second):  # what a slower peer's pull rule reads in their beacons
+            beacon = consumer.beacon()
+            assert beacon.batches == consumer.forwarding.batches > 0
+            assert beacon.drained_at_ms is not None, "a poll that left the broker empty is told"
 
     asyncio.run(scenario())
 
