@@ -323,25 +323,38 @@ def test_a_step_p99_is_over_the_requests_it_sent_and_an_unanswered_one_is_infini
 
 
 def test_the_steps_met_stop_at_the_first_miss() -> None:
-    assert plan.steps_met([100.0, 300.0, 900.0, 1500.0], 1000.0) == 3
-    assert plan.steps_met([100.0, 1100.0, 900.0, 800.0], 1000.0) == 1, "a pass after a miss is the backlog's luck"
-    assert plan.steps_met([1200.0, 300.0, 900.0, 800.0], 1000.0) == 0
-    assert plan.steps_met([100.0, 200.0, 300.0, 400.0], 1000.0) == 4
+    bars = [1000.0] * 4
+    assert plan.steps_met([100.0, 300.0, 900.0, 1500.0], bars) == 3
+    assert plan.steps_met([100.0, 1100.0, 900.0, 800.0], bars) == 1, "a pass after a miss is the backlog's luck"
+    assert plan.steps_met([1200.0, 300.0, 900.0, 800.0], bars) == 0
+    assert plan.steps_met([100.0, 200.0, 300.0, 400.0], bars) == 4
+
+
+def test_a_step_too_thin_for_a_p99_must_leave_room_under_the_objective() -> None:
+    """A generating model's step of a handful of requests is judged by its slowest: at 0.97 x the objective
+    that is luck, not room for a load of several times as many answers."""
+    send = np.concatenate([np.arange(0.0, 12_000.0, 100.0), np.arange(12_000.0, 24_000.0, 2_000.0)])
+    sizes = plan.step_sizes(send, 12.0, 3)
+    assert sizes == [120, 6, 0]
+    bars = plan.step_bars(sizes, 5000.0)
+    assert bars == [5000.0, 5000.0 * plan.THIN_STEP_ROOM, 5000.0 * plan.THIN_STEP_ROOM]
+    assert plan.steps_met([4900.0, 4850.0, 0.0], bars) == 1, "the thin step at 0.97 x is not met"
+    assert plan.steps_met([4900.0, 0.7 * 5000.0, 0.0], bars) == 3
 
 
 def test_the_capacity_is_each_models_rate_at_the_highest_step_every_model_met() -> None:
     """Both models ramp on one machine: past the step where the encoder missed, the generator's p99 measured
     the encoder's backlog, so both take the step before it."""
     rates = {"minilm": [20.0, 30.0, 40.0, 50.0], "smollm": [0.5, 0.75, 1.0, 1.25]}
-    objectives = {"minilm": 1000.0, "smollm": 5000.0}
+    bars = {"minilm": [1000.0] * 4, "smollm": [5000.0] * 4}
     p99s = {"minilm": [250.0, 500.0, 2400.0, 4800.0], "smollm": [3000.0, 3500.0, 4000.0, 4900.0]}
-    assert plan.capacities(rates, p99s, objectives) == {"minilm": 30.0, "smollm": 0.75}
+    assert plan.capacities(rates, p99s, bars) == {"minilm": 30.0, "smollm": 0.75}
     p99s["smollm"] = [3000.0, 5400.0, 4000.0, 4900.0]
-    assert plan.capacities(rates, p99s, objectives) == {"minilm": 20.0, "smollm": 0.5}
+    assert plan.capacities(rates, p99s, bars) == {"minilm": 20.0, "smollm": 0.5}
     p99s["smollm"] = [5200.0, 3000.0, 3000.0, 3000.0]
-    assert plan.capacities(rates, p99s, objectives) == {"minilm": 0.0, "smollm": 0.0}
+    assert plan.capacities(rates, p99s, bars) == {"minilm": 0.0, "smollm": 0.0}
     alone = {"minilm": rates["minilm"]}
-    assert plan.capacities(alone, {"minilm": [250.0, 500.0, 900.0, 999.0]}, objectives) == {"minilm": 50.0}
+    assert plan.capacities(alone, {"minilm": [250.0, 500.0, 900.0, 999.0]}, bars) == {"minilm": 50.0}
 
 
 def test_a_load_at_half_the_ramps_capacity_is_half_the_rate_that_met_the_objective() -> None:
@@ -351,7 +364,7 @@ def test_a_load_at_half_the_ramps_capacity_is_half_the_rate_that_met_the_objecti
     kept_busy = 2.5
     rates = [share * kept_busy for share in plan.RAMP_SHARES]
     p99s = [2000.0 + 8000.0 * (rate / kept_busy - 0.3) for rate in rates]  # 800, 1,600, 2,800, 4,400, 6,000, 7,600
-    capacity = plan.capacities({"smollm": rates}, {"smollm": p99s}, {"smollm": 5000.0})["smollm"]
+    capacity = plan.capacities({"smollm": rates}, {"smollm": p99s}, {"smollm": [5000.0] * len(rates)})["smollm"]
     assert capacity == pytest.approx(0.6 * kept_busy)
     scale = plan.multiplier(scenario, capacity, plan.LOAD_MIN)
     assert plan.busiest_rate(scenario) * scale == pytest.approx(0.3 * kept_busy)

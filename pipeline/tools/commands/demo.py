@@ -537,20 +537,25 @@ def _ramp(
     latencies = asyncio.run(send_together(kafka, ramps, seeds, stop=lambda: bool(_exited(procs))))
     if _exited(procs):
         raise typer.Exit(_fail_with_logs(logs, f"{_exited(procs)} exited during the ramp"))
+    steps = len(plan.RAMP_SHARES)
     rates = {m.name: [share * kept_busy[m.name] for share in plan.RAMP_SHARES] for m in chosen}
-    p99s = {
-        m.name: plan.step_p99s(ramps[m.name].send_ms, latencies[m.name], plan.RAMP_STEP_S, len(plan.RAMP_SHARES))
+    p99s = {m.name: plan.step_p99s(ramps[m.name].send_ms, latencies[m.name], plan.RAMP_STEP_S, steps) for m in chosen}
+    bars = {
+        m.name: plan.step_bars(plan.step_sizes(ramps[m.name].send_ms, plan.RAMP_STEP_S, steps), m.objective_ms)
         for m in chosen
     }
-    capacity = plan.capacities(rates, p99s, {m.name: m.objective_ms for m in chosen})
+    capacity = plan.capacities(rates, p99s, bars)
     for m in chosen:
-        steps = ", ".join(f"{rate:.2f}/s: {p99:,.0f}" for rate, p99 in zip(rates[m.name], p99s[m.name], strict=True))
-        met = plan.steps_met(p99s[m.name], m.objective_ms)
-        typer.echo(
-            f"    {m.name}: p99 ms per step ({steps}); within {m.objective_ms:,.0f} ms up to step {met} of "
-            f"{len(plan.RAMP_SHARES)}; capacity {capacity[m.name]:.2f} req/s, the highest step every model met"
+        each = ", ".join(
+            f"{rate:.2f}/s: {p99:,.0f}" + ("" if bar == m.objective_ms else f" (thin step: within {bar:,.0f})")
+            for rate, p99, bar in zip(rates[m.name], p99s[m.name], bars[m.name], strict=True)
         )
-    return capacity, [m.name for m in chosen if not plan.steps_met(p99s[m.name], m.objective_ms)]
+        met = plan.steps_met(p99s[m.name], bars[m.name])
+        typer.echo(
+            f"    {m.name}: p99 ms per step ({each}); within {m.objective_ms:,.0f} ms up to step {met} of "
+            f"{steps}; capacity {capacity[m.name]:.2f} req/s, the highest step every model met"
+        )
+    return capacity, [m.name for m in chosen if not plan.steps_met(p99s[m.name], bars[m.name])]
 
 
 def _exited(procs: Processes) -> str:

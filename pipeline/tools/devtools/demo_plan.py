@@ -14,8 +14,9 @@ busy at once, closed loop (`served_per_s` over a calibration's answers): the
 most it serves, in large batches. Then a ramp sends each model its scenario's
 busiest phase, bursts included, open loop as the load arrives, at rising shares
 of that rate (`ramp`); each model's capacity is its rate at the highest step
-that every model met its objective at, counting from the first step and
-stopping at the first miss (`capacities`). The load is sized to that capacity: a scenario keeps its shape (every rate relative to its busiest
+that every model met its objective at (with room where a step holds too few
+requests for a p99: `step_bars`), counting from the first step and stopping at
+the first miss (`capacities`). The load is sized to that capacity: a scenario keeps its shape (every rate relative to its busiest
 phase); the demo scales it so that the busiest phase's base rate is `load` x
 the capacity, never under LOAD_MIN, and its bursts go above that by the
 scenario's own ratio.
@@ -183,26 +184,47 @@ def step_p99s(send_ms: np.ndarray, latency_ms: np.ndarray, step_s: float, steps:
     return out
 
 
-def steps_met(p99s: list[float], objective_ms: float) -> int:
-    """How many of the ramp's steps, from the first, met the objective: counting stops at the first
-    miss (past an overloaded step the queue it left behind decides the next one's tail)."""
+THIN_STEP = 100
+"""Requests a ramp step must send for its p99 to be a 99th percentile: over fewer it is their slowest."""
+THIN_STEP_ROOM = 0.8
+"""A thin step (a generating model's 3-20 requests in RAMP_STEP_S) counts as met when its p99 is within
+this share of the objective. The slowest of a handful stands for a lower percentile than the load's p99
+over several times as many answers, and a decode loop's answer hardly gets faster at half the rate (it
+is its decode steps beside the encoder), so the room has to come from the objective: judged at the full
+objective, a run met its steps at up to 0.97 x by luck, sized its load from them and missed at 1.26 x."""
+
+
+def step_sizes(send_ms: np.ndarray, step_s: float, steps: int) -> list[int]:
+    """Requests each ramp step sent (by their scheduled send time)."""
+    edges = np.arange(steps + 1) * step_s * 1000.0
+    return [int(n) for n in np.histogram(send_ms, bins=edges)[0]]
+
+
+def step_bars(sizes: list[int], objective_ms: float) -> list[float]:
+    """The p99 each step must stay within: the objective, with THIN_STEP_ROOM for a thin step."""
+    return [objective_ms * (1.0 if n >= THIN_STEP else THIN_STEP_ROOM) for n in sizes]
+
+
+def steps_met(p99s: list[float], bars: list[float]) -> int:
+    """How many of the ramp's steps, from the first, stayed within their bar (`step_bars`): counting
+    stops at the first miss (past an overloaded step the queue it left behind decides the next one's tail)."""
     met = 0
-    for p99 in p99s:
-        if p99 > objective_ms:
+    for p99, bar in zip(p99s, bars, strict=True):
+        if p99 > bar:
             break
         met += 1
     return met
 
 
 def capacities(
-    rates: dict[str, list[float]], p99s: dict[str, list[float]], objectives: dict[str, float]
+    rates: dict[str, list[float]], p99s: dict[str, list[float]], bars: dict[str, list[float]]
 ) -> dict[str, float]:
     """Each model's rate at the highest ramp step that every model met (`steps_met`); 0 for all when one
     missed the first. The models share the cores and ramp together: a step one of them missed was an
     overloaded machine for all, and the other's p99 there measured the overload, not its own rate (a
     model judged on its own ramp took a capacity read beside the other model's backlog, and a load
     at half of it left the pair's tail to chance)."""
-    shared = min(steps_met(p99s[m], objectives[m]) for m in rates)
+    shared = min(steps_met(p99s[m], bars[m]) for m in rates)
     return {m: rates[m][shared - 1] if shared else 0.0 for m in rates}
 
 
