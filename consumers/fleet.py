@@ -42,6 +42,10 @@ HOP_SAMPLES = 64
 HOP_BOUNDS_MS = (1.0, 250.0)
 DEFAULT_HOP_MS = 10.0
 """The hop charged before any peer's beacon has arrived."""
+SOON_GAP_S = 0.02
+"""Beacons asked for at once (`send_soon`) still go at most every 20 ms: a group whose polls leave
+the broker empty at every turn (light load, or many members on one partition) must not flood the
+fleet topic and its readers on the cores that serve it (eight consumers: at most 400 a second)."""
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder(FleetBeacon).decode
 
@@ -162,8 +166,9 @@ class Fleet:
             key = self._member_id.encode()
             while True:
                 await producer.send(self._topic, _encode(self._beacon()), key=key)
+                await asyncio.sleep(SOON_GAP_S)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._soon.wait(), self._interval_s)
+                    await asyncio.wait_for(self._soon.wait(), max(0.0, self._interval_s - SOON_GAP_S))
                 self._soon.clear()
         finally:
             await stop_client(producer.stop, f"fleet {self._member_id}: its producer", 2.0)
