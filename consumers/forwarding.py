@@ -174,11 +174,12 @@ class PeerForwarding:
         self.batches += 1
         self.measured_at_ms = self._clock.now_ms()
 
-    def drained(self, now_ms: float) -> None:
+    def drained(self, now_ms: float, *, at_once: bool) -> None:
         """A share member's poll brought fewer records than it asked for: whatever waits on the broker
-        now arrived after `now_ms`. The peers hear it at once, not at the next interval."""
+        now arrived after `now_ms`. With `at_once` (a slower peer pulls by it) the peers hear it now,
+        not at the next interval."""
         self.drained_at_ms = now_ms
-        if self.fleet is not None:
+        if at_once and self.fleet is not None:
             self.fleet.send_soon()
 
     def view(self, now_ms: float) -> LocalView | None:

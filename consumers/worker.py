@@ -53,7 +53,7 @@ from pipeline.core.config import Config, ConsumerSettings, KafkaSettings, ModelC
 from pipeline.core.engine.decisions import Batch, ServingPolicy
 from pipeline.core.engine.engine import BatchingEngine
 from pipeline.core.engine.peer_forwarding import capacity_per_s
-from pipeline.core.engine.share_pull import PullRule, pull_bound
+from pipeline.core.engine.share_pull import PullRule, outpaces_a_peer, pull_bound
 from pipeline.core.kafka.client import Topics
 from pipeline.core.kafka.offsets import OffsetTracker
 from pipeline.core.kafka.share_client import prepare_share_group
@@ -225,7 +225,17 @@ class Consumer:
             may_pull=may_pull,
         )
         self._nudge = clients.fetcher.nudge
-        clients.fetcher.on_drained = lambda: forwarding.drained(self.clock.now_ms())
+
+        def drained() -> None:
+            """A poll left the broker empty: told at once only where a slower peer pulls by it."""
+            now = self.clock.now_ms()
+            view = forwarding.view(now)
+            capacity = 0.0 if view is None else capacity_per_s(view)
+            forwarding.drained(
+                now, at_once=outpaces_a_peer(capacity, forwarding.batches, forwarding.peers(), now, rule)
+            )
+
+        clients.fetcher.on_drained = drained
         self.forwarding.start(self.kafka, self.settings.fleet_beacon_ms, self.beacon)
         if self.forwarding.fleet is not None:
             self.forwarding.fleet.on_heard = clients.fetcher.nudge

@@ -6,7 +6,7 @@ import random
 
 from pipeline.core.engine.costcurve import CostCurve
 from pipeline.core.engine.peer_forwarding import MemberView, capacity_per_s, curve_view
-from pipeline.core.engine.share_pull import Pull, PullRule, pull_bound
+from pipeline.core.engine.share_pull import Pull, PullRule, outpaces_a_peer, pull_bound
 
 
 def affine(a: float, c: float):
@@ -270,3 +270,14 @@ def test_twins_with_noisy_measures_each_carry_a_fair_share() -> None:
     """Jittered batch times and a brief hiccup on each side in turn: neither twin ends up restrained."""
     ran = learned_group([lambda k: 1.6 if 3 <= k < 6 else 1.0, lambda k: 1.6 if k < 3 else 1.0], 0.1, 20.0, PullRule())
     assert min(ran) > 0.3 * sum(ran)
+
+
+def test_only_a_member_that_outpaces_a_peer_tells_its_drains_at_once() -> None:
+    rule = PullRule()
+    slow_peer = MemberView("slow", 0.0, 0.0, 70.0, SLOW_CAPACITY, (), batches=100)
+    twin = MemberView("twin", 0.0, 0.0, 28.0, 400.0, (), batches=100)
+    assert outpaces_a_peer(FAST_CAPACITY, 100, [twin, slow_peer], 0.0, rule)
+    assert not outpaces_a_peer(FAST_CAPACITY, 100, [twin], 0.0, rule), "twins: no beacon storm"
+    assert not outpaces_a_peer(FAST_CAPACITY, 100, [slow_peer], 2500.0, rule), "the slow peer is gone"
+    assert not outpaces_a_peer(FAST_CAPACITY, 3, [slow_peer], 0.0, rule), "too little measured here"
+    assert not outpaces_a_peer(SLOW_CAPACITY, 100, [twin], 0.0, rule)

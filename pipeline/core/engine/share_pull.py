@@ -105,6 +105,23 @@ def peer_wait_ms(peer: MemberView, now_ms: float, rule: PullRule) -> float:
     return peer_finish_ms(peer, 0, forward_rule, age_ms=max(0.0, now_ms - peer.at_ms))
 
 
+def outpaces_a_peer(
+    capacity_per_s: float, batches: int, peers: Sequence[MemberView], now_ms: float, rule: PullRule
+) -> bool:
+    """Whether a fresh peer would be restrained against this member (the margin, on evidence from
+    both): only then is a poll that left the broker empty worth a beacon at once. In a group of
+    equals such beacons would only load the cores that serve (live, a group of eight equal
+    consumers on two cores that sent one per drained poll fell behind its load)."""
+    if capacity_per_s <= 0 or batches < rule.min_batches:
+        return False
+    return any(
+        0 < p.capacity_per_s <= rule.slower_share * capacity_per_s
+        and now_ms - p.at_ms <= rule.stale_ms
+        and (p.batches or 0) >= rule.min_batches
+        for p in peers
+    )
+
+
 def largest_within(t_ms: Callable[[int], float], ceiling: int, budget_ms: float) -> int:
     """The largest n <= ceiling with t(n) <= budget_ms (t grows with n), 0 when none."""
     low, high = 0, ceiling
