@@ -342,6 +342,16 @@ def test_a_step_too_thin_for_a_p99_must_leave_room_under_the_objective() -> None
     assert plan.steps_met([4900.0, 0.7 * 5000.0, 0.0], bars) == 3
 
 
+def test_the_ramp_text_stars_thin_steps_and_names_their_bar_once() -> None:
+    text = plan.ramp_text([0.3, 0.5], [1552.0, 4200.0], [4000.0, 4000.0], 5000.0)
+    assert text == (
+        "p99 ms per step (0.30/s: 1,552*, 0.50/s: 4,200*); within 5,000 ms, * under 100 requests: "
+        "within 4,000 ms; met up to step 1 of 2"
+    )
+    full = plan.ramp_text([10.0, 20.0], [80.0, 1200.0], [1000.0, 1000.0], 1000.0)
+    assert full == "p99 ms per step (10.00/s: 80, 20.00/s: 1,200); within 1,000 ms; met up to step 1 of 2"
+
+
 def test_the_capacity_is_each_models_rate_at_the_highest_step_every_model_met() -> None:
     """Both models ramp on one machine: past the step where the encoder missed, the generator's p99 measured
     the encoder's backlog, so both take the step before it."""

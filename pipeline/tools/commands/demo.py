@@ -546,14 +546,9 @@ def _ramp(
     }
     capacity = plan.capacities(rates, p99s, bars)
     for m in chosen:
-        each = ", ".join(
-            f"{rate:.2f}/s: {p99:,.0f}" + ("" if bar == m.objective_ms else f" (thin step: within {bar:,.0f})")
-            for rate, p99, bar in zip(rates[m.name], p99s[m.name], bars[m.name], strict=True)
-        )
-        met = plan.steps_met(p99s[m.name], bars[m.name])
+        steps_text = plan.ramp_text(rates[m.name], p99s[m.name], bars[m.name], m.objective_ms)
         typer.echo(
-            f"    {m.name}: p99 ms per step ({each}); within {m.objective_ms:,.0f} ms up to step {met} of "
-            f"{steps}; capacity {capacity[m.name]:.2f} req/s, the highest step every model met"
+            f"    {m.name}: {steps_text}; capacity {capacity[m.name]:.2f} req/s, the highest step every model met"
         )
     return capacity, [m.name for m in chosen if not plan.steps_met(p99s[m.name], bars[m.name])]
 

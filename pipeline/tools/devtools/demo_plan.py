@@ -216,6 +216,20 @@ def steps_met(p99s: list[float], bars: list[float]) -> int:
     return met
 
 
+def ramp_text(rates: list[float], p99s: list[float], bars: list[float], objective_ms: float) -> str:
+    """One model's ramp as the demo prints it: each step's rate and p99, a thin step starred, its bar
+    named once, and how many steps from the first it met."""
+    thin = sorted({bar for bar in bars if bar != objective_ms})
+    each = ", ".join(
+        f"{rate:.2f}/s: {p99:,.0f}{'' if bar == objective_ms else '*'}"
+        for rate, p99, bar in zip(rates, p99s, bars, strict=True)
+    )
+    bar_text = f"within {objective_ms:,.0f} ms" + (
+        f", * under {THIN_STEP} requests: within {thin[0]:,.0f} ms" if thin else ""
+    )
+    return f"p99 ms per step ({each}); {bar_text}; met up to step {steps_met(p99s, bars)} of {len(rates)}"
+
+
 def capacities(
     rates: dict[str, list[float]], p99s: dict[str, list[float]], bars: dict[str, list[float]]
 ) -> dict[str, float]:
