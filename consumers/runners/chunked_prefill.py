@@ -31,7 +31,15 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from pipeline.core.engine.joins import MIN_CHUNK, RideCredit, paced_ride, ride_allowance, ride_plan
+from pipeline.core.engine.joins import (
+    MIN_CHUNK,
+    RIDE_WINDOW,
+    RideCredit,
+    paced_ride,
+    ride_allowance,
+    ride_plan,
+    vouched_ride,
+)
 
 from .decoding import RunningSet, Sequence, prompt_tensors
 
@@ -92,9 +100,11 @@ class RidePacer:
     are fitted to the recent rides (the step's time over the last plain
     step's); rides of one size cannot tell them apart, so while every recent
     ride had the same size the next one rides twice as many (or half, at the
-    budget). Before any ride, a one-piece prefill's time per token stands
+    budget or past what the recent rides vouch for). Before any ride, a one-piece prefill's time per token stands
     in. The size is joins.paced_ride's (at least what the fixed part costs,
-    within the step's token budget beside the rows), the spacing
+    within the step's token budget beside the rows or, with a TPOT objective,
+    within what the recent rides vouch for: a fit to rides of nearly one size
+    is not trusted far past them), the spacing
     joins.RideCredit's: what the rides add over joins.ride_allowance
     (RIDE_SHARE of a plain step, or a time-per-output-token objective's
     slack over it) is paid back by plain steps, and a ride goes while less
@@ -105,7 +115,7 @@ class RidePacer:
         self.budget = budget
         self.tpot_ms = tpot_ms
         self._prefills: deque[tuple[int, float]] = deque(maxlen=PACE_WINDOW)
-        self._rides: deque[tuple[int, float]] = deque(maxlen=PACE_WINDOW)
+        self._rides: deque[tuple[int, float]] = deque(maxlen=RIDE_WINDOW)
         self._credit = RideCredit()
 
     def observe(self, tokens: int, ms: float) -> None:
@@ -172,13 +182,23 @@ class RidePacer:
         if cost is None or cost[1] <= 0 or step_ms <= 0:
             return max(MIN_CHUNK, min(room, self.budget // 4))
         fixed, per_token = cost
-        tokens = paced_ride(self.budget, decoding_rows, step_ms, per_token, self.tpot_ms, fixed)
+        tokens = paced_ride(self.budget, decoding_rows, step_ms, per_token, self.tpot_ms, fixed, self._rides)
         sizes = {t for t, _ in self._rides}
         if len(sizes) == 1:
             (size,) = sizes
             if tokens == size:
-                tokens = 2 * size if 2 * size <= room else max(MIN_CHUNK, size // 2)
+                tokens = 2 * size if self._may_grow(2 * size, room, step_ms) else max(MIN_CHUNK, size // 2)
         return tokens
+
+    def _may_grow(self, tokens: int, room: int, step_ms: float) -> bool:
+        """Whether rides of one size may try `tokens`: within the budget beside the rows and, with a TPOT
+        objective the plain step meets, within what the recent rides vouch for (joins.vouched_ride; trying
+        twice a ride whose step was near the objective put a step far past it)."""
+        if tokens > room:
+            return False
+        if self.tpot_ms is None or step_ms >= self.tpot_ms:
+            return True
+        return vouched_ride(tokens, self._rides, ride_allowance(step_ms, self.tpot_ms)) >= tokens
 
 
 def fit_cost(seen: deque[tuple[int, float]]) -> tuple[float, float] | None:

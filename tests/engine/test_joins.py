@@ -9,6 +9,7 @@ from pipeline.core.engine.joins import (
     MAX_PADDING,
     MIN_CHUNK,
     OLDEST_SHARE,
+    RIDE_GROWTH,
     RIDE_SHARE,
     Decoding,
     Joiner,
@@ -26,6 +27,7 @@ from pipeline.core.engine.joins import (
     rides_late,
     rides_ms,
     stall_room,
+    vouched_ride,
 )
 
 
@@ -139,6 +141,23 @@ def test_a_ride_with_a_fixed_part_carries_what_the_fixed_part_costs_and_waits_un
         steps += 1
     assert steps == 2  # 105 ms added over three steps: 35 a step on average
     assert RideCredit().due(0.0)  # nothing owed: a ride goes even before a plain step was timed
+
+
+def test_with_a_tpot_objective_a_ride_grows_only_as_far_as_the_recent_rides_vouch() -> None:
+    """A 61 ms plain step and a 307 ms objective: 246 ms of slack. A fit to rides of about 50 tokens
+    that put their whole time in the fixed part (80 ms, 0.05 ms a token) asked for 3,320 tokens in
+    one step, where a real ride of 50 tokens took 240 ms; the largest ride's time per token (4.8 ms)
+    lets it grow to 51 tokens. Rides that added little grow at most RIDE_GROWTH x the largest."""
+    step, tpot, fixed, per_token = 61.0, 307.0, 80.0, 0.05
+    assert paced_ride(128, 10, step, per_token, tpot, fixed) == 3320  # unbounded before any ride
+    recent = [(48, 236.0), (50, 240.0), (49, 231.0)]
+    assert paced_ride(128, 10, step, per_token, tpot, fixed, recent) == 51
+    assert vouched_ride(3320.0, recent, 246.0) == pytest.approx(246.0 * 50 / 240.0)
+    assert paced_ride(128, 10, step, 1.0, tpot, 0.0, [(20, 20.0), (10, 10.0)]) == RIDE_GROWTH * 20
+    assert paced_ride(128, 10, step, 1.0, tpot, 0.0, [(300, 300.0)]) == 246  # within the rides: the fit's
+    assert vouched_ride(100.0, [(60, 400.0)], 246.0) == 60.0  # past the allowance: no larger than the largest
+    # without an objective the step's token budget bounds the ride, whatever the rides were
+    assert paced_ride(128, 10, 100.0, 0.05, None, 0.0, recent) == 118
 
 
 def test_a_ride_spends_its_tokens_short_groups_whole_within_half_the_oldest_the_rest() -> None:

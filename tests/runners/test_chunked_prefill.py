@@ -263,6 +263,32 @@ def test_rides_with_a_fixed_part_learn_it_carry_more_and_go_less_often() -> None
     assert 15 <= rides <= 20  # one ride in about every 2.3 steps
 
 
+def test_with_a_tpot_objective_noisy_rides_of_one_size_never_ask_for_a_step_far_past_it() -> None:
+    """Rides that cost 80 ms plus 3 ms a token beside a 61 ms plain step, each step 10% off at random,
+    with a 307 ms objective: fitted to the last rides, of nearly one size, the fixed and per-token
+    parts now and then came out as almost all fixed, and the pacer asked for thousands of tokens in
+    one step. Bounded by what the recent rides vouch for, no step takes 1.5x the objective and the
+    rides stay near the 56 tokens the slack pays for."""
+    rng = random.Random(3)
+    tpot, plain_ms = 307.0, 61.0
+    pacer = RidePacer(128, tpot_ms=tpot)
+    pacer.observe(128, 460.0)
+    last, sizes, slow = plain_ms, [], 0
+    for _ in range(3000):
+        plain = plain_ms * rng.lognormvariate(0.0, 0.1)
+        if not pacer.due(last):
+            pacer.observe_plain(plain)
+            last = plain
+            continue
+        tokens = pacer.tokens(10, last)
+        ms = plain + (80.0 + 3.0 * tokens) * rng.lognormvariate(0.0, 0.1)
+        pacer.observe_ride(tokens, ms, last)
+        sizes.append(tokens)
+        slow += ms > 1.5 * tpot
+    assert slow == 0
+    assert max(sizes) <= 2 * 56 and 40 <= sorted(sizes)[len(sizes) // 2] <= 60
+
+
 @pytest.mark.model
 def test_a_ride_waits_while_the_last_rides_are_paid_back(runner: TransformersRunner) -> None:
     """While the pacer's credit is owed, a long prompt does not ride: the row decodes alone and the

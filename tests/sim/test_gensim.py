@@ -158,6 +158,9 @@ def test_the_loop_follows_the_consumer() -> None:
     pacer.observe_ride(128, 50.0 * 1.35, 50.0)  # the simulator's ride cost: a chunk adds RIDE_SHARE
     per_token = chunks.ride_token_ms(50.0, 128, 4)
     assert pacer.cost() == pytest.approx((0.0, per_token))
+    assert pacer.tokens(4, 50.0) == 2 * 128  # at most twice its largest ride (joins.vouched_ride) ...
+    pacer.observe_ride(256, 50.0 + 256 * per_token, 50.0)
+    # ... then what the objective's slack pays for
     assert pacer.tokens(4, 50.0) == joins.ride_tokens(124, 50.0, per_token, 100.0) == int(50.0 / per_token)
     plain = chunked_prefill.RidePacer(128)
     plain.observe_ride(128, 50.0 * 1.35, 50.0)

@@ -38,6 +38,10 @@ simulator (pipeline/core/sim/generation/decode_loop.py), so the bench runs the c
   carries at least as many tokens as the fixed part costs, and `RideCredit` spaces the rides so
   that what they add, averaged over the steps, stays within the allowance: rides of the MIN_CHUNK
   floor every step took ~1.9x a plain step on a 2-core CPU, where the allowance was 1.35x;
+- with a TPOT objective a ride is not capped by the step's token budget but by the recent rides
+  (`vouched_ride`): at most twice the largest, and no more than its time per token fits in the
+  allowance. A pacer's fit to rides of nearly one size, its per-token part near zero, once asked
+  for hundreds of tokens in one step, several times the objective (a short answer's p99);
 - a ride spends all of its tokens (`ride_plan`): short groups behind the oldest go whole,
   smallest first, within OLDEST_SHARE's complement of the ride, so a short prompt queued behind
   a long one starts decoding; the oldest (the nearest to missing its time to first token, which
@@ -71,6 +75,12 @@ REMAINING_QUANTILE = 0.25
 estimate, so that most rows really have the tokens that pay the stall back."""
 MIN_CHUNK = 8
 """Prompt tokens a chunk carries at least (the consumer's chunked prefill)."""
+RIDE_WINDOW = 16
+"""Recent rides that bound the next one's size (`vouched_ride`; the consumer's pacer fits its cost model
+to the same window)."""
+RIDE_GROWTH = 2.0
+"""A ride larger than every recent ride carries at most this many times the largest (the consumer's
+pacer, finding rides of one size, tries twice the size)."""
 RIDE_SHARE = 0.35
 """Without a time-per-output-token objective, a decode step that carries prompt tokens in its
 forward pass may take this share longer than a plain one (docs/runners.md, "Fused chunks")."""
@@ -349,20 +359,47 @@ def ride_allowance(step_ms: float, tpot_ms: float | None) -> float:
 
 
 def paced_ride(
-    budget: int, decoding: int, step_ms: float, per_token_ms: float, tpot_ms: float | None, fixed_ms: float = 0.0
+    budget: int,
+    decoding: int,
+    step_ms: float,
+    per_token_ms: float,
+    tpot_ms: float | None,
+    fixed_ms: float = 0.0,
+    recent: Sequence[tuple[int, float]] = (),
 ) -> int:
     """Prompt tokens the next ride carries beside `decoding` rows whose plain step takes `step_ms`,
     when a ride adds `fixed_ms` plus `per_token_ms` a token to the step: what fits in the step's
     allowance (`ride_allowance`) beside the fixed part, but at least as many tokens as the fixed part
     costs (a ride of a few tokens would be mostly fixed cost; `RideCredit` then spaces the rides so
-    that the average stays within the allowance); within the step's token budget beside the rows
-    (the share of a TPOT objective's slack is not capped by it, as in `ride_tokens`). The consumer's
+    that the average stays within the allowance); within the step's token budget beside the rows.
+    The share of a TPOT objective's slack is not capped by the budget (as in `ride_tokens`): the
+    `recent` rides, (tokens, ms added) each, bound it instead (`vouched_ride`). The consumer's
     pacer and the simulator both ride by this. Never under MIN_CHUNK."""
     room = max(budget - decoding, MIN_CHUNK)
-    paced = max((ride_allowance(step_ms, tpot_ms) - fixed_ms) / per_token_ms, min(room, fixed_ms / per_token_ms))
+    allowance = ride_allowance(step_ms, tpot_ms)
+    paced = max((allowance - fixed_ms) / per_token_ms, min(room, fixed_ms / per_token_ms))
     if _slack(step_ms, tpot_ms) is not None:
-        return int(max(MIN_CHUNK, paced))
+        return int(max(MIN_CHUNK, vouched_ride(paced, recent, allowance)))
     return int(max(MIN_CHUNK, min(room, paced)))
+
+
+def vouched_ride(tokens: float, recent: Sequence[tuple[int, float]], allowance_ms: float) -> float:
+    """`tokens`, or less when that is more than the `recent` rides, (tokens, ms added) each, vouch
+    for: a ride larger than all of them carries at most RIDE_GROWTH x the largest, and only as many
+    tokens as fit in `allowance_ms` at the largest's own time per token (its fixed part spread over
+    its tokens: when a ride costs a fixed part plus a part per token, no larger ride costs more a
+    token, so the bound never overshoots). A cost model fitted to rides of nearly one size can put
+    nearly all of their time in the fixed part: its per-token part near zero asked for hundreds of
+    tokens, and that one step took several times the objective. No bound before any ride."""
+    if not recent:
+        return tokens
+    size, added = max(recent)
+    if tokens <= size:
+        return tokens
+    bound = RIDE_GROWTH * size
+    if added > 0:
+        bound = min(bound, allowance_ms * size / added)
+    return max(float(size), min(tokens, bound))
 
 
 class RideCredit:

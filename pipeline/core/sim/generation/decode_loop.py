@@ -31,6 +31,7 @@ from pipeline.core.engine.joins import (
     JOIN_WAIT_STEPS,
     MIN_CHUNK,
     OLDEST_SHARE,
+    RIDE_WINDOW,
     Decoding,
     Joiner,
     JoinRule,
@@ -166,6 +167,8 @@ class _Loop:
     inflight: int = 0
     credit: RideCredit = field(default_factory=RideCredit)
     """Rides wait while what they added is paid back (the consumer's pacer)."""
+    rides: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=RIDE_WINDOW))
+    """The recent rides, (tokens, ms added) each: they bound the next one's size (joins.vouched_ride)."""
 
     @property
     def reserved(self) -> int:
@@ -294,7 +297,7 @@ def simulate_generation(
         decoding = len(loops[lane].live)
         per_token = cost.ride_token_ms()
         if per_token:  # the consumer's pacer, once it has fitted both parts
-            return paced_ride(budget, decoding, ms, per_token, settings.tpot_ms, cost.ride_fixed())
+            return paced_ride(budget, decoding, ms, per_token, settings.tpot_ms, cost.ride_fixed(), loops[lane].rides)
         device = ms - cost.step_overhead_ms
         return ride_tokens(
             chunk_tokens(budget, decoding), ms, ride_token_ms(device, budget, decoding), settings.tpot_ms
@@ -328,6 +331,8 @@ def simulate_generation(
                     merged += group.rows
             added = ride_added(lane, ms, fed)
             loop.credit.rode(added, allowance)
+            if fed > 0:
+                loop.rides.append((fed, added))
             ms += added
         step_rows.append(rows)
         loop.busy = True
