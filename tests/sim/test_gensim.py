@@ -378,3 +378,15 @@ def test_a_prompt_late_on_rides_is_prefilled_in_one_piece_when_the_rows_can_spar
     assert not weighed.expired.any()
     assert weighed.first_ms[2] - 150.0 <= ttft < plain.first_ms[2] - 150.0
     assert (weighed.done_ms[1] - weighed.first_ms[1]) / 199 <= tpot
+
+
+def test_the_simulators_rides_grow_as_the_consumers_do_at_most_twice_the_largest_recent_ride() -> None:
+    """0.1 ms a ridden token, a 55 ms plain step and a 155 ms objective: the slack pays for 1,000 tokens.
+    A 1,200-token prompt alone rides 1,000 tokens, then the rest (the longest gap: a 155 ms step). After
+    a 300-token prompt rode whole, the same prompt rides 600 and 600 (joins.vouched_ride): 115 ms."""
+    cost = dataclasses.replace(COST, ride_ms_per_token=0.1)
+    settings = LoopSettings(reserve_tokens=400, tpot_ms=STEP_A + STEP_C + 100.0)
+    alone = run(arrivals([0.0, 1000.0], [32, 1200], [200, 4], limit=400), settings, cost=cost)
+    assert alone.longest_gap_ms == pytest.approx(STEP_A + STEP_C + 100.0)
+    after = run(arrivals([0.0, 100.0, 1000.0], [32, 300, 1200], [200, 4, 4], limit=400), settings, cost=cost)
+    assert after.longest_gap_ms == pytest.approx(STEP_A + STEP_C + 0.1 * 600)
