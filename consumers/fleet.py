@@ -129,6 +129,7 @@ class Fleet:
             partitions=tuple(beacon.partitions),
             load=beacon.load,
             batches=beacon.batches,
+            unit_ms=beacon.unit_ms,
             drained_at_ms=beacon.drained_at_ms,
         )
         if beacon.first_token_ms is not None:

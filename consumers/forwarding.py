@@ -202,7 +202,9 @@ class PeerForwarding:
         """What this consumer tells its group: how soon it could start one more request (`free_slots`:
         its device's, for a decode loop's room)."""
         engine = self._engine
-        view = beacon_view(self._consumer_id, now_ms, engine.pending, self.view(now_ms), self._batch_ms, partitions)
+        local = self.view(now_ms)
+        view = beacon_view(self._consumer_id, now_ms, engine.pending, local, self._batch_ms, partitions)
+        unit_ms = None if local is None else local.t_ms(1)
         if self.decode is not None:
             self._sync()
             state = self.decode.state(now_ms, free_slots, engine.pending)
@@ -222,6 +224,7 @@ class PeerForwarding:
                 room=state.room,
                 slot_every_ms=state.slot_every_ms,
                 batches=self.batches,
+                unit_ms=unit_ms,
                 drained_at_ms=self.drained_at_ms,
             )
         return FleetBeacon(
@@ -235,6 +238,7 @@ class PeerForwarding:
             partitions=list(view.partitions),
             load=view.load,
             batches=self.batches,
+            unit_ms=unit_ms,
             drained_at_ms=self.drained_at_ms,
         )
 

@@ -230,10 +230,9 @@ class Consumer:
             """A poll left the broker empty: told at once only where a slower peer pulls by it."""
             now = self.clock.now_ms()
             view = forwarding.view(now)
-            capacity = 0.0 if view is None else capacity_per_s(view)
-            forwarding.drained(
-                now, at_once=outpaces_a_peer(capacity, forwarding.batches, forwarding.peers(), now, rule)
-            )
+            capacity, unit = (0.0, None) if view is None else (capacity_per_s(view), view.t_ms(1))
+            at_once = outpaces_a_peer(capacity, unit, forwarding.batches, forwarding.peers(), now, rule)
+            forwarding.drained(now, at_once=at_once)
 
         clients.fetcher.on_drained = drained
         self.forwarding.start(self.kafka, self.settings.fleet_beacon_ms, self.beacon)

@@ -279,6 +279,9 @@ class FleetBeacon(msgspec.Struct, omit_defaults=False):
     batches: int | None = None
     """Batches it has measured since it started (null from consumers before it): a share-mode peer
     restrains a slower member only on enough of them."""
+    unit_ms: float | None = None
+    """Its learned t(1), ms (null before it measured a batch, and from consumers before it): a share-mode peer
+    restrains a slower member only when this and the capacity both say so."""
     drained_at_ms: float | None = None
     """Share mode: wall-clock ms when its newest request poll that left the broker empty (fewer records
     than it asked for) returned; null outside share mode, before one, and from consumers before it. A

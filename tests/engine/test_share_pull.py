@@ -19,9 +19,15 @@ FAST_CAPACITY, SLOW_CAPACITY = 460.0, 153.0
 
 
 def beacon(
-    start_in: float, batch_ms: float, *, at: float = 0.0, capacity: float = FAST_CAPACITY, batches: int | None = 100
+    start_in: float,
+    batch_ms: float,
+    *,
+    at: float = 0.0,
+    capacity: float = FAST_CAPACITY,
+    batches: int | None = 100,
+    unit_ms: float | None = FAST(1),
 ) -> MemberView:
-    return MemberView("fast", at, start_in, batch_ms, capacity, (), batches=batches)
+    return MemberView("fast", at, start_in, batch_ms, capacity, (), batches=batches, unit_ms=unit_ms)
 
 
 def bound(t, capacity, peers, now=0.0, rule=None, *, batches=100, measured_at=None, ceiling=64) -> Pull:
@@ -103,7 +109,17 @@ def simulate(
 
     def send(j: int, now: float) -> None:
         start = max(0.0, busy_until[j] - now)
-        view = MemberView(str(j), now, start, batch_ms[j], devices[j][1], (), batches=100, drained_at_ms=drained_at[j])
+        view = MemberView(
+            str(j),
+            now,
+            start,
+            batch_ms[j],
+            devices[j][1],
+            (),
+            batches=100,
+            unit_ms=devices[j][0](1),
+            drained_at_ms=drained_at[j],
+        )
         in_flight.append((now + 8.0, j, view))
 
     for now in range(int(seconds * 1000)):
@@ -159,10 +175,10 @@ def test_in_a_virtual_group_the_rule_keeps_a_slow_member_off_the_tail() -> None:
 def test_a_slow_member_takes_only_what_it_answers_within_two_peer_batches_of_arrival() -> None:
     """The peer left the broker empty 10 ms ago, so nothing there is older; its batches take 44 ms,
     so its latest record waits about 88 ms: the slow member takes the n with 10 + t(n) <= 88."""
-    drained = MemberView("fast", 0.0, 30.0, 44.0, FAST_CAPACITY, (), batches=100, drained_at_ms=-10.0)
+    drained = MemberView("fast", 0.0, 30.0, 44.0, FAST_CAPACITY, (), batches=100, unit_ms=22.0, drained_at_ms=-10.0)
     assert bound(SLOW, SLOW_CAPACITY, [drained], 0.0) == Pull(3, restrained=True)
     assert 10 + SLOW(3) <= 88 < 10 + SLOW(4)
-    recent = MemberView("fast", 0.0, 30.0, 44.0, FAST_CAPACITY, (), batches=100, drained_at_ms=-30.0)
+    recent = MemberView("fast", 0.0, 30.0, 44.0, FAST_CAPACITY, (), batches=100, unit_ms=22.0, drained_at_ms=-30.0)
     assert bound(SLOW, SLOW_CAPACITY, [recent], 0.0).units == 0, "what waits is too old for a slow batch"
     assert bound(SLOW, SLOW_CAPACITY, [recent, drained], 0.0).units == 3, "the newest drain of any peer counts"
 
@@ -170,7 +186,7 @@ def test_a_slow_member_takes_only_what_it_answers_within_two_peer_batches_of_arr
 def test_a_peer_behind_its_load_falls_back_to_its_finish_time() -> None:
     """A peer that has not left the broker empty for longer than two of its batches has a backlog:
     its next pull will not reach what waits, so the slow member helps by the finish time."""
-    behind = MemberView("fast", 0.0, 100.0, 100.0, FAST_CAPACITY, (), batches=100, drained_at_ms=-500.0)
+    behind = MemberView("fast", 0.0, 100.0, 100.0, FAST_CAPACITY, (), batches=100, unit_ms=22.0, drained_at_ms=-500.0)
     assert (
         bound(SLOW, SLOW_CAPACITY, [behind], 0.0).units == bound(SLOW, SLOW_CAPACITY, [beacon(100.0, 100.0)], 0.0).units
     )
@@ -230,7 +246,10 @@ def learned_group(slowdowns: list, rate_per_ms: float, seconds: float, rule: Pul
                     peer, peer_capacity = view(j, now)
                     peer_batch = batch_ms[j] or (peer.t_ms(1) if peer else 0.0)
                     start = max(0.0, busy_until[j] - now)
-                    peers.append(MemberView(str(j), now, start, peer_batch, peer_capacity, (), batches=batches[j]))
+                    unit = None if peer is None else peer.t_ms(1)
+                    peers.append(
+                        MemberView(str(j), now, start, peer_batch, peer_capacity, (), batches=batches[j], unit_ms=unit)
+                    )
             t = None if local is None else local.t_ms
             units = pull_bound(t, capacity, 64, peers, now, rule, batches=batches[i], measured_at_ms=measured_at[i])
             if units.units == 0:
@@ -274,10 +293,24 @@ def test_twins_with_noisy_measures_each_carry_a_fair_share() -> None:
 
 def test_only_a_member_that_outpaces_a_peer_tells_its_drains_at_once() -> None:
     rule = PullRule()
-    slow_peer = MemberView("slow", 0.0, 0.0, 70.0, SLOW_CAPACITY, (), batches=100)
-    twin = MemberView("twin", 0.0, 0.0, 28.0, 400.0, (), batches=100)
-    assert outpaces_a_peer(FAST_CAPACITY, 100, [twin, slow_peer], 0.0, rule)
-    assert not outpaces_a_peer(FAST_CAPACITY, 100, [twin], 0.0, rule), "twins: no beacon storm"
-    assert not outpaces_a_peer(FAST_CAPACITY, 100, [slow_peer], 2500.0, rule), "the slow peer is gone"
-    assert not outpaces_a_peer(FAST_CAPACITY, 3, [slow_peer], 0.0, rule), "too little measured here"
-    assert not outpaces_a_peer(SLOW_CAPACITY, 100, [twin], 0.0, rule)
+    slow_peer = MemberView("slow", 0.0, 0.0, 70.0, SLOW_CAPACITY, (), batches=100, unit_ms=SLOW(1))
+    twin = MemberView("twin", 0.0, 0.0, 28.0, 400.0, (), batches=100, unit_ms=FAST(1))
+    assert outpaces_a_peer(FAST_CAPACITY, FAST(1), 100, [twin, slow_peer], 0.0, rule)
+    assert not outpaces_a_peer(FAST_CAPACITY, FAST(1), 100, [twin], 0.0, rule), "twins: no beacon storm"
+    assert not outpaces_a_peer(FAST_CAPACITY, FAST(1), 100, [slow_peer], 2500.0, rule), "the slow peer is gone"
+    assert not outpaces_a_peer(FAST_CAPACITY, FAST(1), 3, [slow_peer], 0.0, rule), "too little measured here"
+    assert not outpaces_a_peer(SLOW_CAPACITY, SLOW(1), 100, [twin], 0.0, rule)
+
+
+def test_a_lightly_loaded_twin_is_not_restrained_by_a_capacity_read_off_its_small_batches() -> None:
+    """Eight equal devices at a few records a batch: one that has run batches of up to 3 reads its
+    capacity off t(3) (the curve grows in proportion past it), a twin that once ran 12 off t(12),
+    nearly three times as much. Their t(1) agree, so neither restrains the other; the capacity
+    alone (a peer with no t(1) to compare) would have held the first back."""
+    light = affine(40.0, 4.0)
+    small_capacity = 3 * 1000.0 / light(3)
+    busier_twin = beacon(0.0, light(2), capacity=12 * 1000.0 / light(12), unit_ms=light(1))
+    assert small_capacity <= 0.6 * busier_twin.capacity_per_s
+    assert bound(light, small_capacity, [busier_twin]) == Pull(64, restrained=False)
+    assert bound(SLOW, SLOW_CAPACITY, [beacon(0.0, 28.0)]).restrained, "a 3x slower device is slower at t(1) too"
+    assert bound(light, small_capacity, [beacon(0.0, 28.0, unit_ms=None)]) == Pull(64, restrained=False), "unsaid"

@@ -95,6 +95,9 @@ class MemberView:
     batches: int | None = None
     """Batches it has measured since it started (None: its beacon does not say): how much its
     capacity is worth as evidence."""
+    unit_ms: float | None = None
+    """Its learned t(1) (None when its beacon does not say): beside the capacity, which reads the
+    throughput at the largest batch it measured, a speed that does not depend on its load."""
     drained_at_ms: float | None = None
     """Share mode: when its newest poll that left the broker empty (fewer records than it asked
     for) returned; None when its beacon does not say."""

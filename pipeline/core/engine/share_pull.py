@@ -105,19 +105,41 @@ def peer_wait_ms(peer: MemberView, now_ms: float, rule: PullRule) -> float:
     return peer_finish_ms(peer, 0, forward_rule, age_ms=max(0.0, now_ms - peer.at_ms))
 
 
+def measured(peer: MemberView, now_ms: float, rule: PullRule) -> bool:
+    """A peer whose beacon is fresh and rests on `min_batches` batches: evidence for the rule."""
+    return peer.capacity_per_s > 0 and now_ms - peer.at_ms <= rule.stale_ms and (peer.batches or 0) >= rule.min_batches
+
+
+def clearly_faster(peer: MemberView, capacity_per_s: float, unit_ms: float, rule: PullRule) -> bool:
+    """`peer` outpaces a member of this capacity and t(1) by the margin on both. The capacity is
+    the throughput at the largest batch a member measured (the curve is extrapolated in proportion
+    past it), so it follows the member's load: a lightly loaded twin that has run only small
+    batches reads a fraction of the capacity of one that once ran a larger batch. t(1) does not
+    depend on the load, and a slower device is slower at both."""
+    return (
+        capacity_per_s <= rule.slower_share * peer.capacity_per_s
+        and peer.unit_ms is not None
+        and 0 < peer.unit_ms <= rule.slower_share * unit_ms
+    )
+
+
 def outpaces_a_peer(
-    capacity_per_s: float, batches: int, peers: Sequence[MemberView], now_ms: float, rule: PullRule
+    capacity_per_s: float,
+    unit_ms: float | None,
+    batches: int,
+    peers: Sequence[MemberView],
+    now_ms: float,
+    rule: PullRule,
 ) -> bool:
     """Whether a fresh peer would be restrained against this member (the margin, on evidence from
     both): only then is a poll that left the broker empty worth a beacon at once. In a group of
     equals such beacons would only load the cores that serve (live, a group of eight equal
     consumers on two cores that sent one per drained poll fell behind its load)."""
-    if capacity_per_s <= 0 or batches < rule.min_batches:
+    if capacity_per_s <= 0 or unit_ms is None or batches < rule.min_batches:
         return False
+    me = MemberView("", now_ms, 0.0, 0.0, capacity_per_s, (), batches=batches, unit_ms=unit_ms)
     return any(
-        0 < p.capacity_per_s <= rule.slower_share * capacity_per_s
-        and now_ms - p.at_ms <= rule.stale_ms
-        and (p.batches or 0) >= rule.min_batches
+        measured(p, now_ms, rule) and p.unit_ms is not None and clearly_faster(me, p.capacity_per_s, p.unit_ms, rule)
         for p in peers
     )
 
@@ -156,20 +178,17 @@ def pull_bound(
     free = Pull(ceiling, restrained=False)
     if t_ms is None or capacity_per_s <= 0 or batches < rule.min_batches:
         return free
-    known = [
-        p
-        for p in peers
-        if p.capacity_per_s > 0 and now_ms - p.at_ms <= rule.stale_ms and (p.batches or 0) >= rule.min_batches
-    ]
-    if not known or capacity_per_s > rule.slower_share * max(p.capacity_per_s for p in known):
+    known = [p for p in peers if measured(p, now_ms, rule)]
+    faster = [p for p in known if clearly_faster(p, capacity_per_s, t_ms(1), rule)]
+    if not faster:
         return free
     drains = [p.drained_at_ms for p in known if p.drained_at_ms is not None]
-    allowance = rule.tail_batches * min(p.batch_ms for p in known)
+    allowance = rule.tail_batches * min(p.batch_ms for p in faster)
     age = max(0.0, now_ms - max(drains)) if drains else math.inf
     if age <= allowance:
         low = largest_within(t_ms, ceiling, allowance - age)
     else:
-        low = largest_within(t_ms, ceiling, min(peer_wait_ms(p, now_ms, rule) for p in known))
+        low = largest_within(t_ms, ceiling, min(peer_wait_ms(p, now_ms, rule) for p in faster))
     if low == 0 and (measured_at_ms is None or now_ms - measured_at_ms >= rule.remeasure_ms):
         low = min(1, ceiling)
     return Pull(low, restrained=True)
