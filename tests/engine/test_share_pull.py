@@ -80,7 +80,7 @@ def test_the_bound_is_the_largest_batch_that_finishes_in_time() -> None:
     for _ in range(500):
         a, c = rng.uniform(5, 100), rng.uniform(0.1, 10)
         t = affine(a, c)
-        peer = beacon(rng.uniform(0, 300), rng.uniform(5, 200), at=0.0)
+        peer = beacon(rng.uniform(0, 300), rng.uniform(5, 200), at=0.0, unit_ms=1.0)
         wait = peer.start_in_ms + peer.batch_ms
         units = bound(t, 1.0, [peer], 0.0, PullRule(), ceiling=128).units
         assert 0 <= units <= 128
