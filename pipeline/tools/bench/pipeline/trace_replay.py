@@ -12,7 +12,9 @@ by side. The simulator is not fitted to the run: it charges the profile's curves
 
 The load: `time_scale` as given, or (`load_share`) the one at which the slice offers that share
 of the machine's generation limit (llm.machine_limit: the profile's curves at the slice's mean
-prompt and answer).
+prompt and answer). Like for like needs the profile measured in the same run (`profile_now`): the
+share of requests given up before their first token, and with it the generated tokens/s, follows
+how fast the device is against the load, and a shared machine's speed can move by half between hours.
 """
 
 from __future__ import annotations
@@ -111,17 +113,23 @@ async def trace_live(
         options = replace(options, llm_profile=await profile_in_run(options, workdir, say))
     if not options.llm_profile or not Path(options.llm_profile).is_file():
         raise FileNotFoundError("a trace replay needs SmolLM2's profile: --profile FILE or --profile-in-run")
+    if not profile_now:
+        say(
+            f"note: {options.llm_profile} was measured outside this run: the simulator charges it and the load share"
+            " reads it, so a machine faster or slower now than then is not the device simulated (--profile-in-run)"
+        )
     raw = json.loads(Path(options.llm_profile).read_text())
     device = device_from_profile(load_profile(options.llm_profile), options.llm_profile)
     trace = read_trace(path)
-    limit = float("nan")
     if load_share is not None:
-        scale, limit = scale_for_share(trace, window, raw, load_share)
+        scale, _ = scale_for_share(trace, window, raw, load_share)
         window = replace(window, time_scale=scale)
-        say(
-            f"time scale x{scale:.3g}: the slice offers {load_share:g} of the machine limit {limit:.1f} generated tokens/s"
-        )
     sliced = window.apply(trace)
+    limit, _ = machine_limit(raw, float(sliced.answer.mean()), float(sliced.prompt.mean()))
+    share = offered_tokens_per_s(sliced) / limit
+    say(
+        f"time scale x{window.time_scale:.3g}: the slice offers {share:.2f} of the machine limit {limit:.1f} generated tokens/s"
+    )
     ttft_ms, tpot_ms = options.ttft_slo_ms, options.tpot_slo_ms
     if options.ttft_slo_ms <= 0 or options.tpot_slo_ms <= 0:
         ttft_ms, tpot_ms = default_objectives(device.cost, sliced)
@@ -160,6 +168,11 @@ async def trace_live(
             f"  {name}: live {live:,.1f}, simulated {sim:,.1f} (x{ratio(live, sim):.2f})"
             + ("" if agree[name] else f"  [outside {AGREEMENT:.0%}]")
         )
+    expired = {"live": trial.outcomes.get("expired", 0), "simulated": round(simulated.expired_share * len(sliced))}
+    say(
+        f"  expired: live {expired['live']}, simulated {expired['simulated']} of {len(sliced)} (tokens/s on both"
+        " sides: the answered requests' tokens over the first request to the last answer)"
+    )
     return {
         "trace": str(path),
         "window": asdict(window),
@@ -168,6 +181,7 @@ async def trace_live(
         "machine_limit_generated_tokens_per_s": limit,
         "offered_answer_tokens_per_s": offered_tokens_per_s(sliced),
         "load_share": load_share,
+        "offered_share_of_limit": share,
         "ttft_ms": ttft_ms,
         "tpot_ms": tpot_ms,
         "consumer": keys,
@@ -177,6 +191,7 @@ async def trace_live(
         "live_vs_simulated": {k: {"live": a, "simulated": b, "ratio": ratio(a, b)} for k, (a, b) in pairs.items()},
         "agree_within": AGREEMENT,
         "agree": agree,
+        "expired": expired,
         "prompt_tokens": [int(np.median(sliced.prompt)), int(sliced.prompt.max())],
         "answer_tokens": [int(np.median(sliced.answer)), int(sliced.answer.max())],
     }
