@@ -93,3 +93,19 @@ def test_exact_prompts_meet_a_tokenizer_whose_words_are_several_tokens() -> None
         assert count(exact_prompt(tokens, count, words)) == tokens
     with pytest.raises(PromptError):
         exact_prompt(5, lambda text: 2 * len(text.split()), ["ab"] * 10)  # only even counts exist
+
+
+def test_a_slice_is_sent_from_its_first_request_not_from_its_window_start() -> None:
+    """A window that opens 10 s (trace time) before its first request sends that request at once: an
+    idle lead-in would stretch the load's duration, and a live run's tokens/s over it, but not the
+    simulated run's, which counts from the first arrival."""
+    from pipeline.core.sim.generation.trace import Trace, TraceSlice
+    from pipeline.tools.devtools.trace_load import trace_load
+
+    offsets = np.array([0.0, 5.0, 50.0, 50.4, 52.0]) * 1000.0
+    trace = Trace("t", np.arange(5), offsets, np.full(5, 8), np.full(5, 4))
+    sliced = TraceSlice(time_scale=2.0, start_s=40.0, duration_s=20.0).apply(trace)
+    load = trace_load(sliced, ["a b c"] * len(sliced))
+    assert load.send_ms.tolist() == pytest.approx([0.0, 800.0, 4000.0])
+    assert load.duration_s == pytest.approx(sliced.span_s) == pytest.approx(4.0)
+    assert load.trace_index is not None and load.trace_index.tolist() == [2, 3, 4]

@@ -71,13 +71,16 @@ def exact_prompts(counts: list[int], count: Callable[[str], int], seed: int) -> 
 
 
 def trace_load(trace: Trace, texts: list[str]) -> Load:
-    """The trace's requests (a slice, already scaled) as a load: sent at their offsets, each with its
-    prompt text, its answer's length forced, and its index in the trace."""
+    """The trace's requests (a slice, already scaled) as a load: sent at their offsets from the slice's
+    first request, each with its prompt text, its answer's length forced, and its index in the trace.
+    A window opening before its first request would only put idle time ahead of the load, and a rate
+    over the load's duration (tokens/s of a run) would count it."""
     n = len(trace)
     if len(texts) != n:
         raise ValueError(f"{len(texts)} prompts for {n} requests")
+    offsets = trace.offset_ms.astype(float)
     return Load(
-        trace.offset_ms.astype(float),
+        offsets - (offsets[0] if n else 0.0),
         trace.prompt.copy(),
         np.ones(n, dtype=np.int64),
         new_tokens=trace.answer.copy(),
