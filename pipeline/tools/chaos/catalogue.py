@@ -7,7 +7,7 @@ The cluster rows (CLUSTER) run on a three-broker cluster of their own, started o
 from __future__ import annotations
 
 import asyncio
-import functools
+import re
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -23,7 +23,9 @@ from pipeline.tools.chaos.cluster_faults import (
     coordinator_freeze,
     leader_kill,
     rolling_restart,
+    share_broker_freeze,
     share_leader_kill,
+    share_rolling_restart,
 )
 from pipeline.tools.chaos.consumer_kill import consumer_kill, consumer_kill_transactional
 from pipeline.tools.chaos.deployment import Stage
@@ -52,6 +54,17 @@ class FaultScenario:
     share: bool = False
     """Runs the consumers in a share group (needs Kafka 4.2+): `batchtide chaos share`, not `all` or `cluster`."""
 
+    @property
+    def summary(self) -> str:
+        """One line for `chaos --list`: the first clause of the fault's docstring (up to the first
+        sentence's end, colon or semicolon outside parentheses), never a line cut mid-sentence."""
+        text = " ".join((self.run.__doc__ or "").split("\n\n")[0].split())
+        for end in re.finditer(r"[.:;](?=\s)", text):
+            head = text[: end.start()]
+            if head.count("(") == head.count(")"):
+                return head
+        return text.rstrip(".")
+
 
 SCENARIOS: dict[str, FaultScenario] = {
     s.name: s
@@ -72,10 +85,8 @@ SCENARIOS: dict[str, FaultScenario] = {
         FaultScenario("controller-kill", controller_kill, cluster=True),
         FaultScenario("share-consumer-kill", share_consumer_kill, share=True),
         FaultScenario("share-leader-kill", share_leader_kill, cluster=True, share=True),
-        FaultScenario("share-broker-freeze", functools.partial(broker_freeze, share=True), cluster=True, share=True),
-        FaultScenario(
-            "share-rolling-restart", functools.partial(rolling_restart, share=True), cluster=True, share=True
-        ),
+        FaultScenario("share-broker-freeze", share_broker_freeze, cluster=True, share=True),
+        FaultScenario("share-rolling-restart", share_rolling_restart, cluster=True, share=True),
     )
 }
 SINGLE_BROKER = [name for name, s in SCENARIOS.items() if not s.cluster and not s.share]

@@ -57,7 +57,9 @@ __all__ = [
     "coordinator_freeze",
     "leader_kill",
     "rolling_restart",
+    "share_broker_freeze",
     "share_leader_kill",
+    "share_rolling_restart",
 ]
 
 
@@ -149,11 +151,23 @@ async def rolling_restart(stage: Stage, sizes: ChaosSizes, *, share: bool = Fals
     return await under_load(stage, sizes, "rolling restart of every broker", inject, share=share)
 
 
+async def share_broker_freeze(stage: Stage, sizes: ChaosSizes) -> FaultReport:
+    """`broker-freeze` with the consumers in a share group: the request partition's leader (which
+    may coordinate the share group too) SIGSTOPped for `freeze_s`, then SIGCONT."""
+    return await broker_freeze(stage, sizes, share=True)
+
+
+async def share_rolling_restart(stage: Stage, sizes: ChaosSizes) -> FaultReport:
+    """`rolling-restart` with the consumers in a share group: every broker stopped and restarted in
+    turn, the active controller last."""
+    return await rolling_restart(stage, sizes, share=True)
+
+
 async def share_leader_kill(stage: Stage, sizes: ChaosSizes) -> FaultReport:
-    """Share mode: SIGKILL the broker that leads the request partition (no transactions, so no
-    coordinator to choose: `leader-kill` needs one for the partition group's row); it stays down
-    `outage_s`, then restarts and rejoins. What its share partition had acquired is re-read by the
-    new leader from the share coordinator's state: records in flight come back."""
+    """SIGKILL the broker that leads a share group's request partition; it stays down `outage_s`,
+    then restarts and rejoins. No transactions, so no coordinator to choose (`leader-kill` needs one
+    for the partition group's row). What its share partition had acquired is re-read by the new
+    leader from the share coordinator's state: records in flight come back."""
 
     async def inject(d: Deployment, cluster: LocalCluster) -> Injection:
         victim = busiest(await request_leaders(d))

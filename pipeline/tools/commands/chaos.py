@@ -45,10 +45,10 @@ def chaos(
     from pipeline.tools.chaos.steps import ChaosSizes
 
     if list_only:
+        width = max(len(name) for name in SCENARIOS)
         for name, entry in SCENARIOS.items():
-            doc = (entry.run.__doc__ or "").strip().splitlines()[0]
             where = "  (3-broker cluster)" if entry.cluster else ""
-            typer.echo(f"{name:18} {doc}{where}")
+            typer.echo(f"{name:{width}}  {entry.summary}{where}")
         return
     names = {"all": SINGLE_BROKER, "cluster": CLUSTER, "share": SHARE}.get(scenario, [scenario])
     unknown = [n for n in names if n not in SCENARIOS]
