@@ -166,7 +166,8 @@ def layout_warning(model: ModelConfig, partitions: int) -> str | None:
         f"slow consumer only on the partitions it shares with its peers, and members (each consumer runs {members} "
         f"on the request topic) get partitions of their own while they are no more than the partitions. Run more "
         f"consumers than partitions, and use one partition unless one cannot carry the model's rate (measure it "
-        f"with `batchtide bench share-partition`; see docs/share-groups.md)"
+        f"with `batchtide bench share-partition --poll-records N` at the batch sizes the model runs; see "
+        f"docs/share-groups.md)"
     )
 
 

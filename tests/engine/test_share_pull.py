@@ -172,6 +172,22 @@ def test_in_a_virtual_group_the_rule_keeps_a_slow_member_off_the_tail() -> None:
     assert simulate([fast, fast], 0.3, 30.0, rule=PullRule()) == all_fast, "twins are never restrained"
 
 
+def test_two_peer_batches_is_near_the_budget_that_keeps_the_group_tail_lowest() -> None:
+    """The budget against the slow member's own and the fast member's tail: with less than two of
+    the fast peer's batch times it takes too little, and the fast member, carrying nearly all the
+    load, sets a higher p99; with more it takes records it answers later than the fast member would,
+    and its own tail sets the group's. Around two the two tails cross (the slow member's just below
+    the fast one's), so taking more to even them out gains nothing."""
+    fast, slow = (FAST, FAST_CAPACITY), (SLOW, SLOW_CAPACITY)
+    for seed in (1, 2):
+        p99 = {
+            batches: simulate([slow, fast], 0.3, 20.0, rule=PullRule(tail_batches=batches), seed=seed)
+            for batches in (1.5, 2.0, 3.0)
+        }
+        assert p99[2.0] < 0.95 * p99[1.5], (seed, p99)
+        assert p99[2.0] < 0.95 * p99[3.0], (seed, p99)
+
+
 def test_a_slow_member_takes_only_what_it_answers_within_two_peer_batches_of_arrival() -> None:
     """The peer left the broker empty 10 ms ago, so nothing there is older; its batches take 44 ms,
     so its latest record waits about 88 ms: the slow member takes the n with 10 + t(n) <= 88."""
