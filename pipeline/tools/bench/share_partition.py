@@ -37,6 +37,8 @@ class PartitionTrial:
     records: int
     seconds: float
     polls: int
+    released: int = 0
+    """Records handed out past a poll's bound and released at once (the client's bound is soft)."""
 
     @property
     def per_s(self) -> float:
@@ -96,7 +98,7 @@ async def run_trial(
         seconds, polls = await _drain(joined, records, timeout_s)
     finally:
         await asyncio.gather(*(m.close() for m in joined))
-    return PartitionTrial(members, poll_records, records, seconds, polls)
+    return PartitionTrial(members, poll_records, records, seconds, polls, sum(m.released_excess for m in joined))
 
 
 async def run_partition_bench(
@@ -112,7 +114,7 @@ async def run_partition_bench(
             trial = await run_trial(kafka, n, size, records, f"m{n}-p{size}-{time.monotonic_ns()}")
             say(
                 f"members {n}  poll {size}: {trial.per_s:,.0f} records/s over {trial.seconds:.1f} s "
-                f"({trial.polls} polls, {trial.mean_poll:.1f} records each)"
+                f"({trial.polls} polls, {trial.mean_poll:.1f} records each; {trial.released} released past the bound)"
             )
             trials.append(trial)
     return trials
