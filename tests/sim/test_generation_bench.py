@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -191,3 +192,46 @@ def test_the_peers_ride_at_the_price_batchtide_s_loop_pays_on_the_device() -> No
     plain = iteration_ms(curve, chunk, rows, padded=False)
     assert plain == pytest.approx(ride_ms(step, rides(100, STEP_TOKEN_BUDGET, 2)))
     assert iteration_ms(priced, chunk, [], padded=False) == pytest.approx(curve.prefill_ms(1, 100))  # alone: a prefill
+
+
+def test_cli_counts_ttft_misses_with_the_early_give_up_on_and_off(tmp_path: Path) -> None:
+    """A load where batchtide-default gives some first tokens up: the report counts them and the late ones
+    per row, in the table and the JSON, and `--give-up both` adds the row with the give-up off."""
+    busy = {
+        **SMALL,
+        "phases": [{"duration_s": 8, "rate_per_s": 16}],
+        "generation": {**SMALL["generation"], "ttft_ms": 600},
+    }
+    scn = GenWorkload.of_scenario(parse_gen_scenario(busy, "busy.toml"))
+    path = tmp_path / "busy.toml"
+    path.write_text(
+        'name = "busy"\nseed = 3\n[[phases]]\nduration_s = 8\nrate_per_s = 16\n[tokens]\n'
+        'prompt = { dist = "lognormal", median = 200, sigma = 1.0, min = 20, max = 2000 }\n'
+        'output = { dist = "lognormal", median = 40, sigma = 0.8, min = 10, max = 200 }\n'
+        "[generation]\nttft_ms = 600\ntpot_ms = 60\nmax_new_tokens = 200\nkv_tokens = 40000\n"
+        "prefill = { a_ms = 10.0, c_ms = 0.12 }\nstep = { a_ms = 20.0, c_ms = 0.15 }\n"
+    )
+    out = tmp_path / "r.json"
+    args = ["bench", "generation", "--quick", "-s", str(path), "--peers", "vllm", "--json", str(out)]
+    result = CliRunner().invoke(app, [*args, "--give-up", "both"])
+    assert result.exit_code == 0, result.output
+    assert "TTFT late" in result.output and "given up" in result.output
+    (report,) = json.loads(out.read_text())
+    on, off, peer = report["rows"]
+    assert (on["system"], off["system"], peer["system"]) == (
+        "batchtide-default",
+        "batchtide-default, give-up off",
+        "vllm (oracle)",
+    )
+    for row, give_up in ((on, True), (off, False)):
+        outcome = run_default(scn, scn.arrivals, give_up)
+        served = ~outcome.expired & ~np.isnan(outcome.done_ms)
+        late = served & (outcome.first_ms - outcome.arrivals.create_ms > 600)
+        assert (row["ttft_late"], row["given_up"]) == (int(late.sum()), int(outcome.expired.sum()))
+    assert on["given_up"] > 0 and off["given_up"] == 0 and off["ttft_late"] > 0
+    assert report["default_vs_best_peer"] == pytest.approx(on["goodput_rps"] / peer["goodput_rps"])
+    result = CliRunner().invoke(app, [*args, "--give-up", "off"])
+    assert result.exit_code == 0, result.output
+    assert [r["system"] for r in json.loads(out.read_text())[0]["rows"]] == [off["system"], peer["system"]]
+    bad = CliRunner().invoke(app, [*args, "--give-up", "sometimes"])
+    assert bad.exit_code == 2 and "--give-up must be on, off or both" in bad.output

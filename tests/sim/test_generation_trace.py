@@ -108,3 +108,20 @@ def test_cli_searches_the_scale_and_writes_default_vs_best_peer(tmp_path: Path) 
     assert report["default_vs_best_peer"] > 0
     both = CliRunner().invoke(app, ["bench", "generation", "--trace", str(path), "-s", "x.toml"])
     assert both.exit_code == 2 and "--scenario FILE (one or more) or --trace FILE" in both.output
+
+
+def test_cli_on_a_trace_counts_ttft_misses_beside_the_give_up_off_row(tmp_path: Path) -> None:
+    """The trace mode reports the same counts as the scenario mode, and its best peer is a peer's row."""
+    path = bursty_trace(tmp_path / "t.csv", n=60)
+    out = tmp_path / "r.json"
+    result = CliRunner().invoke(app, ["bench", "generation", "--trace", str(path), "--time-scale", "0.5", "--quick",
+                                      "--peers", "tgi", "--give-up", "both", "--json", str(out)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "TTFT late" in result.output
+    (report,) = json.loads(out.read_text())
+    systems = [r["system"] for r in report["rows"]]
+    assert systems == ["batchtide-default", "batchtide-default, give-up off", "tgi (oracle)"]
+    assert report["best_peer"] == "tgi (oracle)"
+    on, off, _ = report["rows"]
+    assert off["given_up"] == 0 and on["given_up"] == round(on["expired_share"] * 60)
+    assert all(isinstance(r["ttft_late"], int) and isinstance(r["given_up"], int) for r in report["rows"])

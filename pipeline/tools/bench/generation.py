@@ -20,7 +20,7 @@ import multiprocessing
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -101,6 +101,11 @@ class GenRow:
     expired_share: float
     longest_gap_ms: float
     """The longest wait between two tokens of one answer (a prefill that stalled the running set)."""
+    ttft_late: int
+    """Requests answered with a first token later than the TTFT objective."""
+    given_up: int
+    """Requests answered expired: given up on before their first token, or past their deadline. With
+    `ttft_late` they are the TTFT misses."""
     runs: int
     wall_s: float
 
@@ -109,7 +114,8 @@ def _pct(values: np.ndarray, q: float) -> float:
     return float(np.percentile(values, q)) if values.size else math.nan
 
 
-def figures(scn: GenWorkload, outcome: GenOutcome) -> dict[str, float]:
+def figures(scn: GenWorkload, outcome: GenOutcome) -> dict[str, Any]:
+    """A run's row of the report (GenRow's measured fields)."""
     arr = outcome.arrivals
     served = ~outcome.expired & ~np.isnan(outcome.done_ms)
     ttft = outcome.first_ms - arr.create_ms
@@ -127,6 +133,8 @@ def figures(scn: GenWorkload, outcome: GenOutcome) -> dict[str, float]:
         "e2e_p99_ms": _pct((outcome.done_ms - arr.create_ms)[served], 99),
         "expired_share": float(outcome.expired.mean()) if len(arr) else 0.0,
         "longest_gap_ms": outcome.longest_gap_ms,
+        "ttft_late": int((served & (ttft > scn.ttft_ms)).sum()),
+        "given_up": int(outcome.expired.sum()),
     }
 
 
@@ -198,11 +206,18 @@ def default_layout(scn: GenWorkload) -> tuple[BatchProfile, LoopSettings, int, l
     return profile, loop, longest, [(x, ms) for x, ms in points if x <= longest]
 
 
-def run_default(scn: GenWorkload, arr: GenArrivals) -> GenOutcome:
+def run_default(scn: GenWorkload, arr: GenArrivals, give_up: bool = True) -> GenOutcome:
+    """batchtide-default on `arr`. Without `give_up` the loop knows no TTFT objective, as a model whose
+    shed_when is not "slo" runs: a waiting request whose first token can no longer meet it is still
+    served (joins.late_for_first_token off), and a prefill late on rides is not rescued either."""
     profile, loop, cap, points = default_layout(scn)
+    if not give_up:
+        loop = replace(loop, ttft_ms=None)
     engine = BatchingEngine(profile, device_cap=cap, prior_costs=points)
     return simulate_generation(arr, scn.cost, [engine], loop, profile.max_inflight_batches)
 
+
+DEFAULT_SYSTEM = "batchtide-default"
 
 PEER_FAMILIES = ("vllm", "tgi", "sglang", "fixed-window")
 """The peers' schedulers, in the report's order (`grids`)."""
@@ -262,10 +277,13 @@ def bench_scenario(
     peer_kernels: Kernels = "runner",
     jobs: int = 1,
     families: tuple[str, ...] = (),
+    give_up: tuple[bool, ...] = (True,),
 ) -> dict[str, Any]:
     """batchtide-default and every peer's best configuration on one scenario, the peers charged
     the runner's measured kernels (or their own idealised ragged ones: peer_schedulers.iteration_ms)."""
-    return bench_workload(GenWorkload.of_scenario(scn), quick, on_run, peer_kernels, jobs, families=families)
+    return bench_workload(
+        GenWorkload.of_scenario(scn), quick, on_run, peer_kernels, jobs, families=families, give_up=give_up
+    )
 
 
 _POOL_WORKLOAD: tuple[GenWorkload, Kernels] | None = None
@@ -276,7 +294,7 @@ def _pool_start(workload: GenWorkload, kernels: Kernels) -> None:
     _POOL_WORKLOAD = (workload, kernels)
 
 
-def _pool_run(make: Callable[[], TokenScheduler]) -> tuple[dict[str, float], float]:
+def _pool_run(make: Callable[[], TokenScheduler]) -> tuple[dict[str, Any], float]:
     assert _POOL_WORKLOAD is not None
     scn, kernels = _POOL_WORKLOAD
     start = time.perf_counter()
@@ -286,7 +304,7 @@ def _pool_run(make: Callable[[], TokenScheduler]) -> tuple[dict[str, float], flo
 
 def _grid_figures(
     scn: GenWorkload, runs: list[Callable[[], TokenScheduler]], peer_kernels: Kernels, jobs: int
-) -> list[tuple[dict[str, float], float]]:
+) -> list[tuple[dict[str, Any], float]]:
     """Each run's figures and seconds, in `jobs` processes (the runs are independent and pure)."""
     if jobs <= 1:
         _pool_start(scn, peer_kernels)
@@ -312,7 +330,7 @@ def best_peers(
     results = _grid_figures(scn, [make for _, _, make in runs], peer_kernels, jobs)
     rows = []
     for family, grid in families.items():
-        best: tuple[str, dict[str, float]] | None = None
+        best: tuple[str, dict[str, Any]] | None = None
         seconds = 0.0
         for (owner, label, _), (got, took) in zip(runs, results, strict=True):
             if owner != family:
@@ -334,17 +352,22 @@ def bench_workload(
     jobs: int = 1,
     peers: list[GenRow] | None = None,
     families: tuple[str, ...] = (),
+    give_up: tuple[bool, ...] = (True,),
 ) -> dict[str, Any]:
     """batchtide-default and every peer's best configuration on one workload (`peers`: those rows
-    already computed on this workload, by a search that ended on it; `families`: only those peers)."""
+    already computed on this workload, by a search that ended on it; `families`: only those peers;
+    `give_up`: a batchtide-default row with the early give-up on, off, or both, in that order)."""
     arr = scn.arrivals
     rows: list[GenRow] = []
-    start = time.perf_counter()
-    out = figures(scn, run_default(scn, arr))
-    rows.append(GenRow("batchtide-default", "profile layout", runs=1, wall_s=time.perf_counter() - start, **out))
-    on_run("batchtide-default")
+    for on in give_up:
+        start = time.perf_counter()
+        out = figures(scn, run_default(scn, arr, on))
+        system = DEFAULT_SYSTEM if on else f"{DEFAULT_SYSTEM}, give-up off"
+        rows.append(GenRow(system, "profile layout", runs=1, wall_s=time.perf_counter() - start, **out))
+        on_run(system)
+    ours = rows[0]
     rows += peers if peers is not None else best_peers(scn, quick, peer_kernels, on_run, jobs, families)
-    goodputs = [r.goodput_rps for r in rows[1:]]
+    goodputs = [r.goodput_rps for r in rows[len(give_up) :]]
     top = max(goodputs) if goodputs else math.nan
     return {
         "scenario": scn.name,
@@ -353,5 +376,6 @@ def bench_workload(
         "ttft_ms": scn.ttft_ms,
         "tpot_ms": scn.tpot_ms,
         "rows": [asdict(r) for r in rows],
-        "default_vs_best_peer": rows[0].goodput_rps / top if top > 0 else math.nan,
+        "default_vs_best_peer": ours.goodput_rps / top if top > 0 else math.nan,
+        "batchtide_rows": len(give_up),
     }

@@ -260,10 +260,12 @@ def bench_trace(
     peer_kernels: Kernels = "runner",
     jobs: int = 1,
     families: tuple[str, ...] = (),
+    give_up: tuple[bool, ...] = (True,),
 ) -> dict[str, Any]:
-    """The trace's slice at the chosen (or searched) time scale: batchtide-default and every peer's best
-    (the grids' runs over `jobs` processes). With `model` (needs a profile device), a row of that model
-    as configured is added after the peers."""
+    """The trace's slice at the chosen (or searched) time scale: batchtide-default (a row for each of
+    `give_up`: the early give-up on or off) and every peer's best (the grids' runs over `jobs`
+    processes). With `model` (needs a profile device), a row of that model as configured is added
+    after the peers."""
     if model is not None and device.profile is None:
         raise ProfileError("simulating a configured model needs its device profile (--profile)")
     trace = read_trace(path)
@@ -299,9 +301,10 @@ def bench_trace(
         jobs=jobs,
         peers=found.peers if found is not None else None,
         families=families,
+        give_up=give_up,
     )
     rows = report["rows"]
-    top = max(rows[1:], key=lambda r: r["goodput_rps"])
+    top = max(rows[report["batchtide_rows"] :], key=lambda r: r["goodput_rps"])
     if model is not None:
         assert device.profile is not None
         rows.append(asdict(configured_row(workload, model, device.profile)))

@@ -827,6 +827,12 @@ def bench_generation(
         help="Only these peer families, comma-separated (vllm, tgi, sglang, fixed-window): one bench split "
         "over several runs; default all.",
     ),
+    give_up: str = typer.Option(
+        "on",
+        "--give-up",
+        help="batchtide-default with the early give-up (a waiting request whose first token cannot meet the "
+        "TTFT objective answered expired at once) on, off, or both (two rows).",
+    ),
 ) -> None:
     """Goodput (requests/s meeting both the TTFT and the TPOT objective), p99 TTFT and TPOT of
     batchtide-default (untuned) and of vLLM's, TGI's, SGLang's and the fixed window's scheduler,
@@ -837,6 +843,10 @@ def bench_generation(
     from pipeline.tools.bench.generation import PEER_FAMILIES, bench_scenario
     from pipeline.tools.commands.literal_choice import pick
 
+    give_ups = GIVE_UP.get(give_up)
+    if give_ups is None:
+        wide_console.print(f"[red]error:[/red] --give-up must be on, off or both (got {escape(give_up)})")
+        raise typer.Exit(2)
     kernels = pick(peer_kernels, KERNELS)
     if kernels is None:
         wide_console.print(f"[red]error:[/red] --peer-kernels must be runner or ragged (got {escape(peer_kernels)})")
@@ -863,6 +873,7 @@ def bench_generation(
             peer_kernels,
             jobs,
             families,
+            give_ups,
         )
         reports.append(report)
         _generation_table(report, f"{trace.name}: {report['requests']} requests", peer_kernels)
@@ -873,7 +884,9 @@ def bench_generation(
             wide_console.print(f"[red]error:[/red] {escape(str(e))}")
             raise typer.Exit(2) from None
         with wide_console.status(f"{scn.name}: batchtide-default and the peers' grids ..."):
-            report = bench_scenario(scn, quick=quick, peer_kernels=kernels, jobs=jobs, families=families)
+            report = bench_scenario(
+                scn, quick=quick, peer_kernels=kernels, jobs=jobs, families=families, give_up=give_ups
+            )
         reports.append(report)
         _generation_table(report, f"{scn.name}: {report['requests']} requests", peer_kernels)
     if json_out:
@@ -918,6 +931,7 @@ def _bench_trace(
     peer_kernels: str,
     jobs: int = 1,
     families: tuple[str, ...] = (),
+    give_up: tuple[bool, ...] = (True,),
 ) -> dict[str, Any]:
     """`bench generation --trace`: the device found, the time scale searched when not given, the report."""
     from pipeline.core.config import ConfigError, ModelConfig, load_config
@@ -958,6 +972,7 @@ def _bench_trace(
             peer_kernels=peer_kernels,  # type: ignore[arg-type]
             jobs=jobs,
             families=families,
+            give_up=give_up,
         )
     except (TraceError, ProfileError, ConfigError) as e:
         wide_console.print(f"[red]error:[/red] {escape(str(e))}")
@@ -972,6 +987,10 @@ def _bench_trace(
         f"{report['prompt_tokens_p50']:.0f}, answer tokens p50 {report['answer_tokens_p50']:.0f}"
     )
     return report
+
+
+GIVE_UP = {"on": (True,), "off": (False,), "both": (True, False)}
+"""`bench generation --give-up`: the batchtide-default rows to run, the early give-up on or off."""
 
 
 def _generation_table(report: dict[str, Any], title: str, peer_kernels: str) -> None:
@@ -989,6 +1008,8 @@ def _generation_table(report: dict[str, Any], title: str, peer_kernels: str) -> 
         "TPOT p99 ms",
         "e2e p99 ms",
         "expired",
+        "TTFT late",
+        "given up",
         "longest gap ms",
         "runs",
         "best configuration",
@@ -1005,11 +1026,16 @@ def _generation_table(report: dict[str, Any], title: str, peer_kernels: str) -> 
             _ms(row["tpot_p99_ms"], 1),
             _ms(row["e2e_p99_ms"]),
             f"{row['expired_share']:.1%}",
+            str(row["ttft_late"]),
+            str(row["given_up"]),
             _ms(row["longest_gap_ms"]),
             str(row["runs"]),
             row["config"],
         )
     print_table(wide_console, table)
+    wide_console.print(
+        "  TTFT misses: TTFT late (answered, first token past the objective) + given up (answered expired)"
+    )
     wide_console.print(f"  batchtide-default / best peer goodput: {report['default_vs_best_peer']:.2f}")
 
 
