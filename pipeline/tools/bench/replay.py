@@ -105,15 +105,22 @@ class Replay:
         return self.predictions[0]
 
     def recommended(self) -> Prediction:
-        """Lowest predicted p99 among candidates that lose no throughput and expire no more."""
-        best_rate = max(p.throughput_rps for p in self.predictions)
-        least_expired = min(p.expired_share for p in self.predictions)
-        fine = [
-            p
-            for p in self.predictions
-            if p.throughput_rps >= 0.99 * best_rate and p.expired_share <= least_expired + 0.001
-        ]
-        return min(fine, key=lambda p: (p.p99_ms, self.predictions.index(p)))
+        """Lowest predicted p99 among the candidates that lose no throughput, and of those the ones
+        that expire the least. In that order, since no candidate need be best on both: on a generation
+        window the 10 s step budget turns the time-per-token objective off, so it expires none but may
+        serve slower than the profile that ran. A figure that is NaN counts as the worst."""
+
+        def rate(p: Prediction) -> float:
+            return p.throughput_rps if not math.isnan(p.throughput_rps) else -math.inf
+
+        def expired(p: Prediction) -> float:
+            return p.expired_share if not math.isnan(p.expired_share) else math.inf
+
+        best_rate = max(rate(p) for p in self.predictions)
+        fast = [p for p in self.predictions if rate(p) >= 0.99 * best_rate]
+        least_expired = min(expired(p) for p in fast)
+        fine = [p for p in fast if expired(p) <= least_expired + 0.001]
+        return min(fine, key=lambda p: (p.p99_ms if not math.isnan(p.p99_ms) else math.inf, self.predictions.index(p)))
 
     def validation(self) -> dict[str, float]:
         """Predicted / recorded for the profile that ran."""
