@@ -110,16 +110,17 @@ def measured(peer: MemberView, now_ms: float, rule: PullRule) -> bool:
     return peer.capacity_per_s > 0 and now_ms - peer.at_ms <= rule.stale_ms and (peer.batches or 0) >= rule.min_batches
 
 
-def clearly_faster(peer: MemberView, capacity_per_s: float, unit_ms: float, rule: PullRule) -> bool:
-    """`peer` outpaces a member of this capacity and t(1) by the margin on both. The capacity is
+def clearly_faster(fast: tuple[float, float | None], slow: tuple[float, float], rule: PullRule) -> bool:
+    """A member of (capacity/s, t(1) ms) `fast` outpaces one of `slow` by the margin on both. The capacity is
     the throughput at the largest batch a member measured (the curve is extrapolated in proportion
     past it), so it follows the member's load: a lightly loaded twin that has run only small
     batches reads a fraction of the capacity of one that once ran a larger batch. t(1) does not
     depend on the load, and a slower device is slower at both."""
+    (fast_capacity, fast_unit), (slow_capacity, slow_unit) = fast, slow
     return (
-        capacity_per_s <= rule.slower_share * peer.capacity_per_s
-        and peer.unit_ms is not None
-        and 0 < peer.unit_ms <= rule.slower_share * unit_ms
+        slow_capacity <= rule.slower_share * fast_capacity
+        and fast_unit is not None
+        and 0 < fast_unit <= rule.slower_share * slow_unit
     )
 
 
@@ -137,9 +138,10 @@ def outpaces_a_peer(
     consumers on two cores that sent one per drained poll fell behind its load)."""
     if capacity_per_s <= 0 or unit_ms is None or batches < rule.min_batches:
         return False
-    me = MemberView("", now_ms, 0.0, 0.0, capacity_per_s, (), batches=batches, unit_ms=unit_ms)
     return any(
-        measured(p, now_ms, rule) and p.unit_ms is not None and clearly_faster(me, p.capacity_per_s, p.unit_ms, rule)
+        measured(p, now_ms, rule)
+        and p.unit_ms is not None
+        and clearly_faster((capacity_per_s, unit_ms), (p.capacity_per_s, p.unit_ms), rule)
         for p in peers
     )
 
@@ -179,7 +181,8 @@ def pull_bound(
     if t_ms is None or capacity_per_s <= 0 or batches < rule.min_batches:
         return free
     known = [p for p in peers if measured(p, now_ms, rule)]
-    faster = [p for p in known if clearly_faster(p, capacity_per_s, t_ms(1), rule)]
+    mine = (capacity_per_s, t_ms(1))
+    faster = [p for p in known if clearly_faster((p.capacity_per_s, p.unit_ms), mine, rule)]
     if not faster:
         return free
     drains = [p.drained_at_ms for p in known if p.drained_at_ms is not None]
